@@ -1,0 +1,44 @@
+"""Host-class profiles: the GPU boxes this toolkit deploys to.
+
+Source: ``../shared/DESIGN.md`` §1 (host classes) and NVIDIA's specifications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostClass:
+    """One class of 8-GPU host.
+
+    Attributes:
+        name: inventory name (``ddtree_host_class``).
+        gpu_name: marketing name as ``nvidia-smi`` prints it (prefix match).
+        gpu_count: GPUs per host.
+        arch: CUDA arch, e.g. ``sm_103``.
+        interconnect: ``nvlink`` or ``pcie``.
+        gpu_memory_gib: memory per GPU, GiB.
+        min_cuda: oldest CUDA toolkit whose ptxas knows ``{arch}a``.
+    """
+
+    name: str
+    gpu_name: str
+    gpu_count: int
+    arch: str
+    interconnect: str
+    gpu_memory_gib: int
+    min_cuda: str
+
+
+HOST_CLASSES: dict[str, HostClass] = {
+    h.name: h
+    for h in (
+        HostClass("ct200", "NVIDIA RTX PRO 6000 Blackwell", 8, "sm_120", "pcie", 96, "12.8"),
+        HostClass("b300", "NVIDIA B300 SXM6", 8, "sm_103", "nvlink", 288, "12.9"),
+    )
+}
+
+SM120_UNSUPPORTED_ATTENTION = ("trtllm_mha", "trtllm_mla", "fa3", "fa4")
+"""Attention backends with no sm_120 kernels (TRT-LLM and FlashAttention 3/4 target
+sm_90/sm_100 only); SGLang fails at first use on RTX PRO 6000."""

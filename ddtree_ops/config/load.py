@@ -1,0 +1,70 @@
+"""Load and validate deployments from Ansible variables.
+
+:func:`validate_hostvars` is the single entry point used by the CLI and by the Ansible
+action plugin, so both see exactly the same rules and derived values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import ConfigError, Finding, findings_from_validation_error
+from .models import INVENTORY_VARS, Deployment
+from .plan import Plan, make_plan
+from .rules import RULES
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A deployment that passed every rule, with its plan and warnings."""
+
+    deployment: Deployment
+    plan: Plan
+    warnings: list[Finding]
+
+
+def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
+    """Build a :class:`Deployment` from one host's (templated) Ansible variables.
+
+    Only the ``ddtree_*`` variables named in :data:`INVENTORY_VARS` are read.
+
+    Raises:
+        ConfigError: a variable has the wrong type, range or characters.
+    """
+    data: dict[str, Any] = {"host": host}
+    for field, var in INVENTORY_VARS.items():
+        if var in hostvars and hostvars[var] is not None:
+            data[field] = hostvars[var]
+    if "host_class" not in data or "model" not in data:
+        missing = [INVENTORY_VARS[f] for f in ("host_class", "model") if f not in data]
+        raise ConfigError([Finding("error", m, None, "required for every deployment host",
+                                   "set it in inventory group_vars (see inventory/example)", host=host) for m in missing])
+    try:
+        return Deployment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(findings_from_validation_error(exc, host, INVENTORY_VARS)) from None
+
+
+def check(d: Deployment) -> tuple[Plan, list[Finding]]:
+    """Run every rule; return the plan (warnings attached) and all findings."""
+    plan = make_plan(d)
+    findings = [replace(f, host=d.host) for rule in RULES for f in rule(d, plan)]
+    warnings = [f for f in findings if f.level == "warning"]
+    return replace(plan, warnings=[w.message() for w in warnings]), findings
+
+
+def validate_hostvars(host: str, hostvars: dict[str, Any]) -> Validated:
+    """Load, check and plan one host.
+
+    Raises:
+        ConfigError: any rule reports an error (all errors of the host are listed).
+    """
+    d = deployment_from_hostvars(host, hostvars)
+    plan, findings = check(d)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise ConfigError(errors)
+    return Validated(d, plan, [f for f in findings if f.level == "warning"])

@@ -1,0 +1,364 @@
+"""Pydantic models of one deployment (one SGLang instance on one host).
+
+The inventory holds these as Ansible variables (the same YAML Ansible reads):
+
+=========================  ===========================  =========================
+inventory variable         model field                  what
+=========================  ===========================  =========================
+``ddtree_host_class``      :attr:`Deployment.host_class`  ``ct200`` or ``b300``
+``ddtree_sglang``          :class:`SGLangPin`           version and source
+``ddtree_model``           :class:`ModelSpec`           target model
+``ddtree_speculative``     :class:`Speculative`         algorithm and sizes
+``ddtree_server``          :class:`Server`              SGLang server settings
+``ddtree_service``         :class:`Service`             systemd unit, user, paths
+``ddtree_ops``             :class:`Ops`                 health and exporter
+``ddtree_accepted_risks``  :class:`RiskAcceptance` list reasoned rule overrides
+``ddtree_hf_token``        :attr:`Deployment.hf_token`  secret (use ansible-vault)
+=========================  ===========================  =========================
+
+Every string that reaches the SGLang argv or a unit file is checked against a safe
+character set here, so no value can inject a systemd directive or a second command.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+)
+
+from .errors import RULE_FIX_SEP
+from .versions import DDTREE_SOURCES, version_info
+
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9._/@+:=,-]+$")
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+_SAFE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _fail(rule: str, fix: str) -> ValueError:
+    return ValueError(f"{rule}{RULE_FIX_SEP}{fix}")
+
+
+def _safe_arg(v: str) -> str:
+    if not _SAFE_ARG.match(v):
+        bad = sorted({c for c in v if not re.match(r"[A-Za-z0-9._/@+:=,-]", c)})
+        raise _fail(
+            f"contains {', '.join(repr(c) for c in bad)}; argv values may hold only letters, digits and . _ / @ + : = , -"
+            " (no whitespace, newline, %, $ or quotes: they would be read by systemd as specifiers, variables or a new directive)",
+            "rename or symlink the model/path to a name without those characters",
+        )
+    return v
+
+
+def _safe_path(v: str) -> str:
+    if not _SAFE_PATH.match(v) or "//" in v or "/../" in v + "/":
+        raise _fail(
+            "must be an absolute path of letters, digits and . _ / + - only",
+            "use a plain absolute path such as /var/lib/ddtree-ops/sglang",
+        )
+    return v
+
+
+ArgText = Annotated[str, AfterValidator(_safe_arg)]
+AbsPath = Annotated[str, AfterValidator(_safe_path)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SGLangPin(_Model):
+    """Which SGLang build runs.
+
+    Attributes:
+        version: the SGLang release (or the DDTree source's base release), e.g. ``0.5.23``.
+        source: ``pypi`` | ``wheel`` | ``git`` — how the build is installed — or
+            ``simulator``: ddtree-ops' SGLang-compatible test double (for hosts without GPUs).
+        ddtree_source: key in :data:`ddtree_ops.config.versions.DDTREE_SOURCES`; required
+            for algorithm ``DDTREE`` (DDTree is in no release).
+        simulated_build: for ``source: simulator`` only: ``ddtree`` (sizes verify graphs
+            correctly), ``ddtree-unpatched`` (the 0.5.13-generation bug) or ``release``.
+    """
+
+    version: str = "0.5.23"
+    source: Literal["pypi", "wheel", "git", "simulator"] = "pypi"
+    ddtree_source: str | None = None
+    simulated_build: Literal["ddtree", "ddtree-unpatched", "release"] | None = None
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        try:
+            version_info(v)
+        except ValueError as exc:
+            raise _fail(str(exc), "pin a release from 0.5.11 on, e.g. 0.5.23") from None
+        return v
+
+    @field_validator("ddtree_source")
+    @classmethod
+    def _ddtree_source(cls, v: str | None) -> str | None:
+        if v is not None and v not in DDTREE_SOURCES:
+            raise _fail(
+                "unknown DDTree source",
+                f"use one of {', '.join(sorted(DDTREE_SOURCES))}",
+            )
+        return v
+
+    @property
+    def base_version(self) -> str:
+        """The release whose parser and flag dialect the build has."""
+        if self.ddtree_source:
+            return DDTREE_SOURCES[self.ddtree_source].base_version
+        return self.version
+
+    @property
+    def launcher_module(self) -> str:
+        """``python -m`` target: SGLang's launcher, or the test double's."""
+        return "ddtree_ops.sim" if self.source == "simulator" else "sglang.launch_server"
+
+
+class ModelSpec(_Model):
+    """The target model.
+
+    Attributes:
+        path: Hugging Face repo id or absolute local path.
+        served_model_name: name reported to clients (``--served-model-name``).
+        trust_remote_code: pass ``--trust-remote-code``.
+        context_length: tokens; unset means the model's own.
+    """
+
+    path: ArgText
+    served_model_name: ArgText | None = None
+    trust_remote_code: bool = False
+    context_length: Annotated[int, Field(gt=0)] | None = None
+
+
+class Speculative(_Model):
+    """Speculative decoding settings.
+
+    Attributes:
+        algorithm: ``none``, ``EAGLE``, ``EAGLE3``, ``DFLASH`` or ``DDTREE``.
+        draft_model_path: HF id or path of the draft (required unless ``none``).
+        block_size: DFlash block size, tokens per request the draft proposes
+            (``--speculative-num-draft-tokens`` for DFLASH/DDTREE).
+        budget: DDTree node budget; verify tokens per request are ``budget + 1``.
+            Unset means SGLang's default ``block_size - 1`` (a plain chain).
+        num_steps, topk, num_draft_tokens: EAGLE settings.
+        draft_window_size: ``--speculative-draft-window-size``; >= block_size.
+        draft_attention_backend: ``--speculative-draft-attention-backend``.
+        draft_tokens_per_req, verify_tokens_per_req: optional assertions. They are derived
+            (see :mod:`ddtree_ops.config.plan`); if given they must equal the derived value.
+    """
+
+    algorithm: Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"] = "none"
+    draft_model_path: ArgText | None = None
+    block_size: int | None = None
+    budget: int | None = None
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft_window_size: int | None = None
+    draft_attention_backend: ArgText | None = None
+    draft_tokens_per_req: int | None = None
+    verify_tokens_per_req: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.algorithm != "none"
+
+
+class Server(_Model):
+    """SGLang server settings (metrics are always enabled).
+
+    Attributes:
+        host, port: listen address.
+        tp_size, dp_size: tensor / data parallel sizes (GPUs = tp_size * dp_size).
+        mem_fraction_static: fraction of GPU memory for weights + KV cache.
+        max_running_requests: concurrent requests; unset under speculation means
+            SGLang caps it at 48.
+        cuda_graph: capture CUDA graphs (False: ``--disable-cuda-graph``, eager).
+        cuda_graph_max_bs: largest captured decode batch; unset: max_running_requests.
+        cuda_graph_bs: explicit capture list; unset: SGLang's default rule.
+        attention_backend: ``--attention-backend``.
+        page_size: KV cache page size, tokens.
+        disable_overlap_schedule: pass ``--disable-overlap-schedule``.
+        log_level: SGLang log level.
+    """
+
+    host: str = "0.0.0.0"
+    port: Port = 30000
+    tp_size: Annotated[int, Field(gt=0)] = 8
+    dp_size: Annotated[int, Field(gt=0)] = 1
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
+    max_running_requests: Annotated[int, Field(gt=0)] | None = None
+    cuda_graph: bool = True
+    cuda_graph_max_bs: Annotated[int, Field(gt=0)] | None = None
+    cuda_graph_bs: list[Annotated[int, Field(gt=0)]] | None = None
+    attention_backend: ArgText | None = None
+    page_size: Annotated[int, Field(gt=0)] | None = None
+    disable_overlap_schedule: bool = False
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise _fail("must be an IP address to listen on", "use 0.0.0.0, 127.0.0.1 or the host's IP") from None
+        return v
+
+    @field_validator("cuda_graph_bs")
+    @classmethod
+    def _bs_list(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or v != sorted(set(v))):
+            raise _fail("must be a non-empty, strictly increasing list of batch sizes", f"use {sorted(set(v)) or [1]}")
+        return v
+
+
+class Service(_Model):
+    """systemd service settings for one SGLang instance.
+
+    Attributes:
+        name: instance name; the unit is ``ddtree-<name>.service``.
+        user, group: account the server runs as (created by the role).
+        venv: the Python virtual environment holding SGLang (absolute path).
+        config_dir, state_dir, cache_dir: defaults ``/etc/ddtree-ops/<name>``,
+            ``/var/lib/ddtree-ops/<name>``, ``/var/cache/ddtree-ops/<name>``; the cache dir
+            holds per-instance HF, Triton, DeepGEMM and FlashInfer caches that survive restarts.
+        start_timeout_s: seconds systemd allows for model load + graph capture + warmup.
+        restart_sec: seconds between restarts after a failure.
+        start_limit_burst, start_limit_interval_s: at most ``burst`` starts per interval,
+            so a crash cannot loop forever.
+        env: extra non-secret environment for SGLang (e.g. ``TRITON_PTXAS_PATH``).
+    """
+
+    name: str = "sglang"
+    user: str = "sglang"
+    group: str = "sglang"
+    venv: AbsPath = "/opt/ddtree-ops/venv"
+    config_dir: AbsPath | None = None
+    state_dir: AbsPath | None = None
+    cache_dir: AbsPath | None = None
+    start_timeout_s: Annotated[int, Field(ge=60)] = 3600
+    restart_sec: Annotated[int, Field(ge=1)] = 30
+    start_limit_burst: Annotated[int, Field(ge=1)] = 3
+    start_limit_interval_s: Annotated[int, Field(ge=60)] = 7200
+    env: dict[str, ArgText] = Field(default_factory=dict)
+
+    @field_validator("name", "user", "group")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _SAFE_NAME.match(v):
+            raise _fail("must be lower-case letters, digits, _ or - (max 32, starting with a letter)", "e.g. sglang")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not _ENV_KEY.match(key):
+                raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
+            if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+                raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
+        return v
+
+    @property
+    def unit_name(self) -> str:
+        return f"ddtree-{self.name}.service"
+
+    @property
+    def config_path(self) -> str:
+        return self.config_dir or f"/etc/ddtree-ops/{self.name}"
+
+    @property
+    def state_path(self) -> str:
+        return self.state_dir or f"/var/lib/ddtree-ops/{self.name}"
+
+    @property
+    def cache_path(self) -> str:
+        return self.cache_dir or f"/var/cache/ddtree-ops/{self.name}"
+
+
+class Ops(_Model):
+    """Health checks and exporter.
+
+    Attributes:
+        health_timeout_s: per-probe timeout, seconds; SGLang's fastest /health takes
+            ~1 s, so under 3 s flaps.
+        health_failures: consecutive failed probes before "unhealthy".
+        ready_timeout_s: how long a deploy waits for the service to answer 200.
+        exporter_port: port of ``ddtree-ops exporter``.
+        scrape_host: address Prometheus uses for this host (default: ``ansible_host``, else the inventory name).
+        accept_length_floor: alert when acceptance length stays below this.
+    """
+
+    health_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    health_failures: Annotated[int, Field(ge=1)] = 3
+    ready_timeout_s: Annotated[int, Field(ge=1)] = 3600
+    exporter_port: Port = 9400
+    scrape_host: ArgText | None = None
+    accept_length_floor: Annotated[float, Field(ge=1)] = 1.5
+
+
+class RiskAcceptance(_Model):
+    """An explicit, reasoned override of a refusing rule.
+
+    Attributes:
+        rule: the rule id the finding names (e.g. ``sm103-ddtree-graph-capture``).
+        reason: why this deployment is safe anyway (>= 20 characters, recorded).
+    """
+
+    rule: str
+    reason: Annotated[str, Field(min_length=20)]
+
+
+class Deployment(_Model):
+    """One SGLang instance on one inventory host.
+
+    Build with :func:`ddtree_ops.config.load.deployment_from_hostvars`; derived sizes live in
+    :class:`ddtree_ops.config.plan.Plan`.
+    """
+
+    host: str
+    address: ArgText | None = None
+    host_class: str
+    sglang: SGLangPin = Field(default_factory=SGLangPin)
+    model: ModelSpec
+    speculative: Speculative = Field(default_factory=Speculative)
+    server: Server = Field(default_factory=Server)
+    service: Service = Field(default_factory=Service)
+    ops: Ops = Field(default_factory=Ops)
+    accepted_risks: list[RiskAcceptance] = Field(default_factory=list)
+    hf_token: SecretStr | None = None
+
+    def risk_reason(self, rule: str) -> str | None:
+        for r in self.accepted_risks:
+            if r.rule == rule:
+                return r.reason
+        return None
+
+
+INVENTORY_VARS: dict[str, str] = {
+    "address": "ansible_host",
+    "host_class": "ddtree_host_class",
+    "sglang": "ddtree_sglang",
+    "model": "ddtree_model",
+    "speculative": "ddtree_speculative",
+    "server": "ddtree_server",
+    "service": "ddtree_service",
+    "ops": "ddtree_ops",
+    "accepted_risks": "ddtree_accepted_risks",
+    "hf_token": "ddtree_hf_token",
+}
+"""Model field -> inventory variable name."""

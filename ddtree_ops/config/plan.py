@@ -1,0 +1,169 @@
+"""Derived sizes: what SGLang will actually run for a deployment.
+
+The central rule (``../shared/DESIGN.md`` §1, sgl-project/sglang#29907): **draft CUDA
+graphs use ``block_size`` tokens per request; DDTree target-verify graphs use
+``budget + 1``.** A build that sizes both from ``speculative_num_draft_tokens`` crashes on
+the first verify with ``The size of tensor a (8) must match the size of tensor b (33)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .models import Deployment
+
+SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
+"""SGLang caps ``max_running_requests`` at 48 when speculation is on and none is given
+(``sglang/srt/server_args.py``; seen in ``fixtures/sglang/resolved_server_args-0.5.23-eagle-tp8.json``)."""
+
+
+def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1) -> list[int]:
+    """SGLang's default decode capture list under speculation.
+
+    1..8, then step 2 to 32, step 4 to 64, step 8 to 256, step 16 beyond, plus ``max_bs``,
+    limited to ``max_bs``; a size survives only if ``bs * tokens_per_req`` is a multiple
+    of ``alignment`` (x2 with two-batch overlap, x attention-TP with DP attention).
+
+    Args:
+        max_bs: largest captured batch size (requests), >= 1.
+        tokens_per_req: tokens each request contributes to the captured forward.
+        alignment: token-count alignment, >= 1.
+
+    Returns:
+        Sorted batch sizes (requests). Example: ``default_capture_bs(16)`` is
+        ``[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]`` (matches SGLang 0.5.23).
+    """
+    sizes = (
+        list(range(1, 9))
+        + list(range(10, 33, 2))
+        + list(range(36, 65, 4))
+        + list(range(72, 257, 8))
+        + list(range(272, max_bs + 1, 16))
+    )
+    out = sorted({s for s in sizes if s <= max_bs} | {max_bs})
+    return [s for s in out if (s * tokens_per_req) % alignment == 0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the deployment will run, as SGLang will resolve it.
+
+    Sizes are tokens per request unless named otherwise; batch sizes are requests.
+
+    Attributes:
+        algorithm: speculative algorithm (``none`` when off).
+        block_size: DFlash block size (DFLASH/DDTREE), else None.
+        budget: DDTree node budget (DDTREE), else None.
+        full_tree: DDTree budget > block_size - 1 (needs triton attention, page_size 1,
+            no overlap scheduling).
+        num_steps, topk, num_draft_tokens: after SGLang's own rewrites.
+        draft_tokens_per_req: tokens per request of a draft forward (block_size for
+            DFlash/DDTree, topk for EAGLE, 0 without speculation).
+        verify_tokens_per_req: tokens per request of a target verify/decode forward
+            (budget + 1 for DDTree, block_size for DFlash, num_draft_tokens for EAGLE,
+            1 without speculation).
+        max_running_requests: effective limit (SGLang's 48 cap applied), or None when
+            SGLang decides from memory.
+        cuda_graphs: whether graphs are captured.
+        cuda_graph_max_bs: largest captured batch size, or None.
+        capture_bs: captured batch sizes ([] when graphs are off or SGLang decides).
+        max_draft_graph_tokens, max_verify_graph_tokens: tokens in the largest captured
+            draft / verify graph (``cuda_graph_max_bs * tokens_per_req``).
+        attention_backend, page_size, disable_overlap_schedule: effective values.
+        warnings: messages about silent rewrites and derived settings.
+    """
+
+    algorithm: str
+    block_size: int | None
+    budget: int | None
+    full_tree: bool
+    num_steps: int | None
+    topk: int | None
+    num_draft_tokens: int | None
+    draft_tokens_per_req: int
+    verify_tokens_per_req: int
+    max_running_requests: int | None
+    cuda_graphs: bool
+    cuda_graph_max_bs: int | None
+    capture_bs: list[int]
+    max_draft_graph_tokens: int | None
+    max_verify_graph_tokens: int | None
+    attention_backend: str | None
+    page_size: int | None
+    disable_overlap_schedule: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_plan(d: Deployment) -> Plan:
+    """Derive the plan of a deployment (pure; never raises for well-typed input).
+
+    Unset sizes that a rule requires are left ``None``; :mod:`.rules` reports them.
+    """
+    s, srv = d.speculative, d.server
+    alg = s.algorithm
+    block = budget = steps = topk = ndt = None
+    full_tree = False
+    draft_tpr, verify_tpr = 0, 1
+    if alg in ("DFLASH", "DDTREE"):
+        block = s.block_size
+        steps, topk, ndt = 1, 1, block
+        if block is not None:
+            draft_tpr = verify_tpr = block
+        if alg == "DDTREE" and block is not None:
+            budget = s.budget if s.budget is not None else block - 1
+            full_tree = budget > block - 1
+            verify_tpr = budget + 1
+    elif alg in ("EAGLE", "EAGLE3"):
+        steps, topk = s.num_steps, s.topk
+        ndt = s.num_draft_tokens
+        if topk == 1 and steps is not None:
+            ndt = steps + 1
+        draft_tpr = topk or 0
+        verify_tpr = ndt or 1
+
+    max_running = srv.max_running_requests
+    if max_running is None and s.enabled:
+        max_running = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+
+    attention = srv.attention_backend
+    page_size = srv.page_size
+    overlap_off = srv.disable_overlap_schedule
+    if full_tree:
+        attention = attention or "triton"
+        page_size = page_size or 1
+        overlap_off = True
+
+    max_bs: int | None = None
+    capture: list[int] = []
+    if srv.cuda_graph:
+        if srv.cuda_graph_bs:
+            capture = list(srv.cuda_graph_bs)
+            max_bs = srv.cuda_graph_max_bs or capture[-1]
+        else:
+            max_bs = srv.cuda_graph_max_bs or max_running
+            if max_bs is not None:
+                capture = default_capture_bs(max_bs, verify_tpr) if s.enabled else default_capture_bs(max_bs)
+    return Plan(
+        algorithm=alg,
+        block_size=block,
+        budget=budget,
+        full_tree=full_tree,
+        num_steps=steps,
+        topk=topk,
+        num_draft_tokens=ndt,
+        draft_tokens_per_req=draft_tpr,
+        verify_tokens_per_req=verify_tpr,
+        max_running_requests=max_running,
+        cuda_graphs=srv.cuda_graph,
+        cuda_graph_max_bs=max_bs,
+        capture_bs=capture,
+        max_draft_graph_tokens=(max_bs * draft_tpr) if (max_bs and s.enabled) else None,
+        max_verify_graph_tokens=(max_bs * verify_tpr) if max_bs else None,
+        attention_backend=attention,
+        page_size=page_size,
+        disable_overlap_schedule=overlap_off,
+    )

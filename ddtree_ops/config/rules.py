@@ -1,0 +1,266 @@
+"""Deployment rules. Each is one function ``(Deployment, Plan) -> Iterable[Finding]``.
+
+Rule ids (the ``rule`` named in :class:`~.models.RiskAcceptance` for the one that can be
+overridden) are the function names without ``rule_``, dashes for underscores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from .errors import Finding
+from .hosts import HOST_CLASSES, SM120_UNSUPPORTED_ATTENTION
+from .models import Deployment
+from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
+from .versions import DDTREE_SOURCES
+
+Rule = Callable[[Deployment, Plan], Iterable[Finding]]
+SPEC = "ddtree_speculative"
+SRV = "ddtree_server"
+
+SM103_RISK = "sm103-ddtree-graph-capture"
+SM103_MAX_CAPTURED_BUDGET = 8
+
+
+def _err(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
+    return Finding("error", field, value, rule, fix, source)
+
+
+def _warn(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
+    return Finding("warning", field, value, rule, fix, source)
+
+
+def rule_host_class(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """The host class is one this toolkit knows."""
+    if d.host_class not in HOST_CLASSES:
+        yield _err("ddtree_host_class", d.host_class, "unknown host class",
+                   f"use one of {', '.join(sorted(HOST_CLASSES))}")
+
+
+def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Speculative algorithms need a draft model; DFlash/DDTree need a block size."""
+    s = d.speculative
+    if s.enabled and not s.draft_model_path:
+        yield _err(f"{SPEC}.draft_model_path", None, f"{s.algorithm} needs a draft model",
+                   "set the draft checkpoint (HF id or path)")
+    if s.algorithm in ("DFLASH", "DDTREE") and (s.block_size is None or s.block_size < 2):
+        yield _err(f"{SPEC}.block_size", s.block_size, f"{s.algorithm} needs block_size >= 2 (tokens the draft proposes per request)",
+                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16")
+    if s.algorithm in ("EAGLE", "EAGLE3"):
+        for name in ("num_steps", "topk"):
+            if getattr(s, name) is None or getattr(s, name) < 1:
+                yield _err(f"{SPEC}.{name}", getattr(s, name), f"{s.algorithm} needs {name} >= 1",
+                           "set it explicitly so the plan matches what SGLang runs")
+        if s.topk not in (None, 1) and (s.num_draft_tokens is None or s.num_draft_tokens < 2):
+            yield _err(f"{SPEC}.num_draft_tokens", s.num_draft_tokens, f"{s.algorithm} with topk > 1 needs num_draft_tokens >= 2",
+                       "set num_draft_tokens (tree size verified per request)")
+
+
+def rule_ddtree_sizes(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """DDTree: budget >= 1; verify graphs use budget + 1, draft graphs block_size."""
+    s = d.speculative
+    if s.algorithm != "DDTREE":
+        if s.budget is not None:
+            yield _err(f"{SPEC}.budget", s.budget, "budget only applies to algorithm DDTREE",
+                       "remove it or set algorithm: DDTREE")
+        return
+    if s.budget is not None and s.budget < 1:
+        yield _err(f"{SPEC}.budget", s.budget, "the DDTree node budget must be >= 1",
+                   "use e.g. 32 (full tree) or block_size - 1 (plain chain)")
+        return
+    if s.verify_tokens_per_req is not None and s.verify_tokens_per_req != p.verify_tokens_per_req:
+        yield _err(f"{SPEC}.verify_tokens_per_req", s.verify_tokens_per_req,
+                   f"DDTree target-verify graphs run over budget + 1 = {p.verify_tokens_per_req} tokens per request, "
+                   f"not block_size; sizing them otherwise crashes with 'The size of tensor a ({s.verify_tokens_per_req}) "
+                   f"must match the size of tensor b ({p.verify_tokens_per_req})'",
+                   "remove verify_tokens_per_req (it is derived) or set it to budget + 1",
+                   "sgl-project/sglang#29907")
+    if s.draft_tokens_per_req is not None and s.draft_tokens_per_req != p.draft_tokens_per_req:
+        yield _err(f"{SPEC}.draft_tokens_per_req", s.draft_tokens_per_req,
+                   f"draft graphs run over block_size = {p.draft_tokens_per_req} tokens per request",
+                   "remove draft_tokens_per_req (it is derived) or set it to block_size")
+
+
+def rule_declared_sizes(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Declared per-request sizes of non-DDTree algorithms match the derived ones."""
+    s = d.speculative
+    if s.algorithm == "DDTREE":
+        return
+    for name in ("draft_tokens_per_req", "verify_tokens_per_req"):
+        given = getattr(s, name)
+        if given is not None and given != getattr(p, name):
+            yield _err(f"{SPEC}.{name}", given, f"{s.algorithm} runs {getattr(p, name)} tokens per request here",
+                       "remove it (it is derived)")
+
+
+def rule_full_tree(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Full-tree DDTree (budget > block_size - 1) needs triton attention and page_size 1."""
+    if not p.full_tree:
+        return
+    srv = d.server
+    src = "DDTree worker: tree-verify attention mask"
+    if srv.attention_backend not in (None, "triton"):
+        yield _err(f"{SRV}.attention_backend", srv.attention_backend,
+                   f"full-tree DDTree (budget {p.budget} > block_size - 1 = {p.block_size - 1}) needs the triton attention backend",
+                   "set attention_backend: triton (or remove it), or lower budget to block_size - 1", src)
+    if srv.page_size not in (None, 1):
+        yield _err(f"{SRV}.page_size", srv.page_size, "full-tree DDTree needs page_size 1",
+                   "set page_size: 1 (or remove it)", src)
+    derived = [n for n, v in (("attention_backend", srv.attention_backend), ("page_size", srv.page_size)) if v is None]
+    if derived:
+        yield _warn(f"{SRV}", None, f"full-tree DDTree: derived {', '.join(derived)} (triton / 1) and overlap scheduling off",
+                    "set them explicitly to silence this")
+
+
+def rule_draft_window(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """``--speculative-draft-window-size`` must be >= block size (SGLang server_args)."""
+    s = d.speculative
+    if s.draft_window_size is not None and p.block_size is not None and s.draft_window_size < p.block_size:
+        yield _err(f"{SPEC}.draft_window_size", s.draft_window_size, f"must be >= block_size ({p.block_size})",
+                   f"set it to at least {p.block_size} or remove it", "sglang/srt/server_args.py")
+
+
+def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """DDTree is in no release: the pin must name a DDTree source whose build sizes
+    target-verify graphs at budget + 1 whenever graphs are on."""
+    pin = d.sglang
+    if d.speculative.algorithm != "DDTREE":
+        return
+    if pin.ddtree_source is None:
+        yield _err("ddtree_sglang.ddtree_source", None,
+                   "DDTree is in no SGLang release; the pin must name the DDTree source it is built from",
+                   f"set ddtree_source to one of {', '.join(sorted(DDTREE_SOURCES))}")
+        return
+    if pin.source == "simulator" and pin.simulated_build == "release":
+        yield _err("ddtree_sglang.simulated_build", "release", "a release build does not know DDTREE",
+                   "use simulated_build: ddtree")
+    src = DDTREE_SOURCES[pin.ddtree_source]
+    if p.cuda_graphs and not src.sizes_verify_at_budget_plus_one and p.verify_tokens_per_req != p.block_size:
+        yield _err("ddtree_sglang.ddtree_source", pin.ddtree_source,
+                   f"this build sizes target-verify graphs from block_size ({p.block_size}) but DDTree verifies "
+                   f"budget + 1 = {p.verify_tokens_per_req} tokens per request: the first verify crashes with "
+                   f"'The size of tensor a ({p.block_size}) must match the size of tensor b ({p.verify_tokens_per_req})'",
+                   "pin sglang-pr-29907 (DFlashWorkerV2, sized correctly), or set ddtree_server.cuda_graph: false",
+                   src.reference)
+
+
+def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Every batch a verify or draft step can take is captured (graphs on), so nothing
+    silently falls back to eager."""
+    srv = d.server
+    if not p.cuda_graphs:
+        return
+    if srv.cuda_graph_bs and srv.cuda_graph_max_bs is not None and srv.cuda_graph_max_bs != srv.cuda_graph_bs[-1]:
+        yield _err(f"{SRV}.cuda_graph_max_bs", srv.cuda_graph_max_bs,
+                   f"disagrees with the largest size of cuda_graph_bs ({srv.cuda_graph_bs[-1]})",
+                   "remove one of them or make them agree")
+    if p.max_running_requests is None:
+        if p.cuda_graph_max_bs is None:
+            yield _warn(f"{SRV}.max_running_requests", None,
+                        "without max_running_requests or cuda_graph_max_bs, SGLang picks both from GPU memory and the plan cannot prove every batch is captured",
+                        "set max_running_requests")
+        return
+    if p.cuda_graph_max_bs is not None and p.cuda_graph_max_bs < p.max_running_requests:
+        field = "cuda_graph_bs" if srv.cuda_graph_bs else "cuda_graph_max_bs"
+        yield _err(f"{SRV}.{field}", getattr(srv, field),
+                   f"batches of {p.cuda_graph_max_bs + 1}..{p.max_running_requests} running requests are not captured and "
+                   "would silently run eagerly",
+                   f"capture up to max_running_requests ({p.max_running_requests}), lower max_running_requests, "
+                   "or set cuda_graph: false")
+
+
+def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """sm_103: tree-verify graph capture with budget > 8 has hit illegal memory accesses."""
+    hc = _host_class(d)
+    if not (hc and hc.arch == "sm_103" and p.algorithm == "DDTREE" and p.cuda_graphs):
+        return
+    if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET and d.risk_reason(SM103_RISK) is None:
+        yield _err(f"{SPEC}.budget", p.budget,
+                   f"on sm_103 ({hc.name}) DDTree tree-verify CUDA-graph capture with budget > {SM103_MAX_CAPTURED_BUDGET} "
+                   "has hit illegal memory accesses",
+                   f"set ddtree_server.cuda_graph: false (eager), lower budget to {SM103_MAX_CAPTURED_BUDGET}, or record "
+                   f"ddtree_accepted_risks: [{{rule: {SM103_RISK}, reason: '...'}}]",
+                   "DESIGN.md §1, arch-specific capture faults")
+
+
+def rule_sm120_attention(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """sm_120 (RTX PRO 6000) has no kernels for trtllm_mha, trtllm_mla, fa3, fa4."""
+    hc = _host_class(d)
+    if not (hc and hc.arch == "sm_120"):
+        return
+    for field, value in (("ddtree_server.attention_backend", d.server.attention_backend),
+                         (f"{SPEC}.draft_attention_backend", d.speculative.draft_attention_backend)):
+        if value in SM120_UNSUPPORTED_ATTENTION:
+            yield _err(field, value, f"{value} has no sm_120 kernels ({hc.name}: {hc.gpu_name})",
+                       "use triton or flashinfer")
+
+
+def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """tp_size * dp_size GPUs exist on the host and divide it evenly."""
+    hc = _host_class(d)
+    if not hc:
+        return
+    gpus = d.server.tp_size * d.server.dp_size
+    if gpus > hc.gpu_count or hc.gpu_count % d.server.tp_size:
+        yield _err(f"{SRV}.tp_size", d.server.tp_size,
+                   f"tp_size x dp_size = {gpus} GPUs must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
+                   f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}")
+
+
+def rule_ports(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Ports are unique on a host."""
+    if d.server.port == d.ops.exporter_port:
+        yield _err("ddtree_ops.exporter_port", d.ops.exporter_port,
+                   f"clashes with ddtree_server.port ({d.server.port}) on the same host", "pick another port")
+
+
+def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """/health is a 1-token generation (~1 s at best): probe timeouts under 3 s flap."""
+    if d.ops.health_timeout_s < 3:
+        yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
+                   "health probes under 3 s flap (SGLang's /health runs a 1-token generation, ~1 s at best)",
+                   "use at least 3 (default 5)", "sglang/srt/entrypoints/http_server.py health_generate")
+
+
+def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Surface SGLang's silent rewrites (sglang/srt/server_args.py)."""
+    s = d.speculative
+    src = "sglang/srt/server_args.py"
+    if s.algorithm in ("DFLASH", "DDTREE"):
+        for name in ("num_steps", "topk"):
+            v = getattr(s, name)
+            if v not in (None, 1):
+                yield _warn(f"{SPEC}.{name}", v, f"{s.algorithm} forces {name} = 1", f"remove {name}", src)
+        if s.num_draft_tokens not in (None, s.block_size):
+            yield _err(f"{SPEC}.num_draft_tokens", s.num_draft_tokens,
+                       f"{s.algorithm} uses block_size ({s.block_size}) as num_draft_tokens", "remove num_draft_tokens", src)
+    if s.algorithm in ("EAGLE", "EAGLE3") and s.topk == 1 and s.num_steps and s.num_draft_tokens not in (None, s.num_steps + 1):
+        yield _warn(f"{SPEC}.num_draft_tokens", s.num_draft_tokens,
+                    f"EAGLE with topk 1 forces num_draft_tokens = num_steps + 1 = {s.num_steps + 1}",
+                    f"set num_draft_tokens: {s.num_steps + 1}", src)
+    if s.enabled and d.server.max_running_requests is None:
+        yield _warn(f"{SRV}.max_running_requests", None,
+                    f"with speculation on and no max_running_requests SGLang caps it at {SPEC_DEFAULT_MAX_RUNNING_REQUESTS}",
+                    "set max_running_requests explicitly", src)
+
+
+def _host_class(d: Deployment):
+    return HOST_CLASSES.get(d.host_class)
+
+
+RULES: list[Rule] = [
+    rule_host_class,
+    rule_draft_model,
+    rule_ddtree_sizes,
+    rule_declared_sizes,
+    rule_full_tree,
+    rule_draft_window,
+    rule_ddtree_build,
+    rule_capture_plan,
+    rule_sm103_tree_capture,
+    rule_sm120_attention,
+    rule_tp_fits,
+    rule_ports,
+    rule_health_timeout,
+    rule_silent_rewrites,
+]

@@ -1,0 +1,1 @@
+"""Operations against a running server: health, warmup."""

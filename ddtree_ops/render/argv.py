@@ -1,0 +1,72 @@
+"""The SGLang launch argv, built from a validated deployment (pure function).
+
+The flag dialect follows the pinned version (:mod:`ddtree_ops.config.versions`): up to
+0.5.13 ``--cuda-graph-max-bs``/``--cuda-graph-bs``, from 0.5.14 the ``-decode`` names
+(the old ones are rejected from 0.5.20).
+"""
+
+from __future__ import annotations
+
+from ..config.models import Deployment
+from ..config.plan import Plan
+from ..config.versions import version_info
+
+
+def build_argv(d: Deployment, plan: Plan) -> list[str]:
+    """``[python, -m, module, ARGS...]`` for ``python -m sglang.launch_server``.
+
+    Args:
+        d: a deployment that passed :func:`ddtree_ops.config.validate_hostvars`.
+        plan: its plan.
+
+    Returns:
+        The argv as a list of strings (no shell quoting; see
+        :func:`ddtree_ops.render.files.systemd_exec` for the unit file form).
+    """
+    srv, s = d.server, d.speculative
+    dialect = version_info(d.sglang.base_version).dialect
+    argv = [f"{d.service.venv}/bin/python", "-m", d.sglang.launcher_module]
+    argv += ["--model-path", d.model.path]
+    if d.model.served_model_name:
+        argv += ["--served-model-name", d.model.served_model_name]
+    if d.model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if d.model.context_length:
+        argv += ["--context-length", str(d.model.context_length)]
+    argv += ["--host", srv.host, "--port", str(srv.port), "--tp-size", str(srv.tp_size)]
+    if srv.dp_size > 1:
+        argv += ["--dp-size", str(srv.dp_size)]
+    if srv.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", repr(srv.mem_fraction_static)]
+    if srv.max_running_requests is not None:
+        argv += ["--max-running-requests", str(srv.max_running_requests)]
+    if plan.attention_backend:
+        argv += ["--attention-backend", plan.attention_backend]
+    if plan.page_size is not None:
+        argv += ["--page-size", str(plan.page_size)]
+    if plan.disable_overlap_schedule:
+        argv.append("--disable-overlap-schedule")
+    argv.append("--enable-metrics")
+    argv += ["--log-level", srv.log_level]
+
+    if s.enabled:
+        argv += ["--speculative-algorithm", s.algorithm, "--speculative-draft-model-path", s.draft_model_path]
+        if s.algorithm in ("DFLASH", "DDTREE"):
+            argv += ["--speculative-num-draft-tokens", str(plan.block_size)]
+            if s.algorithm == "DDTREE":
+                argv += ["--speculative-ddtree-budget", str(plan.budget)]
+        else:
+            argv += ["--speculative-num-steps", str(plan.num_steps), "--speculative-eagle-topk", str(plan.topk)]
+            if plan.num_draft_tokens is not None:
+                argv += ["--speculative-num-draft-tokens", str(plan.num_draft_tokens)]
+        if s.draft_window_size is not None:
+            argv += ["--speculative-draft-window-size", str(s.draft_window_size)]
+        if s.draft_attention_backend:
+            argv += ["--speculative-draft-attention-backend", s.draft_attention_backend]
+
+    if not plan.cuda_graphs:
+        argv.append("--disable-cuda-graph")
+    elif plan.cuda_graph_max_bs is not None:
+        argv += [dialect.max_bs_flag, str(plan.cuda_graph_max_bs)]
+        argv += [dialect.bs_flag, *map(str, plan.capture_bs)]
+    return argv

@@ -1,0 +1,1 @@
+"""Talking to a running SGLang server over HTTP."""

@@ -1,0 +1,42 @@
+"""SGLang-compatible SIMULATOR -- a TEST DOUBLE, NOT SGLang.
+
+    !!!  This package does not run a model, does not use a GPU and is not SGLang.  !!!
+    !!!  It is a fake that imitates SGLang's outside (argv, HTTP, metrics,          !!!
+    !!!  startup phases, failure modes) so CI and demos run without GPUs,          !!!
+    !!!  the way moto imitates AWS.  Never point real traffic at it.               !!!
+
+Run it exactly like ``python -m sglang.launch_server ARGV...``::
+
+    python -m ddtree_ops.sim --model-path models/x --port 30000 --enable-metrics \\
+        --speculative-algorithm DDTREE --speculative-draft-model-path models/d \\
+        --speculative-dflash-block-size 8 --speculative-ddtree-budget 32
+
+What it imitates (see ``args``, ``engine``, ``server``):
+
+* argv: SGLang's flag names, argparse errors (exit 2), the CUDA-graph flag dialect of
+  the simulated version (env ``SGLANG_SIM_VERSION``, default ``0.5.23``) and the build
+  kind (env ``SGLANG_SIM_BUILD``: ``ddtree`` | ``ddtree-unpatched`` | ``release``),
+  SGLang's silent rewrites (DFLASH/DDTREE force steps=1, topk=1; EAGLE topk=1 forces
+  num_draft_tokens=steps+1; speculation caps max_running_requests at 48) and its
+  ``ValueError`` checks (draft window >= block size, ...).
+* startup: port closed while "loading weights", HTTP 503 while "warming", then 200.
+* endpoints: /health, /health_generate, /server_info, /get_server_info, /model_info,
+  /v1/models, /generate, /v1/chat/completions, /v1/completions, /flush_cache,
+  /metrics (only with --enable-metrics), plus the test-double controls under /_sim/.
+* decoding: verify passes over the running batch, accepting ``accept_length`` tokens
+  per request per pass; ``avg_spec_accept_length`` and ``sglang:`` metrics.
+* the graph-size crash: a verify batch whose tokens-per-request differs from the width
+  the "captured" CUDA graphs were sized for dies with SGLang's
+  ``RuntimeError: The size of tensor a (8) must match the size of tensor b (33) ...``.
+
+It deliberately shares no code with ``ddtree_ops.config``/``render``: it is an
+independent double of SGLang, so tests of our planning code against it are not
+tautological.
+"""
+
+from __future__ import annotations
+
+IS_TEST_DOUBLE = True
+"""Marker for anything that wants to refuse to treat this as a real server."""
+
+__all__ = ["IS_TEST_DOUBLE"]
