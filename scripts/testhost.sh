@@ -190,7 +190,8 @@ nspawn_pid() { # prints the pid of host $1's nspawn if it is running
 
 known_indices() { # hosts with any state: pid file or network namespace
   {
-    ls "$RUNDIR" 2>/dev/null | sed -n 's/^ddt-th\([0-9]\+\)\.pid$/\1/p'
+    find "$RUNDIR" -maxdepth 1 -name 'ddt-th*.pid' -printf '%f\n' 2>/dev/null |
+      sed -n 's/^ddt-th\([0-9]\+\)\.pid$/\1/p'
     ip netns list 2>/dev/null | sed -n 's/^ddt-th\([0-9]\+\)\b.*/\1/p'
   } | sort -n -u
 }
@@ -289,7 +290,9 @@ wait_host() { # wait until ssh answers and the boot finished; report degraded un
 
 cmd_up() {
   local n=${1:-1} i started=()
-  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_HOSTS)) || die "up: N must be 1..$MAX_HOSTS, got '$n'"
+  if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > MAX_HOSTS)); then
+    die "up: N must be 1..$MAX_HOSTS, got '$n'"
+  fi
   need_root
   need_cmds systemd-nspawn ip ssh ssh-keygen setsid
   rootfs_complete || cmd_build

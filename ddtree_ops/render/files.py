@@ -67,7 +67,8 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
-        trim_blocks=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
     env.filters["env_value"] = env_value
     return env

@@ -1,0 +1,50 @@
+"""Ansible action ``ddtree_render``: validate this host's deployment and render its files
+with the same Python code as ``ddtree-ops render`` (byte-identical output).
+
+Runs on the controller only. Options:
+
+* ``secrets`` (bool, default false): return only the secret files (run the task with
+  ``no_log: true``); otherwise return every non-secret file.
+
+Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
+``warnings``. Fails with every finding (field, value, rule, fix) when the config is invalid.
+"""
+
+from __future__ import annotations
+
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        from ddtree_ops.config import ConfigError, validate_hostvars
+        from ddtree_ops.config.models import INVENTORY_VARS
+        from ddtree_ops.render import render_host
+        from ddtree_ops.render.files import plan_document
+
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        want_secrets = bool(self._task.args.get("secrets", False))
+        host = task_vars["inventory_hostname"]
+        hostvars = {v: self._templar.template(task_vars[v]) for v in INVENTORY_VARS.values() if v in task_vars}
+        try:
+            validated = validate_hostvars(host, hostvars)
+        except ConfigError as exc:
+            result.update(failed=True, msg="invalid deployment config:\n" + str(exc),
+                          findings=[f.as_dict() for f in exc.findings])
+            return result
+        files = [f for f in render_host(validated) if f.secret == want_secrets]
+        doc = plan_document(validated)
+        result.update(
+            changed=False,
+            files=[{"path": f.path, "content": f.content, "mode": f.mode, "secret": f.secret} for f in files],
+            plan=validated.plan.as_dict(),
+            unit=doc["unit"],
+            url=doc["url"],
+            deployment=doc["deployment"],
+            warnings=[w.message() for w in validated.warnings],
+        )
+        return result

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build (once per source state) the wheelhouse that hosts install ddtree-ops from, so GPU
+# hosts need no internet. Prints the wheelhouse directory on the last line of stdout.
+#
+#   scripts/build-wheelhouse.sh OUT_DIR [PYTHON]
+#
+# The directory is OUT_DIR/<hash of pyproject.toml + ddtree_ops/**.py> so an unchanged
+# source tree reuses the same bytes (deploys stay idempotent). Wheels are built for PYTHON
+# (default: the python running this script), i.e. the controller's CPython version.
+set -euo pipefail
+out=${1:?usage: build-wheelhouse.sh OUT_DIR [PYTHON]}
+py=${2:-python3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+hash=$(cd "$root" && { cat pyproject.toml; find ddtree_ops -name '*.py' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
+tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+dir="$out/$tag-$hash"
+if [ ! -f "$dir/.complete" ]; then
+  rm -rf "$dir.tmp"
+  mkdir -p "$dir.tmp"
+  echo "building wheelhouse $dir" >&2
+  "$py" -m pip wheel --quiet --disable-pip-version-check -w "$dir.tmp" "$root" >&2
+  touch "$dir.tmp/.complete"
+  rm -rf "$dir"
+  mv "$dir.tmp" "$dir"
+  echo "changed" >&2
+fi
+echo "$dir"
