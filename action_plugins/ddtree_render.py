@@ -7,7 +7,7 @@ Runs on the controller only. Options:
   ``no_log: true``); otherwise return every non-secret file.
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
-``warnings``. Fails with every finding (field, value, rule, fix) when the config is invalid.
+``plan_warnings``. Fails with every finding (field, value, rule, fix) when the config is invalid.
 """
 
 from __future__ import annotations
@@ -45,6 +45,6 @@ class ActionModule(ActionBase):
             unit=doc["unit"],
             url=doc["url"],
             deployment=doc["deployment"],
-            warnings=[w.message() for w in validated.warnings],
+            plan_warnings=[w.message() for w in validated.warnings],
         )
         return result

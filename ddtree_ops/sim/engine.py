@@ -19,6 +19,7 @@ passes and when the batch drains; ``/flush_cache`` resets the lifetime counters.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -62,7 +63,7 @@ class Request:
     prompt_key: str = ""
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.monotonic)
-    events: "queue.Queue[tuple[str, Any]]" = field(default_factory=queue.Queue)
+    events: queue.Queue[tuple[str, Any]] = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -340,8 +341,6 @@ class Engine:
         logger.error(text.rstrip())
         sys.stderr.write(tb)
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
         os._exit(1)

@@ -12,7 +12,13 @@ per TP rank); tokenizer metrics (requests, tokens, latencies) carry ``model_name
 from __future__ import annotations
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 prometheus_client.disable_created_metrics()
 
@@ -98,7 +104,7 @@ class SimMetrics:
                 counter.labels(**labels).inc(amount)
 
     # tokenizer side -------------------------------------------------------------
-    def tok(self, metric):  # noqa: ANN001, ANN201 - returns the labelled child
+    def tok(self, metric):  # returns the labelled child
         return metric.labels(**self._tok_labels)
 
     def render(self) -> bytes:

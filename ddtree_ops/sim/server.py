@@ -1,0 +1,511 @@
+"""HTTP server and startup phases of the SGLang SIMULATOR (a test double, NOT SGLang).
+
+Phases, as SGLang's launch: ``loading`` (weights; port CLOSED; graphs "captured" at the
+end) for ``SGLANG_SIM_LOAD_SECONDS`` (default 2.0) -> ``warming`` (port open, every
+endpoint but ``/_sim/*`` answers 503, the server runs its own 1-request warmup, which
+goes through a verify pass) for at least ``SGLANG_SIM_WARMUP_SECONDS`` (default 1.0) ->
+``ready``. SIGTERM/SIGINT exit 0 at once.
+
+Endpoints (JSON shapes as SGLang):
+
+* ``GET /health``, ``/health_generate``: 503 until ready, then 200 (empty body) after a
+  simulated 1-token generation of ``SGLANG_SIM_HEALTH_SECONDS`` (default 0.05).
+* ``GET /ready`` (simulated versions >= 0.5.20): 200 when ready, else 503.
+* ``GET /server_info``, ``/get_server_info``: server args (SGLang field names) + scheduler
+  info + ``version`` + ``internal_states`` (one dict per DP rank).
+* ``GET /model_info``, ``/get_model_info``, ``/v1/models``.
+* ``POST /generate`` (``text`` str or list, or ``input_ids``; ``sampling_params``;
+  ``stream``), ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` too).
+* ``POST|GET /flush_cache``; ``GET /metrics`` only with ``--enable-metrics`` (else 404).
+* Test-double controls: ``POST /_sim/accept_length {"value": float|null}``,
+  ``GET /_sim/state``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ddtree_ops.sim.args import SimArgumentError, SimConfig, parse_args, parse_version
+from ddtree_ops.sim.engine import Engine, Request, count_tokens, filler_text
+from ddtree_ops.sim.metrics import CONTENT_TYPE, SimMetrics
+
+logger = logging.getLogger("ddtree_ops.sim")
+
+BANNER = "SGLang SIMULATOR (ddtree_ops.sim) -- a TEST DOUBLE, NOT SGLang: no model, no GPU."
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+
+
+class SimApp:
+    """State shared by the HTTP handlers: config, engine, metrics, phase."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        sa = cfg.server_args
+        self.metrics = (
+            SimMetrics(cfg.model_name, sa["tp_size"], sa["enable_metrics_for_all_schedulers"])
+            if sa["enable_metrics"] else None
+        )
+        if self.metrics is not None:
+            self.metrics.set_sched(self.metrics.max_total_num_tokens, cfg.max_total_num_tokens)
+        self.engine = Engine(cfg, self.metrics)
+        self.phase = "loading"
+        self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", 0.05)
+        self.started = time.time()
+        self.version = cfg.version
+
+    # ---- views -----------------------------------------------------------------
+    def internal_states(self) -> list[dict[str, Any]]:
+        running, waiting = self.engine.load()
+        state: dict[str, Any] = {
+            "last_gen_throughput": round(self.engine.last_gen_throughput, 4),
+            "memory_usage": {"weight": 15.26, "kvcache": 62.5, "token_capacity": self.cfg.max_total_num_tokens,
+                             "graph": 0.45 if self.cfg.cuda_graph_enabled else 0.0},
+            "effective_max_running_requests_per_dp": self.cfg.max_running_requests // self.cfg.server_args["dp_size"],
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+        }
+        avg = self.engine.avg_spec_accept_length()
+        if avg is not None:
+            state["avg_spec_accept_length"] = avg
+        return [dict(state) for _ in range(self.cfg.server_args["dp_size"])]
+
+    def server_info(self) -> dict[str, Any]:
+        info = dict(self.cfg.server_args)
+        info.update({
+            "max_total_num_tokens": self.cfg.max_total_num_tokens,
+            "max_req_input_len": self.cfg.context_length - 1,
+            "internal_states": self.internal_states(),
+            "version": self.version,
+        })
+        return info
+
+    def sim_state(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "test_double": True,
+            "phase": self.phase,
+            "version": cfg.version,
+            "build": cfg.build,
+            "speculative_algorithm": cfg.algorithm,
+            "block_size": cfg.block_size,
+            "budget": cfg.budget,
+            "verify_tokens_per_req": cfg.verify_tokens_per_req,
+            "draft_tokens_per_req": cfg.draft_tokens_per_req,
+            "captured_verify_tokens_per_req": cfg.captured_verify_tokens_per_req,
+            "cuda_graph_enabled": cfg.cuda_graph_enabled,
+            "captured_bs": cfg.capture_bs,
+            "max_running_requests": cfg.max_running_requests,
+            "accept_length": self.engine.accept_length,
+            "accept_length_forced": self.engine.forced_accept_length is not None,
+            "max_accept_length": cfg.max_accept_length,
+            "avg_spec_accept_length": self.engine.avg_spec_accept_length(),
+            "verify_passes": self.engine.verify_passes,
+            "graph_passes": self.engine.graph_passes,
+            "eager_passes": self.engine.eager_passes,
+            "warnings": cfg.warnings,
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        sa = self.cfg.server_args
+        return {
+            "model_path": sa["model_path"],
+            "tokenizer_path": sa["tokenizer_path"],
+            "is_generation": not sa["is_embedding"],
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "simulated",
+            "architectures": ["SimulatedForCausalLM"],
+        }
+
+    def models(self) -> dict[str, Any]:
+        name = self.cfg.model_name
+        return {"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(self.started), "owned_by": "sglang",
+            "root": name, "max_model_len": self.cfg.context_length,
+        }]}
+
+    # ---- generation ------------------------------------------------------------------
+    def new_request(self, prompt_tokens: int, max_new_tokens: int, key: str, count: bool = True) -> Request:
+        limit = max(0, self.cfg.context_length - prompt_tokens)
+        req = Request(prompt_tokens=prompt_tokens, max_new_tokens=max(0, min(max_new_tokens, limit)), prompt_key=key)
+        req.count_in_metrics = count
+        return self.engine.submit(req)
+
+    def wait(self, req: Request, timeout: float = 3600.0) -> None:
+        if not req.done.wait(timeout):
+            raise TimeoutError(f"request {req.rid} did not finish in {timeout} s")
+
+    def text_of(self, req: Request) -> str:
+        return filler_text(0, req.completion_tokens)
+
+
+class SimServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], app: SimApp) -> None:
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        self.app = app
+        super().__init__(addr, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SimServer
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet like uvicorn with access log off
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s - %s", self.address_string(), fmt % args)
+
+    @property
+    def app(self) -> SimApp:
+        return self.server.app
+
+    # ---- helpers -----------------------------------------------------------------
+    def _send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": {"message": message, "code": status}})
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        return json.loads(raw)
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _sse(self, obj: Any) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def _auth_ok(self) -> bool:
+        key = self.app.cfg.server_args.get("api_key")
+        if not key:
+            return True
+        return self.headers.get("Authorization", "") == f"Bearer {key}"
+
+    # ---- routing -----------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_HEAD(self) -> None:
+        self._route("GET")
+
+    def _route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        app = self.app
+        try:
+            if path.startswith("/_sim/"):
+                return self._sim_control(method, path)
+            if path == "/metrics" and method == "GET":
+                if app.metrics is None:
+                    return self._send(404, b'{"detail":"Not Found"}')
+                if app.phase != "ready":
+                    return self._send(503, b"")
+                return self._send(200, app.metrics.render(), CONTENT_TYPE)
+            if app.phase != "ready":
+                return self._send(503, b"")
+            if not self._auth_ok():
+                return self._error(401, "Unauthorized")
+            if method == "GET":
+                if path in ("/health", "/health_generate"):
+                    time.sleep(app.health_seconds)
+                    return self._send(200, b"")
+                if path == "/ready" and parse_version(app.version) >= (0, 5, 20):
+                    return self._send(200, b"")
+                if path in ("/server_info", "/get_server_info"):
+                    return self._json(200, app.server_info())
+                if path in ("/model_info", "/get_model_info"):
+                    return self._json(200, app.model_info())
+                if path == "/v1/models":
+                    return self._json(200, app.models())
+                if path == "/flush_cache":
+                    return self._flush_cache()
+            else:
+                if path == "/generate":
+                    return self._generate(self._body())
+                if path == "/v1/chat/completions":
+                    return self._openai(self._body(), chat=True)
+                if path == "/v1/completions":
+                    return self._openai(self._body(), chat=False)
+                if path == "/flush_cache":
+                    return self._flush_cache()
+            return self._send(404, b'{"detail":"Not Found"}')
+        except (ValueError, TypeError, KeyError) as exc:
+            return self._error(400, f"{type(exc).__name__}: {exc}")
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+
+    def _flush_cache(self) -> None:
+        if self.app.engine.flush_cache():
+            return self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                   b"running or waiting requests, the operation will not be performed.)\n",
+                              "text/plain")
+        return self._send(400, b"Cache not flushed. There are running or waiting requests.\n", "text/plain")
+
+    def _sim_control(self, method: str, path: str) -> None:
+        app = self.app
+        if path == "/_sim/state" and method == "GET":
+            return self._json(200, app.sim_state())
+        if path == "/_sim/accept_length" and method == "POST":
+            body = self._body()
+            if "value" not in body:
+                return self._error(400, 'expected {"value": float or null}')
+            value = body["value"]
+            try:
+                effective = app.engine.force_accept_length(None if value is None else float(value))
+            except ValueError as exc:
+                return self._error(400, str(exc))
+            logger.info("[test double] accept length forced to %s", effective)
+            return self._json(200, {"accept_length": effective, "forced": value is not None,
+                                    "max_accept_length": app.cfg.max_accept_length})
+        return self._send(404, b'{"detail":"Not Found"}')
+
+    # ---- /generate ------------------------------------------------------------------------
+    def _generate(self, body: dict[str, Any]) -> None:
+        app = self.app
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+        text = body.get("text")
+        ids = body.get("input_ids")
+        if text is None and ids is None:
+            raise ValueError("Either text or input_ids should be provided.")
+        batch = isinstance(text, list) or (ids is not None and ids and isinstance(ids[0], list))
+        if text is not None:
+            prompts = text if isinstance(text, list) else [text]
+            reqs = [app.new_request(count_tokens(t), max_new, t) for t in prompts]
+        else:
+            id_lists = ids if batch else [ids]
+            reqs = [app.new_request(max(1, len(x)), max_new, json.dumps(x)) for x in id_lists]
+        spec = app.cfg.speculative
+        if body.get("stream"):
+            self._start_stream()
+            for i, req in enumerate(reqs):
+                while True:
+                    kind, _ = req.events.get()
+                    if kind == "tokens" and req.finished:
+                        continue  # the "done" event right behind carries the final chunk
+                    out = {"text": app.text_of(req), "meta_info": req.meta_info(spec), "index": i}
+                    self._sse(out)
+                    if kind == "done":
+                        break
+            self._sse("[DONE]")
+            return None
+        for req in reqs:
+            app.wait(req)
+        outs = [{"text": app.text_of(r), "meta_info": r.meta_info(spec)} for r in reqs]
+        return self._json(200, outs if batch else outs[0])
+
+    # ---- OpenAI-compatible --------------------------------------------------------------------
+    def _openai(self, body: dict[str, Any], chat: bool) -> None:
+        app = self.app
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise ValueError("messages must be a non-empty list")
+            parts = []
+            for m in msgs:
+                c = m.get("content")
+                if isinstance(c, list):
+                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+                parts.append(str(c or ""))
+            prompt = "\n".join(parts)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list):
+                prompt = " ".join(map(str, prompt))
+            if not prompt:
+                raise ValueError("prompt is required")
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
+        req = app.new_request(count_tokens(prompt), int(max_new), prompt)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or app.cfg.model_name
+        obj = "chat.completion" if chat else "text_completion"
+        if body.get("stream"):
+            self._start_stream()
+            sent = 0
+            if chat:
+                self._sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}]})
+            while True:
+                kind, _ = req.events.get()
+                if kind == "done":
+                    break
+                piece = filler_text(sent, req.completion_tokens - sent)
+                sent = req.completion_tokens
+                choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                          else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
+                self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
+                           "model": model, "choices": [choice]})
+            final = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+                     else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
+            usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                     "total_tokens": req.prompt_tokens + req.completion_tokens}
+            self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
+                       "choices": [final], "usage": usage})
+            self._sse("[DONE]")
+            return None
+        app.wait(req)
+        text = app.text_of(req)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                            "tool_calls": None},
+                   "logprobs": None, "finish_reason": "length", "matched_stop": None} if chat
+                  else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None})
+        return self._json(200, {
+            "id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                      "total_tokens": req.prompt_tokens + req.completion_tokens,
+                      "prompt_tokens_details": {"cached_tokens": req.cached_tokens}},
+            "metadata": {"weight_version": "default"},
+        })
+
+
+def _install_signal_handlers() -> None:
+    def _exit(signum: int, _frame: Any) -> None:
+        logger.info("Received %s, exiting (SGLang simulator).", signal.Signals(signum).name)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+
+
+def _warmup(app: SimApp) -> None:
+    """SGLang's own warmup: one /generate-like request (bs 1, max_new_tokens 8)."""
+    req = app.new_request(count_tokens("The capital city of France is"), 8, "", count=True)
+    app.wait(req, timeout=600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m ddtree_ops.sim``. Returns an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    _setup_logging("info")
+    _install_signal_handlers()
+    logger.warning(BANNER)
+    try:
+        cfg = parse_args(argv)
+    except SimArgumentError as exc:
+        # SGLang raises from ServerArgs.__post_init__: a traceback and exit 1
+        sys.stderr.write(f"Traceback (most recent call last):\n  File \"launch_server.py\", in <module>\n"
+                         f"ValueError: {exc}\n")
+        return 1
+    _setup_logging(cfg.server_args["log_level"])
+    sa = cfg.server_args
+    logger.info("server_args=%s", json.dumps({k: v for k, v in sa.items() if k != "cuda_graph_config"}))
+    logger.info("[sim] version=%s build=%s", cfg.version, cfg.build)
+
+    load_seconds = _env_float("SGLANG_SIM_LOAD_SECONDS", 2.0)
+    warmup_seconds = _env_float("SGLANG_SIM_WARMUP_SECONDS", 1.0)
+    app = SimApp(cfg)
+
+    # ---- phase 1: loading (port closed) ----
+    logger.info("[TP0] Load weight begin. avail mem=139.12 GB")
+    time.sleep(load_seconds * 0.8)
+    logger.info("[TP0] Load weight end. type=SimulatedForCausalLM, dtype=torch.bfloat16, avail mem=123.86 GB, "
+                "mem usage=15.26 GB.")
+    logger.info("[TP0] KV Cache is allocated. #tokens: %d", cfg.max_total_num_tokens)
+    arch = os.environ.get("SGLANG_SIM_GPU_ARCH", "")
+    if cfg.cuda_graph_enabled:
+        logger.info("[TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=61.36 GB")
+        if arch.startswith("sm_103") and cfg.algorithm == "DDTREE" and (cfg.budget or 0) > 8:
+            logger.error("[TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+                         "RuntimeError: CUDA error: an illegal memory access was encountered")
+            sys.stderr.write("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                             "CUDA kernel errors might be asynchronously reported at some other API call.\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        logger.info("[TP0] Capture cuda graph bs %s", cfg.capture_bs)
+        if cfg.speculative:
+            logger.info("[TP0] Capture target verify cuda graph: %d tokens per request (bs %s)",
+                        cfg.captured_verify_tokens_per_req, cfg.capture_bs)
+            if cfg.draft_tokens_per_req is not None and cfg.algorithm in ("DFLASH", "DDTREE"):
+                logger.info("[TP0] Capture draft cuda graph: %d tokens per request", cfg.draft_tokens_per_req)
+        logger.info("[TP0] Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.45 GB. avail mem=60.91 GB.",
+                    load_seconds * 0.2)
+    time.sleep(load_seconds * 0.2)
+    logger.info("[TP0] max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%s, "
+                "max_running_requests=%d, context_len=%d, available_gpu_mem=60.91 GB",
+                cfg.max_total_num_tokens, sa["chunked_prefill_size"], sa["max_prefill_tokens"],
+                cfg.max_running_requests, cfg.context_length)
+    app.engine.start()
+
+    # ---- phase 2: port open, warming ----
+    try:
+        httpd = SimServer((sa["host"], sa["port"]), app)
+    except OSError as exc:
+        logger.error("Failed to bind %s:%s: %s", sa["host"], sa["port"], exc)
+        return 1
+    app.phase = "warming"
+    threading.Thread(target=httpd.serve_forever, name="sim-http", daemon=True).start()
+    logger.info("Started server process [%d]", os.getpid())
+    logger.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", sa["host"], sa["port"])
+    t0 = time.monotonic()
+    if not sa["skip_server_warmup"]:
+        _warmup(app)
+        remaining = warmup_seconds - (time.monotonic() - t0)
+        if remaining > 0:
+            time.sleep(remaining)
+    app.phase = "ready"
+    logger.info("The server is fired up and ready to roll!")
+    sys.stdout.flush()
+
+    # ---- phase 3: ready; block until a signal ends the process ----
+    while True:
+        time.sleep(3600)
