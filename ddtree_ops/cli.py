@@ -22,8 +22,8 @@ from .config.errors import Finding
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_INVENTORY = os.environ.get("DDTREE_INVENTORY", "inventory/example")
 InventoryOpt = Annotated[str, typer.Option("--inventory", "-i", help="Ansible inventory file or directory.")]
@@ -219,17 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except typer.Exit as exc:
         return exc.exit_code
-    except (typer.BadParameter, typer.Abort) as exc:  # click exceptions
-        err.print(f"error: {exc}", highlight=False)
+    except typer.Abort:
+        err.print("aborted")
         return 2
-    except Exception as exc:  # click usage errors and anything unexpected: one line, no traceback
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            err.print(f"error: {exc.format_message()}", highlight=False)
-            return 2
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
+    except typer.exceptions.TyperException as exc:  # usage errors (bad option, unknown command)
+        msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        err.print(f"error: {msg}", highlight=False)
+        return 2
+    except Exception as exc:  # anything unexpected: one line, no traceback
         err.print(f"error: {type(exc).__name__}: {exc}", highlight=False)
         return 2
 

@@ -29,6 +29,21 @@ What it imitates (see ``args``, ``engine``, ``server``):
   the "captured" CUDA graphs were sized for dies with SGLang's
   ``RuntimeError: The size of tensor a (8) must match the size of tensor b (33) ...``.
 
+Environment (all optional):
+
+=============================  =========  ==================================================
+``SGLANG_SIM_VERSION``         0.5.23     simulated SGLang version (flag dialect, /ready)
+``SGLANG_SIM_BUILD``           ddtree     ``ddtree`` | ``ddtree-unpatched`` | ``release``
+``SGLANG_SIM_LOAD_SECONDS``    2.0        "loading weights", port closed
+``SGLANG_SIM_WARMUP_SECONDS``  1.0        minimum "warming" time, HTTP 503
+``SGLANG_SIM_HEALTH_SECONDS``  0.05       duration of a /health 1-token generation
+``SGLANG_SIM_STEP_SECONDS``    0.005      one prefill step / one verify pass with a graph
+``SGLANG_SIM_EAGER_SLOWDOWN``  3.8        eager pass = step x this
+``SGLANG_SIM_ACCEPT_LENGTH``   per algo   DDTREE 6, DFLASH 4.5, EAGLE* 3, NGRAM 2, none 1
+``SGLANG_SIM_GPU_ARCH``        (none)     ``sm_103``: DDTree budget > 8 with graphs dies in
+                                          capture (illegal memory access)
+=============================  =========  ==================================================
+
 It deliberately shares no code with ``ddtree_ops.config``/``render``: it is an
 independent double of SGLang, so tests of our planning code against it are not
 tautological.

@@ -90,10 +90,10 @@ def graph_dialect(version: tuple[int, int, int]) -> str:
 def algorithms_for(version: tuple[int, int, int], build: str) -> list[str]:
     """Valid ``--speculative-algorithm`` choices for a version and build kind."""
     algos = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
-    if version >= (0, 5, 11):
+    if version >= (0, 5, 11):  # DFlash is in releases from 0.5.11; DDTree builds on it
         algos.append("DFLASH")
-    if build != "release":
-        algos.append("DDTREE")
+        if build != "release":
+            algos.append("DDTREE")
     return algos
 
 
@@ -225,7 +225,7 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
         else:
             a("--speculative-dflash-draft-window-size", type=int, dest="speculative_draft_window_size",
               action=_DeprecatedAlias, new_flag="--speculative-draft-window-size", help=argparse.SUPPRESS)
-    if build != "release":
+    if build != "release" and ver >= (0, 5, 11):
         a("--speculative-ddtree-budget", type=int, default=None,
           help="DDTree node budget (default block_size - 1); > block_size - 1 is full-tree mode.")
     # CUDA graphs, in the dialect of the version
@@ -432,7 +432,7 @@ def parse_args(
         sa["chunked_prefill_size"] = DEFAULT_CHUNKED_PREFILL_SIZE
     sa.setdefault("speculative_dflash_block_size", None)
     sa.setdefault("speculative_draft_window_size", None)
-    if build != "release":
+    if build != "release" and ver >= (0, 5, 11):
         sa.setdefault("speculative_ddtree_budget", None)
     if sa["tp_size"] < 1 or sa["dp_size"] < 1 or sa["tp_size"] % sa["dp_size"]:
         raise SimArgumentError(f"tp_size={sa['tp_size']} must be a positive multiple of dp_size={sa['dp_size']}.")

@@ -2,7 +2,8 @@
 
 Every exposed name is a real ``sglang:`` metric name of SGLang 0.5.13.post1 and 0.5.23
 (see ``shared/fixtures/sglang/metric_names-*.txt``). Metrics live on a private
-``CollectorRegistry``. As with SGLang's multiprocess collector, no ``*_created`` series.
+``CollectorRegistry``. As with SGLang's multiprocess collector, no ``*_created`` series
+(``server.main`` turns them off process-wide; importing this module changes nothing).
 
 Labels as SGLang: scheduler metrics carry ``model_name``, ``engine_type``, ``tp_rank``,
 ``pp_rank`` (rank 0 only, unless ``--enable-metrics-for-all-schedulers``: then one series
@@ -19,8 +20,6 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-
-prometheus_client.disable_created_metrics()
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 

@@ -36,6 +36,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import prometheus_client
+
 from ddtree_ops.sim.args import SimArgumentError, SimConfig, parse_args, parse_version
 from ddtree_ops.sim.engine import Engine, Request, count_tokens, filler_text
 from ddtree_ops.sim.metrics import CONTENT_TYPE, SimMetrics
@@ -447,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _setup_logging(cfg.server_args["log_level"])
     sa = cfg.server_args
+    prometheus_client.disable_created_metrics()  # like SGLang's multiprocess collector
     logger.info("server_args=%s", json.dumps({k: v for k, v in sa.items() if k != "cuda_graph_config"}))
     logger.info("[sim] version=%s build=%s", cfg.version, cfg.build)
 
