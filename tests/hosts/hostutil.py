@@ -1,0 +1,45 @@
+"""Helpers for tests against the booted systemd test hosts (``scripts/testhost.sh``).
+
+They expect the hosts to be up already. When they are down they are skipped,
+unless ``DDTREE_TESTHOSTS=1`` is set (as in CI after ``testhost.sh up``): then they fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "scripts" / "testhost.sh"
+KEY = REPO_ROOT / ".state" / "ssh" / "id_ed25519"
+SSH_OPTS = [
+    "-o", "StrictHostKeyChecking=no",
+    "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR",
+    "-o", "BatchMode=yes",
+    "-o", "ConnectTimeout=5",
+    "-o", "IdentitiesOnly=yes",
+]
+
+
+def up_hosts() -> dict[str, str]:
+    """Host name -> address for every host that `testhost.sh status` reports as up."""
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "status"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    hosts = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == "up":
+            hosts[fields[0]] = fields[2]
+    return hosts
+
+
+def ssh(address: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", *SSH_OPTS, "-i", str(KEY), f"root@{address}", command],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+
+

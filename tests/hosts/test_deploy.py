@@ -1,0 +1,147 @@
+"""End to end: ``ansible-playbook deploy.yml`` onto a booted systemd test host.
+
+Proves: the service is active and healthy, a second run reports changed=0, what Ansible
+installed is byte-identical to ``ddtree-ops render``, every rendered unit passes
+``systemd-analyze verify``, warmup covers the plan, and bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hostutil import REPO_ROOT, ssh
+
+pytestmark = pytest.mark.hosts
+
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+TEST_INVENTORY = REPO_ROOT / "inventory" / "test"
+HOST = "ddt-th1"
+
+
+def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-l", limit, "deploy.yml"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    return r, time.monotonic() - t0
+
+
+def recap(output: str, host: str = HOST) -> dict[str, int]:
+    m = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.M)
+    assert m, output[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+@pytest.fixture(scope="module")
+def deployed(hosts):
+    assert HOST in hosts, f"{HOST} is not up: {hosts}"
+    first, t1 = deploy()
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-2000:]
+    second, t2 = deploy()
+    print(f"\ndeploy: first run {t1:.1f} s, second run {t2:.1f} s")
+    return {"address": hosts[HOST], "first": first, "second": second}
+
+
+def test_second_run_changes_nothing(deployed):
+    r = recap(deployed["second"].stdout)
+    assert deployed["second"].returncode == 0
+    assert r["changed"] == 0 and r["failed"] == 0, deployed["second"].stdout[-4000:]
+
+
+def test_service_active_and_healthy(deployed):
+    addr = deployed["address"]
+    assert ssh(addr, "systemctl is-active ddtree-sglang.service").stdout.strip() == "active"
+    assert ssh(addr, "systemctl is-enabled ddtree-sglang.service").stdout.strip() == "enabled"
+    r = subprocess.run([str(VENV_BIN / "ddtree-ops"), "health", f"http://{addr}:30000", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["ready"]["ok"] and checks["accept_length"]["ok"]
+
+
+def test_play_shows_the_plan(deployed):
+    out = deployed["first"].stdout
+    assert "draft_tokens_per_req=8" in out and "verify_tokens_per_req=33" in out
+
+
+def test_installed_files_byte_identical_to_cli_render(deployed, tmp_path):
+    r = subprocess.run([str(VENV_BIN / "ddtree-ops"), "render", "--out", str(tmp_path), "-i", str(TEST_INVENTORY),
+                        "-l", HOST], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rendered = sorted(p for p in (tmp_path / HOST).rglob("*") if p.is_file())
+    assert len(rendered) >= 3
+    for p in rendered:
+        remote = "/" + str(p.relative_to(tmp_path / HOST))
+        got = subprocess.run(["ssh", *_ssh_args(deployed["address"]), f"cat {remote}"], capture_output=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == p.read_bytes(), f"{remote} differs from `ddtree-ops render`"
+        mode = ssh(deployed["address"], f"stat -c %a {remote}").stdout.strip()
+        assert mode == f"{p.stat().st_mode & 0o777:o}", remote
+
+
+def _ssh_args(addr: str) -> list[str]:
+    from hostutil import KEY, SSH_OPTS
+
+    return [*SSH_OPTS, "-i", str(KEY), f"root@{addr}"]
+
+
+def test_every_rendered_unit_passes_systemd_analyze_verify(deployed, tmp_path):
+    addr = deployed["address"]
+    r = ssh(addr, "systemd-analyze verify --man=no /etc/systemd/system/ddtree-sglang.service")
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    for inv in ("example", "test"):
+        out = tmp_path / inv
+        subprocess.run([str(VENV_BIN / "ddtree-ops"), "render", "--out", str(out), "-i",
+                        str(REPO_ROOT / "inventory" / inv)], check=True, capture_output=True, timeout=120)
+        for unit in out.glob("*/etc/systemd/system/*.service"):
+            remote = f"/tmp/verify-{inv}-{unit.parent.parent.parent.parent.name}/{unit.name}"
+            assert ssh(addr, f"mkdir -p {Path(remote).parent}").returncode == 0
+            cp = subprocess.run(["scp", *_ssh_args(addr)[:-1], str(unit), f"root@{addr}:{remote}"],
+                                capture_output=True, text=True, timeout=60)
+            assert cp.returncode == 0, cp.stderr
+            v = ssh(addr, f"systemd-analyze verify --man=no {remote}")
+            assert v.returncode == 0 and not v.stderr.strip(), f"{unit}: {v.stderr}"
+
+
+def test_warmup_covers_the_plan(deployed, tmp_path):
+    addr = deployed["address"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(ssh(addr, "cat /etc/ddtree-ops/sglang/plan.json").stdout)
+    r = subprocess.run([str(VENV_BIN / "ddtree-ops"), "warmup", f"http://{addr}:30000", "--plan", str(plan), "--json",
+                        "--deadline", "120"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)["report"]
+    capture = json.loads(plan.read_text())["plan"]["capture_bs"]
+    assert [x["batch_size"] for x in report["results"]] == capture
+    assert all(x["completion_tokens"] > 0 and x["accept_length"] > 1 for x in report["results"])
+
+
+@pytest.mark.parametrize("bad", [
+    {"ddtree_model": {"path": "/srv/models/100%"}},
+    {"ddtree_speculative": {"algorithm": "DDTREE", "draft_model_path": "/d", "block_size": 8, "budget": -1}},
+    {"ddtree_server": {"tp_size": 16, "port": 30000}},
+    {"ddtree_host_class": "h100"},
+])
+def test_bad_input_changes_nothing_on_the_host(deployed, tmp_path, bad):
+    addr = deployed["address"]
+    probe = ("sha256sum /etc/systemd/system/ddtree-sglang.service /etc/ddtree-ops/sglang/*; "
+             "systemctl show -p MainPID -p ActiveEnterTimestamp ddtree-sglang.service")
+    before = ssh(addr, probe).stdout
+    inv = tmp_path / "inv"
+    shutil.copytree(TEST_INVENTORY, inv)
+    (inv / "hosts.yml").write_text((TEST_INVENTORY / "hosts.yml").read_text())
+    gv = inv / "group_vars" / "testhosts.yml"
+    data = yaml.safe_load(gv.read_text())
+    data.update(bad)
+    gv.write_text(yaml.safe_dump(data))
+    r, _ = deploy(inv)
+    assert r.returncode != 0
+    assert "Fix:" in r.stdout and "Traceback" not in r.stdout + r.stderr
+    assert recap(r.stdout)["changed"] == 0
+    assert ssh(addr, probe).stdout == before
