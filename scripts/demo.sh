@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The main job on a local test host: set up, boot a real systemd test host, show the plan
+# for the shipped b300 inventory, deploy with `ansible-playbook deploy.yml`, then show the
+# service active under systemd, health, warmup over the plan and acceptance length.
+# The test host stays up afterwards; stop it with: scripts/testhost.sh down
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/testhost.sh up
+export PATH="$PWD/.venv/bin:$PATH"
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "Plan for the shipped b300 inventory (inventory/example)"
+ddtree-ops plan -i inventory/example -l b300
+
+step "Plan for the test host (inventory/test: b300 profile, SGLang simulator)"
+ddtree-ops plan -i inventory/test
+
+step "ansible-playbook deploy.yml -i inventory/test"
+start=$(date +%s)
+ansible-playbook -i inventory/test deploy.yml
+echo "deploy took $(( $(date +%s) - start )) s"
+
+addr=$(bash scripts/testhost.sh status | awk '$1=="ddt-th1" {print $3}')
+step "systemd on the test host"
+bash scripts/testhost.sh ssh ddt-th1 systemctl --no-pager status ddtree-sglang.service | head -n 12
+printf 'is-active: '; bash scripts/testhost.sh ssh ddt-th1 systemctl is-active ddtree-sglang.service
+
+step "Warmup over every captured batch size of the plan"
+plan=$(mktemp); trap 'rm -f "$plan"' EXIT
+bash scripts/testhost.sh ssh ddt-th1 cat /etc/ddtree-ops/sglang/plan.json >"$plan"
+ddtree-ops warmup "http://$addr:30000" --plan "$plan" --deadline 120
+
+step "Health and acceptance length"
+ddtree-ops health "http://$addr:30000"
+echo
+echo "The test host stays up: scripts/testhost.sh ssh ddt-th1 | scripts/testhost.sh down"
