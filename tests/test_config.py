@@ -118,6 +118,12 @@ def test_risk_reason_must_be_reasoned(hostvars):
     assert f.field == "ddtree_accepted_risks.0.reason"
 
 
+def test_unknown_risk_rule(hostvars):
+    hostvars["ddtree_accepted_risks"].append({"rule": "sm130-typo", "reason": "a long enough reason here"})
+    [f] = errors_of(hostvars)
+    assert (f.field, f.value) == ("ddtree_accepted_risks.1.rule", "sm130-typo")
+
+
 def test_sm120_refuses_trtllm(hostvars):
     hostvars["ddtree_host_class"] = "ct200"
     hostvars["ddtree_speculative"]["draft_attention_backend"] = "fa3"

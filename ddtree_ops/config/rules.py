@@ -20,6 +20,7 @@ SRV = "ddtree_server"
 
 SM103_RISK = "sm103-ddtree-graph-capture"
 SM103_MAX_CAPTURED_BUDGET = 8
+OVERRIDABLE_RULES = frozenset({SM103_RISK})
 
 
 def _err(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
@@ -244,6 +245,14 @@ def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
                     "set max_running_requests explicitly", src)
 
 
+def rule_accepted_risks_known(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Risk acceptances name a rule that can be overridden (a typo would be ignored)."""
+    for i, r in enumerate(d.accepted_risks):
+        if r.rule not in OVERRIDABLE_RULES:
+            yield _err(f"ddtree_accepted_risks.{i}.rule", r.rule, "not a rule that can be accepted as a risk",
+                       f"use one of {', '.join(sorted(OVERRIDABLE_RULES))}")
+
+
 def _host_class(d: Deployment):
     return HOST_CLASSES.get(d.host_class)
 
@@ -263,4 +272,5 @@ RULES: list[Rule] = [
     rule_ports,
     rule_health_timeout,
     rule_silent_rewrites,
+    rule_accepted_risks_known,
 ]
