@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.ddtree-setup-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  .venv/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[dev]'
   rm -f .venv/.ddtree-setup-*
   touch "$stamp"
 fi

@@ -173,7 +173,15 @@ def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
 def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
     """sm_103: tree-verify graph capture with budget > 8 has hit illegal memory accesses."""
     hc = _host_class(d)
-    if not (hc and hc.arch == "sm_103" and p.algorithm == "DDTREE" and p.cuda_graphs):
+    if not (hc and hc.arch == "sm_103" and p.algorithm == "DDTREE"):
+        return
+    if not p.cuda_graphs:
+        if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET:
+            yield _warn(f"{SRV}.cuda_graph", False,
+                        f"on sm_103 DDTree budget {p.budget} runs eagerly (CUDA graphs measured ~3.8x faster on b300)",
+                        f"keep it eager, lower budget to {SM103_MAX_CAPTURED_BUDGET} to capture graphs, or record "
+                        f"the risk {SM103_RISK} once a pinned build captures safely",
+                        "DESIGN.md §1, arch-specific capture faults")
         return
     if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET and d.risk_reason(SM103_RISK) is None:
         yield _err(f"{SPEC}.budget", p.budget,
