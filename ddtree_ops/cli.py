@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import math
+
+import httpx
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .config import ConfigError, Validated, validate_hostvars
 from .config.errors import Finding
@@ -33,6 +37,28 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 class CheckFailed(Exception):
     """A check ran and failed (exit 1)."""
+
+
+def say(console: Console, label: str, style: str, message: str) -> None:
+    """Print ``label message`` with no rich markup parsing of ``message`` (user input)."""
+    console.print(Text.assemble((label, style), " ", message), highlight=False)
+
+
+def _url(url: str) -> str:
+    try:
+        u = httpx.URL(url)
+        ok = u.scheme in ("http", "https") and bool(u.host) and (u.port is None or 0 < u.port < 65536)
+    except Exception:  # httpx raises several types for malformed URLs
+        ok = False
+    if not ok:
+        raise typer.BadParameter(f"URL {url!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
+    return url
+
+
+def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = False) -> float:
+    if math.isnan(value) or value > hi or value < 0 or (value == 0 and not zero_ok):
+        raise typer.BadParameter(f"{name} {value!r}: must be {'>= 0' if zero_ok else '> 0'} and <= {hi:g}")
+    return value
 
 
 def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], list[Finding]]:
@@ -68,11 +94,13 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
                           "errors": [f.as_dict() for f in errors]}, indent=2))
     else:
         for v in ok:
-            out.print(f"[green]ok[/green]   {v.deployment.host}")
+            say(out, "ok  ", "green", v.deployment.host)
         for w in warnings:
-            out.print(f"[yellow]warn[/yellow] {w.message()}", highlight=False)
+            say(out, "warn", "yellow", w.message())
+        for f in errors:
+            say(err, "error", "red", f.message())
     if errors:
-        raise ConfigError(errors)
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -92,7 +120,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         t.add_column("value")
         rows: list[tuple[str, Any]] = [
             ("model", d.model.path),
-            ("sglang", f"{d.sglang.version} ({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})"),
+            ("sglang", f"{d.sglang.base_version} ({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})"),
             ("algorithm", p.algorithm),
             ("block_size", p.block_size),
             ("budget", f"{p.budget}{' (full tree)' if p.full_tree else ''}" if p.budget is not None else None),
@@ -108,9 +136,9 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             ("page_size", p.page_size or "SGLang default"),
         ]
         for k, val in rows:
-            t.add_row(k, "-" if val is None else str(val))
+            t.add_row(k, Text("-" if val is None else str(val)))
         for w in p.warnings:
-            t.add_row("[yellow]warning[/yellow]", w)
+            t.add_row(Text("warning", style="yellow"), Text(w))
         out.print(t)
 
 
@@ -123,20 +151,20 @@ def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory 
     """
     from .render import render_host, render_prometheus
 
+    if not str(out_dir).strip():
+        raise typer.BadParameter("--out must name a directory")
     validated = _require_valid(inventory, limit)
-    rendered = {v.deployment.host: render_host(v) for v in validated}
-    prom = render_prometheus(validated)
-    for host, files in rendered.items():
-        for f in files:
-            target = out_dir / host / f.path.lstrip("/")
+    writes = [(out_dir / v.deployment.host / f.path.lstrip("/"), f.content, int(f.mode, 8), f.secret)
+              for v in validated for f in render_host(v)]
+    writes.append((out_dir / "prometheus" / "prometheus.yml", render_prometheus(validated), 0o644, False))
+    for target, content, mode, secret in writes:
+        try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(f.content, encoding="utf-8")
-            target.chmod(int(f.mode, 8))
-            out.print(f"wrote {target}{' (secret, 0600)' if f.secret else ''}", highlight=False)
-    p = out_dir / "prometheus" / "prometheus.yml"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(prom, encoding="utf-8")
-    out.print(f"wrote {p}", highlight=False)
+            target.write_text(content, encoding="utf-8")
+            target.chmod(mode)
+        except OSError as exc:
+            raise typer.BadParameter(f"--out {out_dir}: cannot write {target}: {exc.strerror or exc}") from None
+        say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
 
 
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:
@@ -145,8 +173,7 @@ def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) 
         print(json.dumps({"ok": ok, "checks": checks, **(extra or {})}, indent=2))
     else:
         for c in checks:
-            mark = "[green]ok[/green]  " if c["ok"] else "[red]FAIL[/red]"
-            out.print(f"{mark} {c['name']}: {c['detail']}", highlight=False)
+            say(out, "ok  " if c["ok"] else "FAIL", "green" if c["ok"] else "red", f"{c['name']}: {c['detail']}")
     if not ok:
         raise CheckFailed()
 
@@ -159,8 +186,9 @@ def health(url: Annotated[str, typer.Argument(help="Server base URL, e.g. http:/
     """Liveness and readiness of a running server, and its acceptance length."""
     from .ops.health import check_health, wait_ready
 
-    if timeout <= 0 or wait < 0:
-        raise typer.BadParameter("--timeout must be > 0 and --wait >= 0")
+    _url(url)
+    _positive("--timeout", timeout, 300)
+    _positive("--wait", wait, zero_ok=True)
     checks = wait_ready(url, wait, timeout) if wait > 0 else check_health(url, timeout)
     _print_checks([c.as_dict() for c in checks], as_json)
 
@@ -176,20 +204,26 @@ def warmup(url: Annotated[str, typer.Argument(help="Server base URL.")],
     from .ops.warmup import WarmupError
     from .ops.warmup import warmup as run_warmup
 
-    if batch_sizes:
+    _url(url)
+    _positive("--deadline", deadline)
+    if not 1 <= max_new_tokens <= 1 << 20:
+        raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
+    if batch_sizes is not None:
         try:
-            sizes = [int(x) for x in batch_sizes.split(",") if x.strip()]
+            sizes = [int(x) for x in batch_sizes.split(",")]
         except ValueError:
             raise typer.BadParameter(f"--batch-sizes {batch_sizes!r}: comma-separated integers, e.g. 1,2,4,8") from None
     elif plan_file:
         try:
             sizes = json.loads(plan_file.read_text())["plan"]["capture_bs"] or [1]
-        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(sizes, list) or not all(type(x) is int for x in sizes):
+                raise TypeError("plan.capture_bs is not a list of integers")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc})") from None
     else:
         sizes = [1]
-    if any(s < 1 for s in sizes):
-        raise typer.BadParameter("batch sizes must be >= 1")
+    if not sizes or any(not 1 <= x <= 4096 for x in sizes):
+        raise typer.BadParameter(f"batch sizes {sizes}: each must be 1..4096")
 
     def progress(r) -> None:
         if not as_json:
@@ -209,11 +243,15 @@ def warmup(url: Annotated[str, typer.Argument(help="Server base URL.")],
 def main(argv: list[str] | None = None) -> int:
     """Entry point; maps every error to a one-line message and an exit code."""
     try:
-        app(args=argv, standalone_mode=False)
-        return 0
+        rc = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here
+        return rc if isinstance(rc, int) else 0
     except ConfigError as exc:
+        if _wants_json(argv):
+            print(json.dumps({"ok": False, "checks": [{"name": f"config:{f.host or f.field}", "ok": False,
+                                                       "detail": f.message()} for f in exc.findings],
+                              "errors": [f.as_dict() for f in exc.findings]}, indent=2))
         for f in exc.findings:
-            err.print(f"[red]error[/red] {f.message()}", highlight=False)
+            say(err, "error", "red", f.message())
         return 2
     except CheckFailed:
         return 1
@@ -224,11 +262,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except typer.exceptions.TyperException as exc:  # usage errors (bad option, unknown command)
         msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        err.print(f"error: {msg}", highlight=False)
-        return 2
+        return _usage(argv, msg)
     except Exception as exc:  # anything unexpected: one line, no traceback
-        err.print(f"error: {type(exc).__name__}: {exc}", highlight=False)
-        return 2
+        return _usage(argv, f"{type(exc).__name__}: {exc}")
+
+
+def _wants_json(argv: list[str] | None) -> bool:
+    return "--json" in (sys.argv[1:] if argv is None else argv)
+
+
+def _usage(argv: list[str] | None, msg: str) -> int:
+    if msg:
+        if _wants_json(argv):
+            print(json.dumps({"ok": False, "checks": [{"name": "usage", "ok": False, "detail": msg}]}, indent=2))
+        say(err, "error:", "red", msg)
+    return 2
 
 
 def run() -> None:

@@ -132,7 +132,7 @@ def test_sm120_refuses_trtllm(hostvars):
 
 
 def test_unpatched_ddtree_build_with_graphs_refused(hostvars):
-    hostvars["ddtree_sglang"]["ddtree_source"] = "sglang-pr-27509"
+    hostvars["ddtree_sglang"] = {"ddtree_source": "sglang-pr-27509"}
     [f] = errors_of(hostvars)
     assert f.field == "ddtree_sglang.ddtree_source" and "size of tensor a (8)" in f.rule and "(33)" in f.rule
     hostvars["ddtree_server"]["cuda_graph"] = False
@@ -149,6 +149,47 @@ def test_uncaptured_batches_refused(hostvars):
     hostvars["ddtree_server"].update(max_running_requests=64, cuda_graph_max_bs=32)
     [f] = errors_of(hostvars)
     assert f.field == "ddtree_server.cuda_graph_max_bs" and "33..64" in f.rule
+
+
+def test_typo_in_variable_name_refused(hostvars):
+    hostvars["ddtree_speculatve"] = hostvars.pop("ddtree_speculative")
+    hostvars["ddtree_service_python"] = "/usr/bin/python3"  # a role variable: fine
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_speculatve" and "ddtree_speculative" in f.fix
+
+
+def test_version_must_match_ddtree_source(hostvars):
+    hostvars["ddtree_sglang"]["version"] = "0.5.13.post1"
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_sglang.version" and "0.5.23" in f.rule
+
+
+@pytest.mark.parametrize("section,key,value", [
+    ("ddtree_model", "path", "models/kimi\n"),
+    ("ddtree_service", "venv", "/"),
+    ("ddtree_service", "config_dir", "/opt/v\n"),
+    ("ddtree_server", "tp_size", True),
+    ("ddtree_server", "cuda_graph_max_bs", 10**9),
+    ("ddtree_server", "max_running_requests", 1e30),
+    ("ddtree_ops", "health_timeout_s", float("inf")),
+    ("ddtree_speculative", "draft_window_size", -5),
+])
+def test_out_of_range_and_smuggled_values(hostvars, section, key, value):
+    hostvars.setdefault(section, {})[key] = value
+    fs = errors_of(hostvars)
+    assert any(f.field == f"{section}.{key}" for f in fs), [f.message() for f in fs]
+
+
+def test_secret_never_echoed(hostvars):
+    hostvars["ddtree_hf_token"] = {"x": "hf_SECRETDICT"}
+    [f] = errors_of(hostvars)
+    assert "hf_SECRETDICT" not in f.message() and f.value == "<redacted>"
+
+
+def test_blank_risk_reason(hostvars):
+    hostvars["ddtree_accepted_risks"][0]["reason"] = " " * 25
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_accepted_risks.0.reason"
 
 
 def test_health_timeout_floor(hostvars):

@@ -60,7 +60,7 @@ def test_graph_flag_dialects(hostvars, version, max_flag, bs_flag):
 
 
 def test_ddtree_source_picks_base_dialect(hostvars):
-    hostvars["ddtree_sglang"] = {"ddtree_source": "sglang-pr-27509", "version": "0.5.23"}
+    hostvars["ddtree_sglang"] = {"ddtree_source": "sglang-pr-27509"}
     hostvars["ddtree_server"]["cuda_graph"] = False
     argv = argv_of(hostvars)
     assert "--disable-cuda-graph" in argv and not any(a.startswith("--cuda-graph") for a in argv)
@@ -192,3 +192,29 @@ def test_console_script_no_traceback():
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert json.loads(r.stdout)["checks"][0] == {"name": "reachable", "ok": False,
                                                  "detail": "http://127.0.0.1:9: ConnectError (loading weights or down)"}
+
+
+def test_cli_markup_and_jinja_in_input_are_plain_errors(tmp_path, capsys):
+    inv = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory/test", inv)
+    gv = inv / "group_vars/testhosts.yml"
+    gv.write_text(gv.read_text().replace("path: /srv/models/kimi-k2.6-sim", 'path: "abc[/]"'))
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert "ddtree_model.path = 'abc[/]'" in capsys.readouterr().err
+    gv.write_text(gv.read_text().replace('path: "abc[/]"', 'path: "{{ undefined_var }}"'))
+    assert main(["validate", "-i", str(inv), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and "undefined_var" in doc["checks"][0]["detail"]
+
+
+@pytest.mark.parametrize("args", [
+    ["warmup", "not-a-url"],
+    ["warmup", "http://127.0.0.1:1", "--batch-sizes", ","],
+    ["warmup", "http://127.0.0.1:1", "--batch-sizes", "0"],
+    ["warmup", "http://127.0.0.1:1", "--deadline", "0"],
+    ["health", "ftp://x"],
+    ["health", "http://127.0.0.1:1", "--timeout", "nan"],
+])
+def test_cli_bad_ops_arguments_exit_2(args, capsys):
+    assert main([*args, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["checks"][0]["name"] == "usage"

@@ -100,5 +100,7 @@ def findings_from_validation_error(
         else:
             rule, fix = msg, "give a value of the documented type and range"
         value = err.get("input") if err.get("type") != "missing" else None
+        if path.startswith(prefix_of.get("hf_token", "hf_token")):
+            value = "<redacted>"
         out.append(Finding("error", path, value, rule, fix, host=host))
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Finding
-from .models import INVENTORY_VARS
+from .models import INVENTORY_VARS, is_deployment_var
 
 SERVER_GROUP = "sglang_servers"
 """Inventory group whose hosts run an SGLang instance (``deploy.yml`` targets it)."""
@@ -27,22 +27,33 @@ def load_hostvars(inventory: str | Path, limit: str | None = None) -> dict[str, 
     Raises:
         ConfigError: the inventory cannot be read, or the pattern matches no server host.
     """
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
+    from ansible.errors import AnsibleError
 
     path = Path(inventory)
     if not path.exists():
         raise ConfigError([Finding("error", "--inventory", str(inventory), "inventory not found",
                                    "pass an inventory file or directory, e.g. inventory/example")])
+    try:
+        return _load(path, limit)
+    except AnsibleError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([Finding("error", "inventory", str(inventory), f"Ansible cannot read it: {first}",
+                                   "fix the YAML or Jinja expression it names (ansible-inventory -i INV --list shows the same)")]) from None
+
+
+def _load(path: Path, limit: str | None) -> dict[str, dict[str, Any]]:
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(path)])
     vm = VariableManager(loader=loader, inventory=inv)
     pattern = SERVER_GROUP if not limit else f"{SERVER_GROUP}:&{limit}"
     hosts = inv.get_hosts(pattern)
     if not hosts:
-        raise ConfigError([Finding("error", "--limit" if limit else "inventory", limit or str(inventory),
+        raise ConfigError([Finding("error", "--limit" if limit else "inventory", limit or str(path),
                                    f"no host of group {SERVER_GROUP} matches",
                                    f"add hosts under {SERVER_GROUP} (children b300 / ct200) or fix the pattern")])
     out: dict[str, dict[str, Any]] = {}
@@ -50,6 +61,6 @@ def load_hostvars(inventory: str | Path, limit: str | None = None) -> dict[str, 
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
         out[host.name] = {
-            k: templar.template(all_vars[k]) for k in INVENTORY_VARS.values() if k in all_vars
+            k: templar.template(all_vars[k]) for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)
         }
     return out

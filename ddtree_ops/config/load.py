@@ -12,7 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
-from .models import INVENTORY_VARS, Deployment
+import difflib
+
+from .models import INVENTORY_VARS, Deployment, is_deployment_var
 from .plan import Plan, make_plan
 from .rules import RULES
 
@@ -29,11 +31,23 @@ class Validated:
 def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     """Build a :class:`Deployment` from one host's (templated) Ansible variables.
 
-    Only the ``ddtree_*`` variables named in :data:`INVENTORY_VARS` are read.
+    The variables named in :data:`INVENTORY_VARS` are read; any other ``ddtree_*``
+    variable (except role variables such as ``ddtree_service_*``) is an error, so a typo
+    such as ``ddtree_speculatve`` cannot silently turn speculation off.
 
     Raises:
         ConfigError: a variable has the wrong type, range or characters.
     """
+    known = set(INVENTORY_VARS.values())
+    unknown = sorted(k for k in hostvars if is_deployment_var(k) and k not in known)
+    if unknown:
+        raise ConfigError([
+            Finding("error", k, "...", "unknown deployment variable (it would be ignored)",
+                    f"rename it to {difflib.get_close_matches(k, known, 1, 0.6)[0]}"
+                    if difflib.get_close_matches(k, known, 1, 0.6) else f"use one of {', '.join(sorted(known - {'ansible_host'}))}",
+                    host=host)
+            for k in unknown
+        ])
     data: dict[str, Any] = {"host": host}
     for field, var in INVENTORY_VARS.items():
         if var in hostvars and hostvars[var] is not None:

@@ -29,6 +29,7 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -39,7 +40,7 @@ from .errors import RULE_FIX_SEP
 from .versions import DDTREE_SOURCES, version_info
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9._/@+:=,-]+$")
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+_SAFE_PATH = re.compile(r"(/[A-Za-z0-9._+-]+)+")
 _SAFE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
@@ -49,7 +50,9 @@ def _fail(rule: str, fix: str) -> ValueError:
 
 
 def _safe_arg(v: str) -> str:
-    if not _SAFE_ARG.match(v):
+    if not v:
+        raise _fail("must not be empty", "give a value or remove the setting")
+    if not _SAFE_ARG.fullmatch(v):
         bad = sorted({c for c in v if not re.match(r"[A-Za-z0-9._/@+:=,-]", c)})
         raise _fail(
             f"contains {', '.join(repr(c) for c in bad)}; argv values may hold only letters, digits and . _ / @ + : = , -"
@@ -60,28 +63,47 @@ def _safe_arg(v: str) -> str:
 
 
 def _safe_path(v: str) -> str:
-    if not _SAFE_PATH.match(v) or "//" in v or "/../" in v + "/":
+    if not _SAFE_PATH.fullmatch(v) or any(part in (".", "..") for part in v.split("/")):
         raise _fail(
-            "must be an absolute path of letters, digits and . _ / + - only",
+            "must be an absolute path below / (not / itself) of letters, digits and . _ / + - only, without . or .. parts",
             "use a plain absolute path such as /var/lib/ddtree-ops/sglang",
         )
     return v
 
 
+def _no_bool(v: object) -> object:
+    if isinstance(v, bool):
+        raise _fail("must be a number, not a boolean", "write the number itself, e.g. 8")
+    return v
+
+
+def _bounded(lo: int, hi: int, gt: bool = False):
+    """An integer in [lo, hi] (or (lo, hi] with ``gt``); booleans refused."""
+    limits = {"gt": lo} if gt else {"ge": lo}
+    return Annotated[int, BeforeValidator(_no_bool), Field(le=hi, **limits)]
+
+
 ArgText = Annotated[str, AfterValidator(_safe_arg)]
 AbsPath = Annotated[str, AfterValidator(_safe_path)]
-Port = Annotated[int, Field(ge=1, le=65535)]
+Port = _bounded(1, 65535)
+Tokens = _bounded(0, 1 << 20, gt=True)
+BatchSize = _bounded(0, 4096, gt=True)
+Seconds = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=86400, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_SGLANG_VERSION = "0.5.23"
+
+
 class SGLangPin(_Model):
     """Which SGLang build runs.
 
     Attributes:
-        version: the SGLang release (or the DDTree source's base release), e.g. ``0.5.23``.
+        version: the SGLang release, e.g. ``0.5.23`` (default :data:`DEFAULT_SGLANG_VERSION`);
+            with ``ddtree_source`` it may be omitted and must otherwise equal the source's base.
         source: ``pypi`` | ``wheel`` | ``git`` — how the build is installed — or
             ``simulator``: ddtree-ops' SGLang-compatible test double (for hosts without GPUs).
         ddtree_source: key in :data:`ddtree_ops.config.versions.DDTREE_SOURCES`; required
@@ -90,14 +112,16 @@ class SGLangPin(_Model):
             correctly), ``ddtree-unpatched`` (the 0.5.13-generation bug) or ``release``.
     """
 
-    version: str = "0.5.23"
+    version: str | None = None
     source: Literal["pypi", "wheel", "git", "simulator"] = "pypi"
     ddtree_source: str | None = None
     simulated_build: Literal["ddtree", "ddtree-unpatched", "release"] | None = None
 
     @field_validator("version")
     @classmethod
-    def _version(cls, v: str) -> str:
+    def _version(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         try:
             version_info(v)
         except ValueError as exc:
@@ -119,7 +143,7 @@ class SGLangPin(_Model):
         """The release whose parser and flag dialect the build has."""
         if self.ddtree_source:
             return DDTREE_SOURCES[self.ddtree_source].base_version
-        return self.version
+        return self.version or DEFAULT_SGLANG_VERSION
 
     @property
     def launcher_module(self) -> str:
@@ -140,7 +164,7 @@ class ModelSpec(_Model):
     path: ArgText
     served_model_name: ArgText | None = None
     trust_remote_code: bool = False
-    context_length: Annotated[int, Field(gt=0)] | None = None
+    context_length: Tokens | None = None
 
 
 class Speculative(_Model):
@@ -162,15 +186,15 @@ class Speculative(_Model):
 
     algorithm: Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"] = "none"
     draft_model_path: ArgText | None = None
-    block_size: int | None = None
-    budget: int | None = None
-    num_steps: int | None = None
-    topk: int | None = None
-    num_draft_tokens: int | None = None
-    draft_window_size: int | None = None
+    block_size: _bounded(-(1 << 20), 1024) | None = None
+    budget: _bounded(-(1 << 20), 4096) | None = None
+    num_steps: _bounded(0, 64, gt=True) | None = None
+    topk: _bounded(0, 64, gt=True) | None = None
+    num_draft_tokens: _bounded(0, 4096, gt=True) | None = None
+    draft_window_size: Tokens | None = None
     draft_attention_backend: ArgText | None = None
-    draft_tokens_per_req: int | None = None
-    verify_tokens_per_req: int | None = None
+    draft_tokens_per_req: _bounded(0, 1 << 20) | None = None
+    verify_tokens_per_req: _bounded(0, 1 << 20) | None = None
 
     @property
     def enabled(self) -> bool:
@@ -197,15 +221,15 @@ class Server(_Model):
 
     host: str = "0.0.0.0"
     port: Port = 30000
-    tp_size: Annotated[int, Field(gt=0)] = 8
-    dp_size: Annotated[int, Field(gt=0)] = 1
-    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
-    max_running_requests: Annotated[int, Field(gt=0)] | None = None
+    tp_size: _bounded(0, 64, gt=True) = 8
+    dp_size: _bounded(0, 64, gt=True) = 1
+    mem_fraction_static: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, lt=1)] | None = None
+    max_running_requests: _bounded(0, 65536, gt=True) | None = None
     cuda_graph: bool = True
-    cuda_graph_max_bs: Annotated[int, Field(gt=0)] | None = None
-    cuda_graph_bs: list[Annotated[int, Field(gt=0)]] | None = None
+    cuda_graph_max_bs: BatchSize | None = None
+    cuda_graph_bs: list[BatchSize] | None = None
     attention_backend: ArgText | None = None
-    page_size: Annotated[int, Field(gt=0)] | None = None
+    page_size: _bounded(0, 1 << 20, gt=True) | None = None
     disable_overlap_schedule: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -250,16 +274,16 @@ class Service(_Model):
     config_dir: AbsPath | None = None
     state_dir: AbsPath | None = None
     cache_dir: AbsPath | None = None
-    start_timeout_s: Annotated[int, Field(ge=60)] = 3600
-    restart_sec: Annotated[int, Field(ge=1)] = 30
-    start_limit_burst: Annotated[int, Field(ge=1)] = 3
-    start_limit_interval_s: Annotated[int, Field(ge=60)] = 7200
+    start_timeout_s: _bounded(60, 86400) = 3600
+    restart_sec: _bounded(1, 3600) = 30
+    start_limit_burst: _bounded(1, 100) = 3
+    start_limit_interval_s: _bounded(60, 86400) = 7200
     env: dict[str, ArgText] = Field(default_factory=dict)
 
     @field_validator("name", "user", "group")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _SAFE_NAME.match(v):
+        if not _SAFE_NAME.fullmatch(v):
             raise _fail("must be lower-case letters, digits, _ or - (max 32, starting with a letter)", "e.g. sglang")
         return v
 
@@ -267,7 +291,7 @@ class Service(_Model):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not _ENV_KEY.match(key):
+            if not _ENV_KEY.fullmatch(key):
                 raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
@@ -303,12 +327,12 @@ class Ops(_Model):
         accept_length_floor: alert when acceptance length stays below this.
     """
 
-    health_timeout_s: Annotated[float, Field(gt=0)] = 5.0
-    health_failures: Annotated[int, Field(ge=1)] = 3
-    ready_timeout_s: Annotated[int, Field(ge=1)] = 3600
+    health_timeout_s: Seconds = 5.0
+    health_failures: _bounded(1, 1000) = 3
+    ready_timeout_s: _bounded(1, 86400) = 3600
     exporter_port: Port = 9400
     scrape_host: ArgText | None = None
-    accept_length_floor: Annotated[float, Field(ge=1)] = 1.5
+    accept_length_floor: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=1024, allow_inf_nan=False)] = 1.5
 
 
 class RiskAcceptance(_Model):
@@ -321,6 +345,13 @@ class RiskAcceptance(_Model):
 
     rule: str
     reason: Annotated[str, Field(min_length=20)]
+
+    @field_validator("reason")
+    @classmethod
+    def _reasoned(cls, v: str) -> str:
+        if len(v.strip()) < 20:
+            raise _fail("the reason must say why, in at least 20 non-blank characters", "write down the evidence")
+        return v.strip()
 
 
 class Deployment(_Model):
@@ -342,6 +373,14 @@ class Deployment(_Model):
     accepted_risks: list[RiskAcceptance] = Field(default_factory=list)
     hf_token: SecretStr | None = None
 
+    @field_validator("hf_token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{8,512}", v.get_secret_value()):
+            raise _fail("an HF token is 8-512 letters, digits, _ . - (no whitespace or newline)",
+                        "paste the token alone, without quotes or a trailing newline")
+        return v
+
     def risk_reason(self, rule: str) -> str | None:
         for r in self.accepted_risks:
             if r.rule == rule:
@@ -362,3 +401,11 @@ INVENTORY_VARS: dict[str, str] = {
     "hf_token": "ddtree_hf_token",
 }
 """Model field -> inventory variable name."""
+
+ROLE_VAR_PREFIXES = ("ddtree_service_",)
+"""``ddtree_*`` variables that belong to roles (their defaults), not to the deployment model."""
+
+
+def is_deployment_var(name: str) -> bool:
+    """Variables the config loader looks at: every ``ddtree_*`` except role variables."""
+    return name.startswith("ddtree_") and not name.startswith(ROLE_VAR_PREFIXES)

@@ -125,6 +125,10 @@ def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
     """DDTree is in no release: the pin must name a DDTree source whose build sizes
     target-verify graphs at budget + 1 whenever graphs are on."""
     pin = d.sglang
+    if pin.ddtree_source and pin.version and pin.version != DDTREE_SOURCES[pin.ddtree_source].base_version:
+        yield _err("ddtree_sglang.version", pin.version,
+                   f"{pin.ddtree_source} is built on SGLang {DDTREE_SOURCES[pin.ddtree_source].base_version}",
+                   "remove version (the DDTree source fixes it) or set it to that base version")
     if d.speculative.algorithm != "DDTREE":
         return
     if pin.ddtree_source is None:
