@@ -7,6 +7,7 @@ Runs on the controller only. Options:
   ``no_log: true``); otherwise return every non-secret file.
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
+``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
 ``plan_warnings``. Fails with every finding (field, value, rule, fix) when the config is invalid.
 """
 
@@ -45,6 +46,7 @@ class ActionModule(ActionBase):
             plan=validated.plan.as_dict(),
             unit=doc["unit"],
             url=doc["url"],
+            paths=doc["paths"],
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],
         )

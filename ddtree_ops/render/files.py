@@ -123,6 +123,8 @@ def plan_document(v: Validated) -> dict:
         "host_class": d.host_class,
         "unit": d.service.unit_name,
         "url": f"http://127.0.0.1:{d.server.port}",
+        "paths": {"config": d.service.config_path, "state": d.service.state_path,
+                  "cache": d.service.cache_path, "venv": d.service.venv},
         "deployment": d.model_dump(mode="json", exclude={"hf_token"}),
         "plan": v.plan.as_dict(),
     }
