@@ -6,14 +6,13 @@ action plugin, so both see exactly the same rules and derived values.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
-import difflib
-
 from .models import INVENTORY_VARS, Deployment, is_deployment_var
 from .plan import Plan, make_plan
 from .rules import RULES
@@ -41,13 +40,7 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     known = set(INVENTORY_VARS.values())
     unknown = sorted(k for k in hostvars if is_deployment_var(k) and k not in known)
     if unknown:
-        raise ConfigError([
-            Finding("error", k, "...", "unknown deployment variable (it would be ignored)",
-                    f"rename it to {difflib.get_close_matches(k, known, 1, 0.6)[0]}"
-                    if difflib.get_close_matches(k, known, 1, 0.6) else f"use one of {', '.join(sorted(known - {'ansible_host'}))}",
-                    host=host)
-            for k in unknown
-        ])
+        raise ConfigError([_unknown_var(host, k, known) for k in unknown])
     data: dict[str, Any] = {"host": host}
     for field, var in INVENTORY_VARS.items():
         if var in hostvars and hostvars[var] is not None:
@@ -60,6 +53,12 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
         return Deployment.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(findings_from_validation_error(exc, host, INVENTORY_VARS)) from None
+
+
+def _unknown_var(host: str, name: str, known: set[str]) -> Finding:
+    close = difflib.get_close_matches(name, known, 1, 0.6)
+    fix = f"rename it to {close[0]}" if close else f"use one of {', '.join(sorted(known - {'ansible_host'}))}"
+    return Finding("error", name, "...", "unknown deployment variable (it would be ignored)", fix, host=host)
 
 
 def check(d: Deployment) -> tuple[Plan, list[Finding]]:
@@ -81,4 +80,4 @@ def validate_hostvars(host: str, hostvars: dict[str, Any]) -> Validated:
     errors = [f for f in findings if f.level == "error"]
     if errors:
         raise ConfigError(errors)
-    return Validated(d, plan, [f for f in findings if f.level == "warning"])
+    return Validated(d, plan, [f for f in findings if f.level != "error"])

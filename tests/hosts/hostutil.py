@@ -36,9 +36,14 @@ def up_hosts() -> dict[str, str]:
     return hosts
 
 
+def ssh_options() -> list[str]:
+    """Options (key included) shared by ssh and scp to the test hosts."""
+    return [*SSH_OPTS, "-i", str(KEY)]
+
+
 def ssh(address: str, command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["ssh", *SSH_OPTS, "-i", str(KEY), f"root@{address}", command],
+        ["ssh", *ssh_options(), f"root@{address}", command],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostutil import REPO_ROOT, ssh
+from hostutil import REPO_ROOT, ssh, ssh_options
 
 pytestmark = pytest.mark.hosts
 
@@ -78,17 +78,11 @@ def test_installed_files_byte_identical_to_cli_render(deployed, tmp_path):
     assert len(rendered) >= 3
     for p in rendered:
         remote = "/" + str(p.relative_to(tmp_path / HOST))
-        got = subprocess.run(["ssh", *_ssh_args(deployed["address"]), f"cat {remote}"], capture_output=True, timeout=60)
+        got = subprocess.run(["ssh", *ssh_options(), f"root@{deployed['address']}", f"cat {remote}"], capture_output=True, timeout=60)
         assert got.returncode == 0, got.stderr
         assert got.stdout == p.read_bytes(), f"{remote} differs from `ddtree-ops render`"
         mode = ssh(deployed["address"], f"stat -c %a {remote}").stdout.strip()
         assert mode == f"{p.stat().st_mode & 0o777:o}", remote
-
-
-def _ssh_args(addr: str) -> list[str]:
-    from hostutil import KEY, SSH_OPTS
-
-    return [*SSH_OPTS, "-i", str(KEY), f"root@{addr}"]
 
 
 def test_every_rendered_unit_passes_systemd_analyze_verify(deployed, tmp_path):
@@ -102,7 +96,7 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(deployed, tmp_path):
         for unit in out.glob("*/etc/systemd/system/*.service"):
             remote = f"/tmp/verify-{inv}-{unit.parent.parent.parent.parent.name}/{unit.name}"
             assert ssh(addr, f"mkdir -p {Path(remote).parent}").returncode == 0
-            cp = subprocess.run(["scp", *_ssh_args(addr)[:-1], str(unit), f"root@{addr}:{remote}"],
+            cp = subprocess.run(["scp", *ssh_options(), str(unit), f"root@{addr}:{remote}"],
                                 capture_output=True, text=True, timeout=60)
             assert cp.returncode == 0, cp.stderr
             v = ssh(addr, f"systemd-analyze verify --man=no {remote}")
