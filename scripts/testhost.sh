@@ -13,7 +13,8 @@
 # <-> host0 (container, 10.213.I.2/30). There is no default route inside: no internet.
 #
 # Environment:
-#   DDTREE_TESTHOST_ROOTFS   cached rootfs (default /var/cache/ddtree-ops/rootfs-bookworm)
+#   DDTREE_TESTHOST_ROOTFS   cached rootfs (default /var/cache/ddtree-ops/rootfs-bookworm-vN,
+#                            N = ROOTFS_VERSION, so checkouts of different recipes coexist)
 #   DDTREE_TESTHOST_RUNDIR   machine-wide runtime state: pids, authorized_keys
 #                            (default /run/ddtree-ops/testhost)
 #   DDTREE_TESTHOST_MIRROR   Debian mirror (default: taken from /etc/apt/sources.list*)
@@ -24,7 +25,6 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ROOTFS="${DDTREE_TESTHOST_ROOTFS:-/var/cache/ddtree-ops/rootfs-bookworm}"
 RUNDIR="${DDTREE_TESTHOST_RUNDIR:-/run/ddtree-ops/testhost}"
 TIMEOUT="${DDTREE_TESTHOST_TIMEOUT:-60}"
 STATE_DIR="$REPO_ROOT/.state"
@@ -33,12 +33,15 @@ LOG_DIR="$STATE_DIR/testhost"
 AUTH_KEYS="$RUNDIR/authorized_keys"
 SUITE=bookworm
 MARKER_NAME=.ddtree-testhost-complete
-ROOTFS_VERSION=2   # bump when the rootfs recipe changes: forces a rebuild
+ROOTFS_VERSION=3   # bump when the rootfs recipe changes: builds a new rootfs beside the old
+ROOTFS="${DDTREE_TESTHOST_ROOTFS:-/var/cache/ddtree-ops/rootfs-bookworm-v$ROOTFS_VERSION}"
 MAX_HOSTS=20
 PACKAGES=(
   systemd systemd-sysv dbus libpam-systemd libnss-myhostname openssh-server
   python3 python3-venv python3-pip python3-apt
   iproute2 ca-certificates sudo procps curl
+  # the monitoring host role deploys scrape config and rules to a real Prometheus
+  prometheus
 )
 # Units that cannot work in a container without internet, or that only add noise.
 MASKED_UNITS=(
@@ -151,6 +154,8 @@ KbdInteractiveAuthentication no
 UseDNS no
 EOF
   for u in "${MASKED_UNITS[@]}"; do ln -sfn /dev/null "$r/etc/systemd/system/$u"; done
+  # Installed but not started at boot: the monitoring role configures and enables it.
+  rm -f "$r/etc/systemd/system/multi-user.target.wants/prometheus.service"
   # The console is read-only (nspawn runs in the background); no getty on it.
   ln -sfn /dev/null "$r/etc/systemd/system/console-getty.service"
   # Shorter stop timeouts make `down` fast.
