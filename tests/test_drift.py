@@ -1,0 +1,76 @@
+"""Config drift (``ddtree_ops.ops.drift``): deployed plan.json vs a running server's
+/server_info — against the simulator started with the argv our renderer builds, and against
+SGLang 0.5.23's own resolved server args (fixture read off the real package)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from ddtree_ops.config.load import validate_hostvars
+from ddtree_ops.ops.drift import compared_settings, find_drift
+from ddtree_ops.render.argv import build_argv
+from ddtree_ops.render.files import plan_document
+from test_sim import FIXTURES, Sim, get_json
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    from helpers import base_hostvars
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    v = validate_hostvars("h1", hv)
+    argv = build_argv(v.deployment, v.plan)
+    launch = argv[argv.index("--model-path"):]
+    # The Sim helper picks a free port; drop ours (argparse: the last --port would win).
+    i = launch.index("--port")
+    del launch[i:i + 2]
+    sim = Sim(tmp_path_factory.mktemp("drift"), launch)
+    sim.wait_ready()
+    yield plan_document(v), get_json(sim.base + "/server_info")
+    sim.stop()
+
+
+def test_no_drift_when_running_what_was_deployed(deployed) -> None:
+    doc, info = deployed
+    drifts, missing = find_drift(doc, info)
+    assert drifts == [], [str(d) for d in drifts]
+    assert missing == []   # the simulator reports every setting compared (DDTree build)
+
+
+@pytest.mark.parametrize(("key", "value", "name"), [
+    ("speculative_ddtree_budget", 16, "budget"),
+    ("speculative_dflash_block_size", 4, "block_size"),
+    ("tp_size", 4, "tp_size"),
+    ("disable_cuda_graph", True, "cuda_graphs"),
+    ("speculative_algorithm", "DFLASH", "algorithm"),
+    ("max_running_requests", 48, "max_running_requests"),
+])
+def test_each_changed_setting_is_drift(deployed, key, value, name) -> None:
+    doc, info = deployed
+    info = copy.deepcopy(info)
+    info[key] = value
+    drifts, _ = find_drift(doc, info)
+    assert [d.name for d in drifts] == [name]
+    assert name in str(drifts[0]) and key in str(drifts[0])
+
+
+def test_capture_list_drift_reads_the_resolved_list(deployed) -> None:
+    doc, info = deployed
+    info = copy.deepcopy(info)
+    info["cuda_graph_config"]["decode"]["bs"] = info["cuda_graph_config"]["decode"]["bs"][:-1]
+    assert [d.name for d in find_drift(doc, info)[0]] == ["capture_bs"]
+
+
+def test_release_build_does_not_report_ddtree_keys(deployed) -> None:
+    """Real 0.5.23 server args have no DDTree field: not drift, reported as missing."""
+    doc, _ = deployed
+    real = json.loads((FIXTURES / "resolved_server_args-0.5.23-eagle-tp8.json").read_text())
+    assert "speculative_ddtree_budget" not in real
+    drifts, missing = find_drift(doc, real)
+    assert "budget" in missing and "budget" not in [d.name for d in drifts]
+    # ... while what a release does report and differs (EAGLE, tp 8 vs DDTree) is drift
+    assert "algorithm" in [d.name for d in drifts]
+    assert set(missing) | {d.name for d in drifts} <= set(compared_settings())
