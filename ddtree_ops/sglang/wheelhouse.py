@@ -77,7 +77,9 @@ def wheelhouse_id(pin: dict[str, Any], root: Path, python_tag: str) -> str:
     Raises:
         WheelhouseError: a lock or patch file named by the pin is missing.
     """
-    key: dict[str, Any] = {"builder": BUILDER_VERSION, "python": python_tag, "source": pin["source"],
+    # A simulator host's install_release is a PyPI download of the same release: same key.
+    source = "pypi" if pin["source"] == "simulator" else pin["source"]
+    key: dict[str, Any] = {"builder": BUILDER_VERSION, "python": python_tag, "source": source,
                            "version": pin.get("version")}
     if pin["source"] == "wheel":
         key.update(sha256=pin.get("sha256"))

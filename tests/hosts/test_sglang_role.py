@@ -132,6 +132,15 @@ def test_branch_name_refused_host_unchanged(installed, tmp_path):
     _refused(installed, extra, "ddtree_sglang.commit = 'main': must be a full 40-hex commit SHA, not a branch or tag name")
 
 
+def test_build_without_ddtree_stops_before_the_service(installed, tmp_path):
+    """A real DDTree deployment pinned to the plain 0.5.23 release: the probe finds no
+    DDTREE, the play stops naming the pin that fixes it; unit, files and venv untouched."""
+    extra = _bad_pin(tmp_path, "noddtree", {"source": "pypi", "version": "0.5.23",
+                                             "requirements": "requirements/sglang-0.5.23-import.txt"})
+    _refused(installed, extra, "this build does not know DDTREE. Fix: this pin (pypi, ddtree_source sglang-pr-29907) "
+                               "installed a build without DDTREE: set ddtree_sglang.source: git")
+
+
 def test_interrupted_install_converges(installed):
     """Kill ansible-playbook while pip installs the lock on the host; the re-run replaces
     the incomplete build and ends where an uninterrupted run does."""
