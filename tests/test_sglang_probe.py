@@ -161,3 +161,15 @@ def test_cli_probe_sglang_from_plan(sglang_python, tmp_path):
                            "--python", sglang_python["0.5.23"]], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok   argv-parses" in proc.stdout
+
+
+def test_probe_module_imports_only_the_stdlib():
+    """The SGLang venv holds ddtree-ops --no-deps: importing the probe (and the package
+    __init__ files) must not pull pydantic, typer, packaging or any other third-party module."""
+    code = ("import sys; before = set(sys.modules); import ddtree_ops.sglang.probe; "
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+            "print(sorted(m for m in new if m != 'ddtree_ops' and m not in sys.stdlib_module_names))")
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); {code}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
