@@ -240,6 +240,42 @@ def warmup(url: Annotated[str, typer.Argument(help="Server base URL.")],
                   as_json, {"report": report.as_dict()})
 
 
+@app.command("probe-sglang")
+def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None,
+                 plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,
+                 python: Annotated[str | None, typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python).")] = None,
+                 timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
+                 as_json: JsonOpt = False) -> None:
+    """Check an installed SGLang build against one deployment: version, speculative
+    algorithms (DDTREE?), our rendered argv with the build's own parser, verify-graph sizing."""
+    from .sglang.expect import probe_request, run_probe, validated_from_plan
+
+    _positive("--timeout", timeout, 3600)
+    if plan_file is not None:
+        try:
+            v = validated_from_plan(json.loads(plan_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"--plan {plan_file}: {exc}") from None
+    else:
+        validated = _require_valid(inventory, limit)
+        if len(validated) != 1:
+            names = ", ".join(x.deployment.host for x in validated) or "none"
+            raise typer.BadParameter(f"-l {limit!r} selects {len(validated)} hosts ({names}); the probe checks one "
+                                     "deployment: limit to one host, e.g. -l b300-01")
+        v = validated[0]
+    interpreter = python or f"{v.deployment.service.sglang_venv_path}/bin/python"
+    rc, result = run_probe(interpreter, probe_request(v), timeout)
+    if rc == 2:
+        if as_json:
+            print(json.dumps(result, indent=2))
+        else:
+            for c in result["checks"]:
+                say(err, "error:", "red", f"{c['name']}: {c['detail']}")
+        raise typer.Exit(2)
+    _print_checks(result["checks"], as_json, {k: val for k, val in result.items() if k not in ("ok", "checks")}
+                  | {"host": v.deployment.host})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; maps every error to a one-line message and an exit code."""
     try:

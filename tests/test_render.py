@@ -35,7 +35,7 @@ def flag(argv: list[str], name: str) -> list[str]:
 
 def test_ddtree_argv(hostvars):
     argv = argv_of(hostvars)
-    assert argv[:3] == ["/opt/ddtree-ops/venv/bin/python", "-m", "sglang.launch_server"]
+    assert argv[:3] == ["/opt/ddtree-ops/sglang-venv/bin/python", "-m", "sglang.launch_server"]
     assert flag(argv, "--speculative-algorithm") == ["DDTREE"]
     assert flag(argv, "--speculative-num-draft-tokens") == ["8"]
     assert flag(argv, "--speculative-ddtree-budget") == ["32"]

@@ -98,6 +98,38 @@ class _Model(BaseModel):
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
 
+def _sha256(v: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise _fail("must be a SHA-256: 64 lower-case hex digits", "compute it with sha256sum FILE")
+    return v
+
+
+def _path_or_relative(v: str) -> str:
+    rel = v[2:] if v.startswith("./") else v
+    if v.startswith("/"):
+        return _safe_path(v)
+    if not _SAFE_PATH.fullmatch("/" + rel) or any(part in (".", "..") for part in rel.split("/")):
+        raise _fail("must be a path of letters, digits and . _ / + - only, without . or .. parts",
+                    "give an absolute controller path or one relative to the project root")
+    return v
+
+
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+AbsPathOrRelative = Annotated[str, AfterValidator(_path_or_relative)]
+
+
+class PatchPin(_Model):
+    """One patch applied to a ``git`` source before its wheel is built.
+
+    Attributes:
+        path: patch file on the controller (``git apply`` format; relative: project root).
+        sha256: its SHA-256 (a changed file is refused).
+    """
+
+    path: AbsPathOrRelative
+    sha256: Sha256
+
+
 class SGLangPin(_Model):
     """Which SGLang build runs.
 
@@ -110,12 +142,61 @@ class SGLangPin(_Model):
             for algorithm ``DDTREE`` (DDTree is in no release).
         simulated_build: for ``source: simulator`` only: ``ddtree`` (sizes verify graphs
             correctly), ``ddtree-unpatched`` (the 0.5.13-generation bug) or ``release``.
+        url, path, sha256: ``source: wheel``: the wheel's ``http(s)://`` URL or its path
+            on the controller, and its SHA-256 (required; a mismatch stops the deploy).
+        repo, commit: ``source: git``: repository URL or controller path, and the full
+            40-hex commit SHA (a branch or tag name moves under you; it is refused).
+        patches: ``source: git``: patch files on the controller applied in order before
+            the wheel is built, each ``{path, sha256}``; all must apply or none is.
+        requirements: a lock file on the controller (relative paths: from the project
+            root). When set, SGLang is installed with ``--no-deps`` on top of exactly
+            that lock (a reproducible install).
+        install_release: ``source: simulator`` only: also install the real SGLang release
+            ``version`` (from PyPI, with ``requirements``) into the SGLang venv, so the
+            capability probe checks the rendered argv with its real parser (the flags a
+            DDTree source adds are checked against the versions table instead).
     """
 
     version: str | None = None
     source: Literal["pypi", "wheel", "git", "simulator"] = "pypi"
     ddtree_source: str | None = None
     simulated_build: Literal["ddtree", "ddtree-unpatched", "release"] | None = None
+    url: str | None = None
+    path: AbsPathOrRelative | None = None
+    sha256: Sha256 | None = None
+    repo: str | None = None
+    commit: str | None = None
+    patches: list[PatchPin] = Field(default_factory=list)
+    requirements: AbsPathOrRelative | None = None
+    install_release: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(https?|file)://[A-Za-z0-9._~:/?#@!&'()*+,;=%-]+\.whl", v):
+            raise _fail("must be an http(s):// or file:// URL of a .whl file",
+                        "give the wheel's full URL, e.g. https://example.org/sglang-0.5.23-py3-none-any.whl")
+        return v
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str | None) -> str | None:
+        if v is not None and not (re.fullmatch(r"(https?|ssh|git|file)://[A-Za-z0-9._~:/@+-]+", v)
+                                  or re.fullmatch(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~+-]+", v)
+                                  or _SAFE_PATH.fullmatch(v)):
+            raise _fail("must be a git URL (https://, ssh://, git://, file://, user@host:path) or an absolute "
+                        "path on the controller", "e.g. https://github.com/sgl-project/sglang.git")
+        return v
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{40}", v):
+            what = ("an abbreviated SHA" if re.fullmatch(r"[0-9a-fA-F]{4,39}", v)
+                    else "a branch or tag name, which can move under you")
+            raise _fail(f"must be a full 40-hex commit SHA, not {what}",
+                        f"pin the commit itself: git rev-parse {v if _SAFE_ARG.fullmatch(v) else 'REF'} in the repository")
+        return v
 
     @field_validator("version")
     @classmethod
@@ -256,7 +337,11 @@ class Service(_Model):
     Attributes:
         name: instance name; the unit is ``ddtree-<name>.service``.
         user, group: account the server runs as (created by the role).
-        venv: the Python virtual environment holding SGLang (absolute path).
+        venv: the ops virtual environment: ddtree-ops and its deps (health, warmup,
+            exporter, simulator); absolute path.
+        sglang_venv: the SGLang virtual environment (the pinned build, its pinned deps and
+            ddtree-ops installed ``--no-deps`` for the probe and plugin); default
+            ``sglang-venv`` next to ``venv``.
         config_dir, state_dir, cache_dir: defaults ``/etc/ddtree-ops/<name>``,
             ``/var/lib/ddtree-ops/<name>``, ``/var/cache/ddtree-ops/<name>``; the cache dir
             holds per-instance HF, Triton, DeepGEMM and FlashInfer caches that survive restarts.
@@ -271,6 +356,7 @@ class Service(_Model):
     user: str = "sglang"
     group: str = "sglang"
     venv: AbsPath = "/opt/ddtree-ops/venv"
+    sglang_venv: AbsPath | None = None
     config_dir: AbsPath | None = None
     state_dir: AbsPath | None = None
     cache_dir: AbsPath | None = None
@@ -300,6 +386,10 @@ class Service(_Model):
     @property
     def unit_name(self) -> str:
         return f"ddtree-{self.name}.service"
+
+    @property
+    def sglang_venv_path(self) -> str:
+        return self.sglang_venv or f"{self.venv.rsplit('/', 1)[0] or ''}/sglang-venv"
 
     @property
     def config_path(self) -> str:

@@ -269,6 +269,55 @@ def _host_class(d: Deployment):
     return HOST_CLASSES.get(d.host_class)
 
 
+_PIN_FIELDS = {
+    "pypi": ({"version"}, set()),
+    "wheel": ({"sha256"}, {"url", "path", "sha256"}),
+    "git": ({"repo", "commit"}, {"repo", "commit", "patches"}),
+    "simulator": (set(), set()),
+}
+_PIN_HOW = {
+    "pypi": "a PyPI release: version (+ optional requirements)",
+    "wheel": "a wheel: url or path, and sha256",
+    "git": "a git repository: repo, commit (40-hex SHA) and optional patches",
+    "simulator": "the SGLang simulator (test double)",
+}
+
+
+def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Each SGLang source names exactly what pins it (issue 3): ``pypi`` a version,
+    ``wheel`` a URL or controller path plus its sha256, ``git`` a repository plus a full
+    commit SHA (and checksummed patches); fields of another source are refused."""
+    pin = d.sglang
+    _required, allowed = _PIN_FIELDS[pin.source]
+    allowed = allowed | {"version", "requirements"} | ({"install_release"} if pin.source == "simulator" else set())
+    given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements")
+             if getattr(pin, f) is not None} | ({"patches"} if pin.patches else set()) | (
+        {"install_release"} if pin.install_release else set())
+    for f in sorted(given - allowed):
+        yield _err(f"ddtree_sglang.{f}", getattr(pin, f) if f != "patches" else [x.path for x in pin.patches],
+                   f"does not apply to source {pin.source} ({_PIN_HOW[pin.source]})",
+                   f"remove it, or set source to the kind of pin it belongs to")
+    if pin.source == "wheel":
+        if (pin.url is None) == (pin.path is None):
+            yield _err("ddtree_sglang.url", pin.url, "source wheel needs exactly one of url and path",
+                       "give the wheel's URL or its path on the controller, not both")
+        if pin.sha256 is None:
+            yield _err("ddtree_sglang.sha256", None, "source wheel needs the wheel's SHA-256 (it is verified before install)",
+                       "add sha256: the output of sha256sum on the wheel")
+    if pin.source == "git":
+        # A warning here (plan, render and the peer tier work on unpinned examples); the
+        # sglang role's wheelhouse build refuses to install an unpinned git source.
+        for f in ("repo", "commit"):
+            if getattr(pin, f) is None:
+                yield _warn(f"ddtree_sglang.{f}", None, "source git needs repo and commit (a full 40-hex SHA) "
+                            "before the sglang role can install it",
+                            "set repo to the repository and commit to the SHA you tested (git rev-parse HEAD)")
+    if pin.source == "simulator" and pin.requirements is not None and not pin.install_release:
+        yield _err("ddtree_sglang.requirements", pin.requirements,
+                   "a simulator installs no SGLang unless install_release is true",
+                   "set install_release: true to also install the real release, or remove requirements")
+
+
 RULES: list[Rule] = [
     rule_host_class,
     rule_draft_model,
@@ -285,4 +334,5 @@ RULES: list[Rule] = [
     rule_health_timeout,
     rule_silent_rewrites,
     rule_accepted_risks_known,
+    rule_sglang_pin,
 ]

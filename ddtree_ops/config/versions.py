@@ -55,6 +55,9 @@ class DDTreeSource:
         sizes_verify_at_budget_plus_one: whether the build captures target-verify CUDA
             graphs at ``budget + 1`` tokens per request (False means the 8-vs-33 crash
             on the first verify when graphs are on).
+        adds_algorithms, adds_flags: what the source adds to its base release's parser
+            (``DDTREE``; ``--speculative-ddtree-budget N``). The probe checks every other
+            flag with the base release's own parser.
     """
 
     key: str
@@ -62,6 +65,8 @@ class DDTreeSource:
     reference: str
     dflash_worker: str
     sizes_verify_at_budget_plus_one: bool
+    adds_algorithms: tuple[str, ...] = ("DDTREE",)
+    adds_flags: tuple[str, ...] = ("--speculative-ddtree-budget",)
 
 
 DDTREE_SOURCES: dict[str, DDTreeSource] = {
@@ -107,6 +112,86 @@ def parse_version(text: str) -> Version:
         raise ValueError(f"{text!r} is not a version like 0.5.23 or 0.5.13.post1") from exc
 
 
+DIALECT_SINCE: tuple[tuple[Version, GraphFlagDialect], ...] = (
+    (Version("0.5.11"), GraphFlagDialect.LEGACY),
+    (Version("0.5.14"), GraphFlagDialect.SPLIT),
+    (Version("0.5.20"), GraphFlagDialect.SPLIT_STRICT),
+)
+"""First release of each CUDA-graph flag dialect (DESIGN.md §2; proven against the real
+parsers of 0.5.13.post1 and 0.5.23 by the probe tests)."""
+
+DFLASH_WORKER_SINCE: tuple[tuple[Version, str], ...] = (
+    (Version("0.5.11"), "v1"),  # DFlashWorker
+    (Version("0.5.14"), "v2"),  # DFlashWorkerV2
+)
+"""First release of each DFlash worker generation."""
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """A known fault of a build family on one GPU arch.
+
+    Attributes:
+        arch: ``sm_103``, ``sm_120`` (see :mod:`ddtree_ops.config.hosts`).
+        rule: the validator rule id that guards it (``ddtree_accepted_risks`` names it).
+        detail: what happens.
+        algorithms: the speculative algorithms it affects.
+    """
+
+    arch: str
+    rule: str
+    detail: str
+    algorithms: tuple[str, ...] = ("DDTREE",)
+
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue("sm_103", "sm103-ddtree-graph-capture",
+               "tree-verify CUDA-graph capture with budget > 8 hits illegal memory accesses"),
+    KnownIssue("sm_120", "sm120-attention",
+               "trtllm_mha, trtllm_mla, fa3 and fa4 attention backends do not run on sm_120",
+               ("none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE")),
+)
+"""Known issues per arch (every supported version and DDTree source so far)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One SGLang release this toolkit has checked against its real package.
+
+    Attributes:
+        version: the release, e.g. ``0.5.23``.
+        speculative_algorithms: members of ``sglang.srt.speculative.spec_info.
+            SpeculativeAlgorithm`` in the released wheel (read off the package; none has
+            ``DDTREE``).
+        import_lock: ``requirements/`` lock of the import chain (CPU import for the probe).
+    """
+
+    version: str
+    speculative_algorithms: tuple[str, ...]
+    import_lock: str
+
+
+RELEASES: dict[str, Release] = {
+    r.version: r
+    for r in (
+        Release("0.5.13.post1", ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
+                "requirements/sglang-0.5.13.post1-import.txt"),
+        Release("0.5.23", ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
+                "requirements/sglang-0.5.23-import.txt"),
+    )
+}
+"""Releases read off their real wheels (``scripts/sglang-venv.sh VERSION``; the probe tests
+check these rows against the packages)."""
+
+
+def _since(table, v: Version):
+    found = None
+    for first, value in table:
+        if v >= first:
+            found = value
+    return found
+
+
 def version_info(text: str) -> VersionInfo:
     """Facts about SGLang ``text`` (a release or a DDTree source's base).
 
@@ -117,15 +202,74 @@ def version_info(text: str) -> VersionInfo:
     if v < OLDEST_SUPPORTED:
         raise ValueError(f"SGLang {v} predates DFLASH (first in {OLDEST_SUPPORTED})")
     base = Version(v.base_version)
-    if base <= Version("0.5.13"):
-        dialect = GraphFlagDialect.LEGACY
-    elif base < Version("0.5.20"):
-        dialect = GraphFlagDialect.SPLIT
-    else:
-        dialect = GraphFlagDialect.SPLIT_STRICT
     return VersionInfo(
         version=v,
-        dialect=dialect,
+        dialect=_since(DIALECT_SINCE, base),
         has_dflash=True,
-        dflash_worker="v1" if base <= Version("0.5.13") else "v2",
+        dflash_worker=_since(DFLASH_WORKER_SINCE, base),
     )
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What the toolkit expects of one pinned build (release or DDTree source).
+
+    Attributes:
+        version: the release (or a DDTree source's base) whose parser the build has.
+        dialect: CUDA-graph flag dialect.
+        dflash_worker: ``v1`` or ``v2``.
+        ddtree_source: the DDTree source key, or None for a release.
+        speculative_algorithms: the algorithms the build knows; None when the release
+            was never read off its package (not in :data:`RELEASES`).
+        extra_flags: flags the build adds to its base release's parser (DDTree sources).
+        sizes_verify_at_budget_plus_one: DDTree sources only (None otherwise).
+        reference: where the build comes from.
+    """
+
+    version: str
+    dialect: GraphFlagDialect
+    dflash_worker: str
+    ddtree_source: str | None
+    speculative_algorithms: tuple[str, ...] | None
+    extra_flags: tuple[str, ...]
+    sizes_verify_at_budget_plus_one: bool | None
+    reference: str
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "dialect": self.dialect.value, "dflash_worker": self.dflash_worker,
+                "ddtree_source": self.ddtree_source,
+                "speculative_algorithms": list(self.speculative_algorithms) if self.speculative_algorithms else None,
+                "extra_flags": list(self.extra_flags),
+                "sizes_verify_at_budget_plus_one": self.sizes_verify_at_budget_plus_one,
+                "reference": self.reference}
+
+
+def build_facts(version: str, ddtree_source: str | None = None) -> BuildFacts:
+    """Facts for a pin: the release ``version`` or the DDTree source (which fixes the base).
+
+    Raises:
+        ValueError: unknown version (see :func:`version_info`) or DDTree source.
+    """
+    if ddtree_source is not None:
+        if ddtree_source not in DDTREE_SOURCES:
+            raise ValueError(f"unknown DDTree source {ddtree_source!r}; known: {', '.join(sorted(DDTREE_SOURCES))}")
+        src = DDTREE_SOURCES[ddtree_source]
+        info = version_info(src.base_version)
+        rel = RELEASES.get(src.base_version)
+        algos = (*rel.speculative_algorithms, *src.adds_algorithms) if rel else None
+        return BuildFacts(src.base_version, info.dialect, src.dflash_worker, src.key, algos, src.adds_flags,
+                          src.sizes_verify_at_budget_plus_one, src.reference)
+    info = version_info(version)
+    rel = RELEASES.get(str(info.version))
+    return BuildFacts(str(info.version), info.dialect, info.dflash_worker, None,
+                      rel.speculative_algorithms if rel else None, (), None, f"https://pypi.org/project/sglang/{info.version}/")
+
+
+def ddtree_flags() -> frozenset[str]:
+    """Every flag some DDTree source adds (absent from every release's parser)."""
+    return frozenset(f for s in DDTREE_SOURCES.values() for f in s.adds_flags)
+
+
+def sources_sizing_verify_correctly() -> list[str]:
+    """DDTree source keys whose builds size target-verify graphs at ``budget + 1``."""
+    return sorted(k for k, s in DDTREE_SOURCES.items() if s.sizes_verify_at_budget_plus_one)

@@ -25,7 +25,9 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
     """
     srv, s = d.server, d.speculative
     dialect = version_info(d.sglang.base_version).dialect
-    argv = [f"{d.service.venv}/bin/python", "-m", d.sglang.launcher_module]
+    # Real SGLang runs from the SGLang venv; the simulator (ddtree-ops) from the ops venv.
+    venv = d.service.venv if d.sglang.source == "simulator" else d.service.sglang_venv_path
+    argv = [f"{venv}/bin/python", "-m", d.sglang.launcher_module]
     argv += ["--model-path", d.model.path]
     if d.model.served_model_name:
         argv += ["--served-model-name", d.model.served_model_name]

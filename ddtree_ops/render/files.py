@@ -124,7 +124,8 @@ def plan_document(v: Validated) -> dict:
         "unit": d.service.unit_name,
         "url": f"http://127.0.0.1:{d.server.port}",
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
-                  "cache": d.service.cache_path, "venv": d.service.venv},
+                  "cache": d.service.cache_path, "venv": d.service.venv,
+                  "sglang_venv": d.service.sglang_venv_path},
         "deployment": d.model_dump(mode="json", exclude={"hf_token"}),
         "plan": v.plan.as_dict(),
     }

@@ -79,12 +79,16 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 def graph_dialect(version: tuple[int, int, int]) -> str:
-    """``legacy`` (<= 0.5.13), ``transition`` (0.5.14-0.5.19) or ``split`` (>= 0.5.20)."""
-    if version <= (0, 5, 13):
-        return "legacy"
-    if version < (0, 5, 20):
-        return "transition"
-    return "split"
+    """``legacy`` (<= 0.5.13), ``transition`` (0.5.14-0.5.19) or ``split`` (>= 0.5.20),
+    read from the versions table (:data:`ddtree_ops.config.versions.DIALECT_SINCE`)."""
+    from ..config.versions import DIALECT_SINCE, GraphFlagDialect
+
+    found = GraphFlagDialect.LEGACY
+    for first, dialect in DIALECT_SINCE:
+        if parse_version(str(first)) <= version:
+            found = dialect
+    return {GraphFlagDialect.LEGACY: "legacy", GraphFlagDialect.SPLIT: "transition",
+            GraphFlagDialect.SPLIT_STRICT: "split"}[found]
 
 
 def algorithms_for(version: tuple[int, int, int], build: str) -> list[str]:

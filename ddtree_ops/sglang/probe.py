@@ -1,0 +1,269 @@
+"""Capability probe: what an installed SGLang build can do, checked inside its own venv.
+
+Runs as ``<sglang-venv>/bin/python -m ddtree_ops.sglang.probe --request FILE [--json]``.
+It imports only the standard library and SGLang (the SGLang venv holds ddtree-ops with
+``--no-deps``), so nothing here may import pydantic, typer or ``ddtree_ops.config``.
+The controller side (:func:`ddtree_ops.sglang.expect.probe_request`) renders the request:
+our argv and what the versions table expects of the pinned build.
+
+Request (JSON object)::
+
+    {"argv": [server args, without python -m ...],      # our rendered argv
+     "algorithm": "DDTREE" | "DFLASH" | ... | "none",
+     "version": "0.5.23",                                # the pin's (base) release
+     "extra_flags": ["--speculative-ddtree-budget"],     # flags the DDTree source adds
+     "needs_verify_sizing": true,                        # DDTree with CUDA graphs on
+     "sizes_verify_at_budget_plus_one": true | false | null,   # versions table
+     "ddtree_optional": false,                           # simulator host: release build
+     "fix": {"ddtree": "...", "flags": "...", "sizing": "...", "version": "..."}}
+
+Checks (stable names, each ``{name, ok, detail}``): ``sglang-version``,
+``speculative-algorithms``, ``argv-parses``, ``verify-graph-sizing``, ``plugin``.
+Exit codes: 0 every check ok, 1 a check failed, 2 bad request or SGLang not importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from typing import Any
+
+
+class _ParseError(Exception):
+    """argparse's error message, raised instead of ``SystemExit``."""
+
+
+def _check(name: str, ok: bool, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "ok": bool(ok), "detail": detail, **extra}
+
+
+def _strip_flags(argv: list[str], flags: set[str]) -> tuple[list[str], list[str]]:
+    """Drop ``flags`` and their values from ``argv``; return (kept, dropped)."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    skipping = False
+    for a in argv:
+        if a.startswith("--"):
+            skipping = a.split("=", 1)[0] in flags
+            (dropped if skipping else kept).append(a)
+        elif skipping:
+            dropped.append(a)
+        else:
+            kept.append(a)
+    return kept, dropped
+
+
+def _option_of(message: str) -> str | None:
+    for marker in ("ambiguous option: ", "unrecognized arguments: "):
+        if marker in message:
+            return message.split(marker, 1)[1].split()[0].split("=", 1)[0]
+    return None
+
+
+def parse_with_build(argv: list[str]) -> tuple[list[str], list[str], str | None]:
+    """Parse ``argv`` with the installed build's own parser, the one
+    ``sglang.srt.server_args.prepare_server_args`` builds (``ArgumentParser`` +
+    ``ServerArgs.add_cli_args``), collecting every bad flag by name.
+
+    Returns:
+        (unrecognized flags, ambiguous flags, other error or None). An ambiguous
+        option (e.g. ``--cuda-graph-max-bs`` on 0.5.20+, which prefixes two ``-decode``/
+        ``-prefill`` flags) is removed with its values and parsing repeats, so one run
+        names all of them.
+    """
+    from sglang.srt.server_args import ServerArgs
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # argparse would print usage and SystemExit(2)
+            raise _ParseError(message)
+
+    unrecognized: list[str] = []
+    ambiguous: list[str] = []
+    rest = list(argv)
+    for _ in range(len(argv) + 1):
+        parser = Parser(prog="sglang serve")
+        ServerArgs.add_cli_args(parser)
+        try:
+            _, unknown = parser.parse_known_args(rest)
+        except _ParseError as exc:
+            msg = str(exc)
+            opt = _option_of(msg)
+            if "ambiguous option" in msg and opt:
+                ambiguous.append(opt)
+                rest, _ = _strip_flags(rest, {opt})
+                continue
+            return unrecognized, ambiguous, msg
+        unrecognized += [u.split("=", 1)[0] for u in unknown if u.startswith("-")]
+        stray = [u for u in unknown if not u.startswith("-")]
+        return unrecognized, ambiguous, (f"stray values {stray}" if stray and not unrecognized else None)
+    return unrecognized, ambiguous, "parser did not settle"
+
+
+def resolve_with_build(argv: list[str]) -> tuple[bool, str]:
+    """Run ``prepare_server_args(argv)`` itself (parser + ``ServerArgs.__post_init__``).
+
+    Returns:
+        (parser accepted, detail). Argparse's ``SystemExit`` is a rejection; any other
+        exception is SGLang's resolver stopping after a successful parse (it may need a
+        GPU or the model's files), reported but not a parse failure.
+    """
+    from sglang.srt.server_args import prepare_server_args
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
+            args = prepare_server_args(argv)
+    except SystemExit:
+        last = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+        return False, (last[-1] if last else "argparse rejected the argv")
+    except Exception as exc:  # noqa: BLE001 - SGLang's resolver raises anything
+        return True, f"parsed; SGLang's resolver stopped on this host: {type(exc).__name__}: {str(exc)[:200]}"
+    return True, f"resolved by prepare_server_args (speculative_algorithm={getattr(args, 'speculative_algorithm', None)})"
+
+
+def speculative_algorithms() -> list[str]:
+    """Members of ``SpeculativeAlgorithm`` in the installed build (``NONE`` included)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return list(SpeculativeAlgorithm.__members__)
+
+
+def plugin_state() -> dict[str, Any]:
+    """``ddtree_ops.sglang.plugin.describe()``, or ``installed: False`` when absent."""
+    try:
+        from ddtree_ops.sglang import plugin  # type: ignore[attr-defined]
+
+        state = dict(plugin.describe())
+    except (ImportError, AttributeError) as exc:
+        return {"installed": False, "active": None, "detail": f"plugin not installed ({type(exc).__name__})"}
+    except Exception as exc:  # noqa: BLE001 - a broken plugin must not hide the other checks
+        return {"installed": False, "active": None, "detail": f"plugin failed: {type(exc).__name__}: {exc}"}
+    state.setdefault("installed", True)
+    state.setdefault("active", None)
+    state.setdefault("detail", "")
+    return state
+
+
+def probe(req: dict[str, Any]) -> dict[str, Any]:
+    """Run every check for request ``req`` (see the module docstring).
+
+    Returns:
+        ``{"ok", "checks", "version", "algorithms", "plugin"}``.
+
+    Raises:
+        ImportError: SGLang is not importable in this interpreter.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the parser must never reach the network
+    with contextlib.redirect_stderr(io.StringIO()):  # import-time warnings (no GPU, no Triton)
+        import sglang
+        import sglang.srt.server_args  # noqa: F401
+        algos = speculative_algorithms()
+    fix = req.get("fix") or {}
+    checks: list[dict[str, Any]] = []
+
+    version = getattr(sglang, "__version__", "unknown")
+    want = req.get("version")
+    checks.append(_check("sglang-version", not want or version == want,
+                         f"SGLang {version}" + ("" if not want or version == want else
+                                                f", but the pin says {want}. Fix: {fix.get('version', 're-run the sglang role')}")))
+
+    algorithm = req.get("algorithm") or "none"
+    has_ddtree = "DDTREE" in algos
+    if algorithm in ("none", "NONE"):
+        ok, detail = True, "no speculative algorithm needed"
+    elif algorithm in algos:
+        ok, detail = True, f"{algorithm} is known"
+    elif algorithm == "DDTREE" and req.get("ddtree_optional"):
+        ok, detail = True, "DDTREE absent (a release build; this host serves through the simulator)"
+    else:
+        ok = False
+        detail = f"this build does not know {algorithm}. Fix: {fix.get('ddtree' if algorithm == 'DDTREE' else 'algorithm', 'pin a build that has it')}"
+    checks.append(_check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
+                         algorithms=algos, ddtree=has_ddtree))
+
+    argv = [str(a) for a in req.get("argv", [])]
+    extra = set(req.get("extra_flags") or [])
+    to_parse, set_aside = (argv, []) if has_ddtree else _strip_flags(argv, extra)
+    unrecognized, ambiguous, other = parse_with_build(to_parse)
+    if unrecognized or ambiguous or other:
+        parts = []
+        if unrecognized:
+            parts.append(f"unrecognized: {' '.join(unrecognized)}")
+        if ambiguous:
+            parts.append(f"ambiguous: {' '.join(ambiguous)}")
+        if other:
+            parts.append(other)
+        detail = (f"SGLang {version}'s parser rejects our argv ({'; '.join(parts)}). "
+                  f"Fix: {fix.get('flags', 'pin the version whose dialect the renderer emits')}")
+        checks.append(_check("argv-parses", False, detail, unrecognized=unrecognized, ambiguous=ambiguous))
+    else:
+        accepted, how = resolve_with_build(to_parse)
+        aside = (f"; {' '.join(f for f in set_aside if f.startswith('--'))} checked against the versions table "
+                 "(this build has no DDTREE)") if set_aside else ""
+        checks.append(_check("argv-parses", accepted,
+                             f"{len([a for a in to_parse if a.startswith('--')])} flags accepted by SGLang {version}'s "
+                             f"parser; {how}{aside}", unrecognized=[], ambiguous=[]))
+
+    plugin = plugin_state()
+    sizing = req.get("sizes_verify_at_budget_plus_one")
+    if not req.get("needs_verify_sizing"):
+        ok, detail = True, "not needed (no DDTree target-verify graphs)"
+    elif not has_ddtree and req.get("ddtree_optional"):
+        ok, detail = True, "not applicable (release build; the simulator sizes its verify graphs)"
+    elif sizing:
+        ok, detail = True, "the pinned DDTree source sizes target-verify graphs at budget + 1 (versions table)"
+    elif plugin.get("installed") and plugin.get("active") is not False:
+        ok, detail = True, f"the build sizes from block_size; the ddtree-ops plugin resizes them ({plugin.get('detail')})"
+    else:
+        ok = False
+        detail = ("this build sizes DDTree target-verify graphs from block_size, not budget + 1 (the "
+                  "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
+                  f"plugin is not active ({plugin.get('detail')}). Fix: {fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}")
+    checks.append(_check("verify-graph-sizing", ok, detail))
+    checks.append(_check("plugin", True, ("installed" if plugin.get("installed") else "not installed")
+                         + (f", active={plugin.get('active')}" if plugin.get("installed") else "")
+                         + (f": {plugin.get('detail')}" if plugin.get("detail") else "")))
+    return {"ok": all(c["ok"] for c in checks), "checks": checks, "version": version,
+            "algorithms": algos, "plugin": plugin}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddtree_ops.sglang.probe``; see the module docstring for exit codes."""
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.sglang.probe",
+                                 description="Check what this SGLang build can do for a rendered deployment.")
+    ap.add_argument("--request", required=True, help="request JSON file ('-' for stdin)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        text = sys.stdin.read() if args.request == "-" else open(args.request, encoding="utf-8").read()
+        req = json.loads(text)
+        if not isinstance(req, dict) or not isinstance(req.get("argv", []), list):
+            raise ValueError("the request must be a JSON object with an 'argv' list")
+    except (OSError, ValueError) as exc:
+        return _fatal(args.json, "request", f"--request {args.request}: {exc}")
+    try:
+        result = probe(req)
+    except ImportError as exc:
+        return _fatal(args.json, "sglang-import", f"SGLang is not importable by {sys.executable}: {exc}")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for c in result["checks"]:
+            print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}")
+    return 0 if result["ok"] else 1
+
+
+def _fatal(as_json: bool, name: str, detail: str) -> int:
+    if as_json:
+        print(json.dumps({"ok": False, "checks": [_check(name, False, detail)]}, indent=2))
+    else:
+        print(f"error: {detail}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

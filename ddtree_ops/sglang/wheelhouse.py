@@ -1,0 +1,301 @@
+"""Controller-side SGLang wheelhouse: fetch or build the pinned SGLang once, so GPU hosts
+install it with ``pip --no-index --find-links`` and need no internet.
+
+Called by the ``sglang`` role (``delegate_to: localhost``)::
+
+    python -m ddtree_ops.sglang.wheelhouse --pin '<ddtree_sglang as JSON>' --out DIR [--root PROJECT]
+
+and prints one JSON object on stdout: ``{"ok", "dir", "id", "changed", "requirement",
+"lock", "files", "size_bytes"}``; on refusal ``{"ok": false, "error": ...}`` and exit 2.
+
+The wheelhouse directory is ``DIR/<cpXY>-<id>``, where ``id`` hashes everything that
+determines its bytes: source, version / wheel sha256 / repo + commit, each patch's
+sha256, the lock file's sha256 and the Python tag. It is built in a temporary directory
+and renamed into place only when complete (under a lock), so an interrupted or refused
+build leaves the cache as it was. Sources:
+
+* ``pypi``: ``pip download sglang==VERSION`` (with a lock: ``--no-deps`` plus exactly the
+  lock's packages; without one: SGLang's full dependency set);
+* ``wheel``: copy the controller file or download the URL, then verify its sha256;
+* ``git``: clone, check out the exact commit, verify each patch's sha256, ``git apply
+  --check`` the whole series (refused whole if one does not apply), apply, build the wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+BUILDER_VERSION = "1"
+"""Bumped when the wheelhouse layout changes (part of the id)."""
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = "wheelhouse.json"
+LOCK_NAME = "requirements.lock"
+
+
+class WheelhouseError(Exception):
+    """A pin that cannot be fetched or built; the message names the field, value, rule and fix."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _resolve(path: str, root: Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else root / p
+
+
+def _need_file(field: str, path: str, root: Path) -> Path:
+    p = _resolve(path, root)
+    if not p.is_file():
+        raise WheelhouseError(f"ddtree_sglang.{field} = {path!r}: no such file on the controller ({p}). "
+                              f"Fix: give an existing path (relative paths start at {root})")
+    return p
+
+
+def wheelhouse_id(pin: dict[str, Any], root: Path, python_tag: str) -> str:
+    """Content key of the wheelhouse for ``pin`` (16 hex digits).
+
+    Raises:
+        WheelhouseError: a lock or patch file named by the pin is missing.
+    """
+    # A simulator host's install_release is a PyPI download of the same release: same key.
+    source = "pypi" if pin["source"] == "simulator" else pin["source"]
+    key: dict[str, Any] = {"builder": BUILDER_VERSION, "python": python_tag, "source": source,
+                           "version": pin.get("version")}
+    if pin["source"] == "wheel":
+        key.update(sha256=pin.get("sha256"))
+    elif pin["source"] == "git":
+        key.update(repo=pin.get("repo"), commit=pin.get("commit"),
+                   patches=[p["sha256"] for p in pin.get("patches") or []])
+    if pin.get("requirements"):
+        key["lock"] = sha256_file(_need_file("requirements", pin["requirements"], root))
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise WheelhouseError(f"{what} failed: {tail}")
+    return proc.stdout
+
+
+def _pip(python: str) -> list[str]:
+    return [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+def _check_pin(pin: dict[str, Any]) -> None:
+    src = pin.get("source")
+    if src == "simulator":
+        if not pin.get("install_release"):
+            raise WheelhouseError("ddtree_sglang.source = 'simulator': nothing to install. "
+                                  "Fix: set install_release: true to install the real release as well")
+        return
+    if src == "wheel" and not (pin.get("sha256") and (pin.get("url") or pin.get("path"))):
+        raise WheelhouseError("ddtree_sglang.sha256: source wheel needs url or path and sha256. "
+                              "Fix: add sha256: the output of sha256sum on the wheel")
+    if src == "git":
+        commit = pin.get("commit")
+        if not pin.get("repo") or not commit:
+            raise WheelhouseError(f"ddtree_sglang.commit = {commit!r}: source git needs repo and a full 40-hex "
+                                  "commit SHA to install. Fix: set repo and commit (git rev-parse HEAD of the build "
+                                  "you tested)")
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise WheelhouseError(f"ddtree_sglang.commit = {commit!r}: must be a full 40-hex commit SHA, not a "
+                                  "branch or tag name. Fix: pin the commit itself (git rev-parse REF)")
+
+
+def _fetch_wheel(pin: dict[str, Any], root: Path, dest: Path) -> Path:
+    want = pin["sha256"]
+    if pin.get("path"):
+        src = _need_file("path", pin["path"], root)
+        if not src.name.endswith(".whl"):
+            raise WheelhouseError(f"ddtree_sglang.path = {pin['path']!r}: not a .whl file. Fix: point at the wheel")
+        target = dest / src.name
+        shutil.copyfile(src, target)
+        where = f"path = {pin['path']!r}"
+    else:
+        url = pin["url"]
+        target = dest / url.rsplit("/", 1)[-1].split("#", 1)[0]
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r, open(target, "wb") as f:  # noqa: S310 - pinned by sha256
+                shutil.copyfileobj(r, f)
+        except OSError as exc:
+            raise WheelhouseError(f"ddtree_sglang.url = {url!r}: download failed ({exc}). "
+                                  "Fix: check the URL, or download it once and give path") from None
+        where = f"url = {url!r}"
+    got = sha256_file(target)
+    if got != want:
+        raise WheelhouseError(f"ddtree_sglang.{where}: SHA-256 is {got}, but ddtree_sglang.sha256 = {want}: the file "
+                              "is not the wheel that was pinned. Fix: check where the file came from; if it is the "
+                              "right build, pin its sha256")
+    return target
+
+
+def _build_git(pin: dict[str, Any], root: Path, dest: Path, work: Path, python: str) -> Path:
+    repo, commit = pin["repo"], pin["commit"]
+    patches = []
+    for i, p in enumerate(pin.get("patches") or []):
+        f = _need_file(f"patches[{i}].path", p["path"], root)
+        got = sha256_file(f)
+        if got != p["sha256"]:
+            raise WheelhouseError(f"ddtree_sglang.patches[{i}].path = {p['path']!r}: SHA-256 is {got}, not the pinned "
+                                  f"{p['sha256']}. Fix: restore the reviewed patch, or pin the new file's sha256")
+        patches.append(f)
+    src = work / "src"
+    repo_arg = str(_resolve(repo, root)) if repo.startswith("/") else repo
+    _run(["git", "clone", "--quiet", "--no-checkout", repo_arg, str(src)], f"ddtree_sglang.repo = {repo!r}: git clone")
+    kind = subprocess.run(["git", "-C", str(src), "cat-file", "-t", commit], capture_output=True, text=True)
+    if kind.returncode != 0 or kind.stdout.strip() != "commit":
+        raise WheelhouseError(f"ddtree_sglang.commit = {commit!r}: no such commit in {repo}. Fix: pin a commit that "
+                              "the repository has (git log), or point repo at the fork that holds it")
+    _run(["git", "-C", str(src), "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit],
+         f"git checkout {commit}")
+    if patches:
+        check = subprocess.run(["git", "-C", str(src), "apply", "--check", *map(str, patches)],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            why = " / ".join(check.stderr.strip().splitlines()[:3])
+            raise WheelhouseError(f"ddtree_sglang.patches = {[p['path'] for p in pin['patches']]}: the series does not "
+                                  f"apply to {commit[:12]} ({why}); none was applied. Fix: rebase the patches onto "
+                                  "this commit, or pin the commit they were made for")
+        _run(["git", "-C", str(src), "apply", *map(str, patches)], "git apply")
+    project = src if (src / "pyproject.toml").is_file() or (src / "setup.py").is_file() else src / "python"
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise WheelhouseError(f"ddtree_sglang.repo = {repo!r}: no pyproject.toml at the top or in python/ at "
+                              f"{commit[:12]}. Fix: pin the SGLang repository (or a fork of it)")
+    before = set(dest.glob("*.whl"))
+    _run([*_pip(python), "wheel", "--no-deps", "-w", str(dest), str(project)], f"building the wheel of {commit[:12]}")
+    built = [w for w in dest.glob("*.whl") if w not in before]
+    if len(built) != 1:
+        raise WheelhouseError(f"building {repo}@{commit[:12]} gave {len(built)} wheels, expected one")
+    return built[0]
+
+
+def _requirement_of(wheel: Path) -> tuple[str, str]:
+    m = re.match(r"([A-Za-z0-9_.]+)-([^-]+)-", wheel.name)
+    if not m:
+        raise WheelhouseError(f"{wheel.name}: not a wheel file name")
+    return m.group(1).replace("_", "-").lower(), m.group(2)
+
+
+def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str = sys.executable) -> dict[str, Any]:
+    """Build (or reuse) the wheelhouse for ``pin`` under ``out``.
+
+    Args:
+        pin: ``ddtree_sglang`` as validated (:class:`ddtree_ops.config.models.SGLangPin` dump).
+        out: cache directory on the controller.
+        root: where relative lock/patch/wheel paths start (the project root).
+        python: interpreter whose pip downloads/builds (its CPython tag must match the hosts').
+
+    Returns:
+        ``{"ok", "dir", "id", "changed", "pin", "requirement", "wheel", "lock", "file_count",
+        "size_bytes"}`` (``wheelhouse.json`` in the directory also lists every file's sha256).
+
+    Raises:
+        WheelhouseError: the pin cannot be fetched, verified, patched or built; the cache
+            is left as it was.
+    """
+    _check_pin(pin)
+    tag = _run([python, "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
+               "reading the Python tag").strip()
+    wid = wheelhouse_id(pin, root, tag)
+    final = out / f"{tag}-{wid}"
+    out.mkdir(parents=True, exist_ok=True)
+    changed = False
+    with open(out / ".lock", "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        if not (final / MANIFEST).is_file():
+            changed = True
+            work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
+            try:
+                _populate(pin, root, python, work, wid)
+                if final.exists():
+                    shutil.rmtree(final)
+                (work / "wheels").rename(final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    manifest = json.loads((final / MANIFEST).read_text())
+    files = manifest.pop("files")
+    return {"ok": True, "dir": str(final), "id": final.name, "changed": changed, **manifest,
+            "file_count": len(files), "size_bytes": sum(f.stat().st_size for f in final.iterdir() if f.is_file())}
+
+
+def _populate(pin: dict[str, Any], root: Path, python: str, work: Path, wid: str) -> None:
+    dest = work / "wheels"
+    dest.mkdir()
+    lock = pin.get("requirements")
+    version = pin.get("version")
+    src = pin["source"]
+    if src in ("pypi", "simulator"):
+        if not version:
+            raise WheelhouseError("ddtree_sglang.version = None: a PyPI pin needs the release. Fix: set version, e.g. 0.5.23")
+        spec = f"sglang=={version}"
+        _run([*_pip(python), "download", *(["--no-deps"] if lock else []), "-d", str(dest), spec],
+             f"pip download {spec}")
+        wheel = next(dest.glob("sglang-*.whl"), None) or next(dest.glob("sglang-*"), None)
+        if wheel is None:
+            raise WheelhouseError(f"pip download {spec} gave no sglang file")
+    elif src == "wheel":
+        wheel = _fetch_wheel(pin, root, dest)
+    else:
+        wheel = _build_git(pin, root, dest, work, python)
+    name, wheel_version = _requirement_of(wheel)
+    if src != "git" and version and wheel_version != version:
+        raise WheelhouseError(f"ddtree_sglang.version = {version!r}: the wheel is {name} {wheel_version}. "
+                              "Fix: set version to the wheel's, or pin the wheel of that version")
+    if lock:
+        lock_path = _need_file("requirements", lock, root)
+        _run([*_pip(python), "download", "--no-deps", "-d", str(dest), "-r", str(lock_path)],
+             f"pip download -r {lock}")
+        shutil.copyfile(lock_path, dest / LOCK_NAME)
+    files = {f.name: sha256_file(f) for f in sorted(dest.iterdir()) if f.is_file()}
+    manifest = {"pin": pin, "requirement": f"{name}=={wheel_version}", "wheel": wheel.name,
+                "lock": LOCK_NAME if lock else None, "files": files, "wid": wid}
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.sglang.wheelhouse",
+                                 description="Build (once) the controller wheelhouse of a pinned SGLang build.")
+    ap.add_argument("--pin", required=True, help="ddtree_sglang as a JSON object")
+    ap.add_argument("--out", required=True, type=Path, help="cache directory")
+    ap.add_argument("--root", type=Path, default=PROJECT_ROOT, help="start of relative paths (project root)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for pip (its CPython tag = the hosts')")
+    args = ap.parse_args(argv)
+    try:
+        pin = json.loads(args.pin)
+        if not isinstance(pin, dict) or "source" not in pin:
+            raise WheelhouseError("--pin: a JSON object with 'source' (ddtree_sglang)")
+        result = build(pin, args.out, args.root, args.python)
+    except (WheelhouseError, ValueError, OSError) as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)

@@ -1,0 +1,161 @@
+"""Controller wheelhouse for SGLang (``ddtree_ops.sglang.wheelhouse``) and the pin model.
+
+git: a local repository (``tests/sglang_git.py``) at an exact commit, patches verified by
+sha256 and applied as a whole series; wheel: sha256 verified; every refusal leaves the
+cache as it was. (pypi with a real lock is proven by the role test on the test host.)
+"""
+
+from __future__ import annotations
+
+import copy
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from helpers import base_hostvars
+from sglang_git import GitSource, make_git_source
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.sglang.wheelhouse import WheelhouseError, build
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> GitSource:
+    return make_git_source(tmp_path_factory.mktemp("git"))
+
+
+@pytest.fixture(scope="module")
+def built(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("wh")
+    pin = {"source": "git", "repo": str(src.repo), "commit": src.commit,
+           "patches": [{"path": str(src.good_patch), "sha256": src.sha(src.good_patch)}]}
+    return out, pin, build(pin, out)
+
+
+def listing(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.name != ".lock")
+
+
+def test_git_commit_built_with_patch(built):
+    out, _pin, r = built
+    assert r["changed"] and r["requirement"] == "sglang==0.5.23"
+    whl = Path(r["dir"]) / r["wheel"]
+    with zipfile.ZipFile(whl) as z:
+        assert b"--speculative-ddtree-budget" in z.read("sglang/ddtree.py")
+    assert (Path(r["dir"]) / "wheelhouse.json").is_file()
+
+
+def test_same_pin_reuses_the_wheelhouse(built):
+    out, pin, first = built
+    again = build(pin, out)
+    assert not again["changed"] and again["dir"] == first["dir"]
+
+
+def test_patch_changes_the_key(built, src):
+    out, pin, first = built
+    other = {**pin, "patches": []}
+    r = build(other, out)
+    assert r["dir"] != first["dir"]
+    with zipfile.ZipFile(Path(r["dir"]) / r["wheel"]) as z:
+        assert b"BUDGET_FLAG = None" in z.read("sglang/ddtree.py")
+
+
+def test_patch_series_refused_whole(built, src):
+    out, pin, _ = built
+    before = listing(out)
+    bad = {**pin, "patches": [*pin["patches"], {"path": str(src.bad_patch), "sha256": src.sha(src.bad_patch)}]}
+    with pytest.raises(WheelhouseError, match=r"ddtree_sglang.patches = .*does not apply to .*none was applied. Fix: rebase"):
+        build(bad, out)
+    assert listing(out) == before
+
+
+def test_patch_checksum_mismatch(built, src):
+    out, pin, _ = built
+    before = listing(out)
+    bad = {**pin, "patches": [{"path": str(src.good_patch), "sha256": "0" * 64}]}
+    with pytest.raises(WheelhouseError, match=r"patches\[0\].path = .*SHA-256 is [0-9a-f]{64}, not the pinned 0{64}"):
+        build(bad, out)
+    assert listing(out) == before
+
+
+def test_unknown_commit_and_branch_refused(built, src):
+    out, pin, _ = built
+    before = listing(out)
+    with pytest.raises(WheelhouseError, match="no such commit"):
+        build({**pin, "commit": "1" * 40}, out)
+    with pytest.raises(WheelhouseError, match="not a branch or tag name"):
+        build({**pin, "commit": "main"}, out)
+    assert listing(out) == before
+
+
+def test_wheel_source_sha256(built, tmp_path):
+    _, _, r = built
+    wheel = Path(r["dir"]) / r["wheel"]
+    out = tmp_path / "wh"
+    good = {"source": "wheel", "path": str(wheel), "sha256": GitSource.sha(wheel), "version": "0.5.23"}
+    assert build(good, out)["requirement"] == "sglang==0.5.23"
+    before = listing(out)
+    with pytest.raises(WheelhouseError, match=r"ddtree_sglang.path = .*: SHA-256 is [0-9a-f]{64}, but ddtree_sglang.sha256 = f{64}"):
+        build({**good, "sha256": "f" * 64}, out)
+    with pytest.raises(WheelhouseError, match=r"version = '0.5.22': the wheel is sglang 0.5.23"):
+        build({**good, "version": "0.5.22"}, out)
+    assert listing(out) == before
+
+
+# --------------------------------------------------------------------------- config
+
+
+def pin_vars(**pin) -> dict:
+    hv = copy.deepcopy(base_hostvars())
+    hv["ddtree_sglang"] = {"ddtree_source": "sglang-pr-29907", **pin}
+    return hv
+
+
+def errors(hv) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    return [f.message() for f in exc.value.findings]
+
+
+def test_branch_name_refused_with_fix():
+    msgs = errors(pin_vars(source="git", repo="/srv/sglang.git", commit="main"))
+    assert msgs == ["h1: ddtree_sglang.commit = 'main': must be a full 40-hex commit SHA, not a branch or tag name, "
+                    "which can move under you. Fix: pin the commit itself: git rev-parse main in the repository"]
+    assert "abbreviated SHA" in errors(pin_vars(source="git", repo="/srv/sglang.git", commit="abc1234"))[0]
+
+
+def test_wheel_needs_sha256_and_one_location():
+    msgs = errors(pin_vars(source="wheel", path="/srv/sglang-0.5.23-py3-none-any.whl"))
+    assert any(m.startswith("h1: ddtree_sglang.sha256 = None: source wheel needs the wheel's SHA-256") for m in msgs)
+    msgs = errors(pin_vars(source="wheel", sha256="a" * 64, path="/srv/x.whl", url="https://example.org/x.whl"))
+    assert any("exactly one of url and path" in m for m in msgs)
+    assert "64 lower-case hex" in errors(pin_vars(source="wheel", path="/srv/x.whl", sha256="XYZ"))[0]
+
+
+def test_fields_of_another_source_refused():
+    msgs = errors(pin_vars(source="pypi", version="0.5.23", commit="a" * 40))
+    assert msgs == ["h1: ddtree_sglang.commit = '" + "a" * 40 + "': does not apply to source pypi (a PyPI release: "
+                    "version (+ optional requirements)). Fix: remove it, or set source to the kind of pin it belongs to"]
+
+
+def test_patches_and_lock_accepted():
+    hv = pin_vars(source="git", repo="https://github.com/sgl-project/sglang.git", commit="b" * 40,
+                  patches=[{"path": "patches/0001.patch", "sha256": "c" * 64}],
+                  requirements="requirements/sglang-0.5.23-import.txt")
+    v = validate_hostvars("h1", hv)
+    assert v.deployment.sglang.patches[0].path == "patches/0001.patch"
+    assert "../etc" in errors(pin_vars(source="git", repo="/r", commit="b" * 40, requirements="../etc/x"))[0]
+
+
+def test_unpinned_git_is_a_warning_until_install():
+    v = validate_hostvars("h1", pin_vars(source="git", version="0.5.23"))
+    assert any(w.field == "ddtree_sglang.commit" for w in v.warnings)
+
+
+def test_sglang_venv_default_and_argv():
+    from ddtree_ops.render.argv import build_argv
+    from ddtree_ops.render.files import plan_document
+
+    v = validate_hostvars("h1", pin_vars(source="pypi", version="0.5.23"))
+    assert plan_document(v)["paths"]["sglang_venv"] == "/opt/ddtree-ops/sglang-venv"
+    assert build_argv(v.deployment, v.plan)[0] == "/opt/ddtree-ops/sglang-venv/bin/python"
