@@ -30,7 +30,8 @@ donor=""
 torch_from=$(sed -n 's/^# torch-from: *//p' "$lock" | head -n1)
 [[ -z $torch_from ]] || donor=$(bash "$REPO_ROOT/scripts/sglang-venv.sh" "$torch_from" | tail -n1)
 
-key=$(printf '%s\n%s\n%s\n' "$(sha256sum "$lock")" "$base" "$donor" | sha256sum | cut -c1-12)
+# Keyed by the lock's content and the two parent venvs (which are keyed by their locks).
+key=$(printf '%s\n%s\n%s\n' "$(sha256sum < "$lock" | cut -c1-64)" "$base" "$donor" | sha256sum | cut -c1-12)
 venv="$ROOT/resolve-$version-$key"
 marker="$venv/.ddtree-sglang-venv-complete"
 if [[ -f $marker ]]; then printf '%s\n' "$venv"; exit 0; fi
