@@ -54,7 +54,11 @@ class DDTreeSource:
         dflash_worker: ``v1`` (``DFlashWorker``) or ``v2`` (``DFlashWorkerV2``).
         sizes_verify_at_budget_plus_one: whether the build captures target-verify CUDA
             graphs at ``budget + 1`` tokens per request (False means the 8-vs-33 crash
-            on the first verify when graphs are on).
+            on the first verify when graphs are on, unless ddtree-ops' SGLang plugin,
+            ``ddtree_ops/sglang/plugin.py``, corrects the width).
+        adds_flags: launch flags the source adds to its base release's parser (DDTree-only
+            flags; the peer tier strips them and parses the rest with the base version's
+            real parser, and proves the release rejects them).
     """
 
     key: str
@@ -62,6 +66,7 @@ class DDTreeSource:
     reference: str
     dflash_worker: str
     sizes_verify_at_budget_plus_one: bool
+    adds_flags: tuple[str, ...] = ("--speculative-ddtree-budget",)
 
 
 DDTREE_SOURCES: dict[str, DDTreeSource] = {
