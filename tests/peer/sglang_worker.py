@@ -111,6 +111,30 @@ def _field_names(cls):
     return list(ann) if isinstance(ann, dict) else []
 
 
+def _internal_state_keys(source: str) -> set:
+    """Keys the scheduler's ``get_internal_state`` (and, in 0.5.2x, its ``_add_*`` helpers)
+    assign into the dict it returns: ``ret["k"] = ...`` / ``state["k"] = ...``."""
+    import ast
+
+    keys = set()
+    for cls in ast.walk(ast.parse(source)):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [f for f in cls.body if isinstance(f, ast.FunctionDef)]
+        if not any(f.name == "get_internal_state" for f in methods):
+            continue
+        for f in methods:
+            if f.name != "get_internal_state" and not f.name.startswith("_add_"):
+                continue
+            for node in ast.walk(f):
+                if isinstance(node, ast.Assign):
+                    for t in node.targets:
+                        if (isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                                and isinstance(t.slice.value, str)):
+                            keys.add(t.slice.value)
+    return keys
+
+
 def job_introspect(_job):
     import sglang
     from sglang.srt import server_args as sa_mod
@@ -129,11 +153,14 @@ def job_introspect(_job):
     metrics_src = Path(sglang.__file__).parent / "srt" / "observability" / "metrics_collector.py"
     metric_names = sorted(set(re.findall(r'"(sglang:[A-Za-z0-9_]+)"', metrics_src.read_text())))
     sched_src = []
+    state_keys = set()
     for rel in ("srt/managers/scheduler.py", "srt/managers/scheduler_components/internal_state.py",
-                "srt/entrypoints/http_server.py", "srt/managers/tokenizer_manager.py"):
+                "srt/entrypoints/http_server.py", "srt/managers/tokenizer_manager.py",
+                "srt/managers/data_parallel_controller.py"):
         p = Path(sglang.__file__).parent / rel
         if p.exists():
             sched_src.append(p.read_text())
+            state_keys |= _internal_state_keys(p.read_text())
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return {
@@ -144,6 +171,7 @@ def job_introspect(_job):
                                             "--speculative-draft-attention-backend") if k in choices},
         "fields": sorted(fields),
         "metric_names": metric_names,
+        "internal_state_keys": sorted(state_keys),
         "string_literals": sorted(set(re.findall(r'"([a-z_][a-z0-9_]*)"', "\n".join(sched_src)))),
     }
 
