@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from helpers import REPO
-from peerutil import PEER_VERSIONS, import_venv_dir, run_worker
+from peerutil import PEER_VERSIONS, import_venv_dir, run_worker, sglang_python
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,6 +42,8 @@ def plugin_site(tmp_path_factory) -> Path:
     metadata) into a fresh directory that an SGLang venv's python puts on ``sys.path``
     through ``PYTHONPATH``: what a host gets when the sglang role installs the plugin
     into the service venv, without touching the shared cached venvs."""
+    for v in PEER_VERSIONS:
+        sglang_python(v)  # no SGLang venv: skip (or fail under DDTREE_PEER=1) before building
     site = tmp_path_factory.mktemp("plugin-site")
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
                         "--target", str(site), str(REPO)],
