@@ -19,13 +19,14 @@ way a DDTree build's enum member answers ``.name``), and the server's arguments 
 requests add them (0.5.13.post1: a namespace set with the release's own
 ``set_global_server_args_for_scheduler``, since constructing ServerArgs there needs an
 accelerator; 0.5.23: a real ``prepare_server_args`` result for the DFLASH argv, with those two
-attributes set). Scenario ``fixed-build`` stands in for a build that sizes correctly
+attributes set). The correctly sized case stands in for a build that sizes correctly
 (sgl-project/sglang#29907): its target-verify graph runner passes ``budget + 1`` as the
 runner's ``speculative_num_draft_tokens`` override (a parameter both releases' graph runners
 have), so the release's width function already answers ``budget + 1``.
 
-Scenarios: ``ddtree`` (default sizes from env), ``fixed-build``, ``no-ddtree`` (release as is:
-no DDTREE registered), ``describe-only`` (describe() without loading).
+Scenarios: ``all`` (describe() before loading, the release as is, then DDTREE registered:
+the block_size-sized build and the correctly sized one), ``ddtree`` (DDTREE registered before
+loading; used with disagreeing sizes), ``no-ddtree`` (release as is).
 """
 
 from __future__ import annotations
@@ -83,49 +84,55 @@ def main() -> int:
     from ddtree_ops.sglang import plugin
 
     out: dict = {"sglang": sglang.__version__, "plugin_file": plugin.__file__}
-    if scenario == "describe-only":
-        out["describe"] = plugin.describe()
-        print("\n" + json.dumps(out, default=str))
-        return 0
-
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     width = _width_name(SpeculativeAlgorithm)
     out["width_function"] = width
-    if scenario in ("ddtree", "fixed-build"):
-        SpeculativeAlgorithm.register("DDTREE")(lambda server_args: None)
-        out["server_args_from"] = _set_server_args(block, budget, "DDTREE")
-
-    out["before"] = plugin.describe()
-    load_plugins()  # SGLang's own loader: discovers our entry point, runs it, applies hooks
-    out["patched"] = sorted(t for t in HookRegistry._patched if "target_verify" in t)
-    out["describe"] = plugin.describe()
 
     def w(name, is_draft, n=block):
         alg = SpeculativeAlgorithm.from_string(name)
         return _call(lambda: getattr(alg, width)(n, is_draft))
 
-    out["widths"] = {
-        "DFLASH/target": w("DFLASH", False), "DFLASH/draft": w("DFLASH", True),
-        "EAGLE/target": w("EAGLE", False, 4),
-    }
-    if scenario in ("ddtree", "fixed-build"):
-        out["widths"]["DDTREE/target"] = w("DDTREE", False, block if scenario == "ddtree" else budget + 1)
-        out["widths"]["DDTREE/draft"] = w("DDTREE", True)
+    def ddtree_widths(target_n):
+        res = {"DDTREE/target": w("DDTREE", False, target_n), "DDTREE/draft": w("DDTREE", True)}
         try:
             from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req  # 0.5.23 caller
         except ImportError as exc:
             out["resolve_import_error"] = str(exc)
-            resolve_num_tokens_per_req = None
-        if resolve_num_tokens_per_req is not None:
-            alg = SpeculativeAlgorithm.from_string("DDTREE")
-            out["widths"]["DDTREE/target via resolve_num_tokens_per_req"] = _call(lambda: resolve_num_tokens_per_req(
-                phase="target_verify", spec_algorithm=alg, is_draft_worker=False,
-                num_draft_tokens=block if scenario == "ddtree" else budget + 1))
-            out["widths"]["DDTREE/draft via resolve_num_tokens_per_req"] = _call(lambda: resolve_num_tokens_per_req(
-                phase="target_verify", spec_algorithm=alg, is_draft_worker=True, num_draft_tokens=block))
+            return res
+        alg = SpeculativeAlgorithm.from_string("DDTREE")
+        res["DDTREE/target via resolve_num_tokens_per_req"] = _call(lambda: resolve_num_tokens_per_req(
+            phase="target_verify", spec_algorithm=alg, is_draft_worker=False, num_draft_tokens=target_n))
+        res["DDTREE/draft via resolve_num_tokens_per_req"] = _call(lambda: resolve_num_tokens_per_req(
+            phase="target_verify", spec_algorithm=alg, is_draft_worker=True, num_draft_tokens=block))
+        return res
+
+    def register_ddtree():
+        SpeculativeAlgorithm.register("DDTREE")(lambda server_args: None)
+        out["server_args_from"] = _set_server_args(block, budget, "DDTREE")
+
+    if scenario == "ddtree":
+        register_ddtree()
+    out["before"] = plugin.describe()  # outside a loaded process: what the probe sees
+    load_plugins()  # SGLang's own loader: discovers our entry point, runs it, applies hooks
+    out["patched"] = sorted(t for t in HookRegistry._patched if "target_verify" in t)
+    out["describe"] = plugin.describe()
+    out["widths"] = {
+        "DFLASH/target": w("DFLASH", False), "DFLASH/draft": w("DFLASH", True),
+        "EAGLE/target": w("EAGLE", False, 4),
+    }
+    if scenario == "ddtree":
+        out["widths"].update(ddtree_widths(block))
+    elif scenario == "all":
+        # 1) the release as it is (no DDTREE): pass-through; 2) DDTree build sizing from
+        # block_size (sglang-pr-27509): corrected; 3) build that sizes right: untouched.
+        register_ddtree()
+        out["ddtree_widths"] = ddtree_widths(block)
+        out["ddtree_events"] = plugin.describe()["events"]
+        out["fixed_widths"] = ddtree_widths(budget + 1)
+        out["fixed_events"] = plugin.describe()["events"][len(out["ddtree_events"]):]
     out["events"] = plugin.describe()["events"]
     print("\n" + json.dumps(out, default=str))
     return 0

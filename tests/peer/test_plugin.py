@@ -39,27 +39,48 @@ def scenario(version: str, name: str, site: Path, env: dict[str, str], *args: st
     return out
 
 
+@pytest.fixture(scope="module")
+def all_scenario(plugin_site):
+    """One SGLang process per version, sizes 8 / 33 in the unit environment (cached)."""
+    cache: dict[str, dict] = {}
+
+    def get(version: str) -> dict:
+        if version not in cache:
+            cache[version] = scenario(version, "all", plugin_site, SIZES)
+        return cache[version]
+    return get
+
+
 @pytest.mark.parametrize("version", list(LAYOUT))
-def test_load_plugins_discovers_and_hooks_ddtree_widths(version, plugin_site):
-    out = scenario(version, "ddtree", plugin_site, SIZES)
+def test_load_plugins_discovers_and_hooks_width_functions(version, all_scenario, plugin_site):
+    out = all_scenario(version)
     width = LAYOUT[version][1]
     assert out["sglang"] == version
     assert out["plugin_file"].startswith(str(plugin_site))  # our installed copy, not the checkout
     assert out["width_function"] == width
-    assert out["before"]["installed"] is True and out["before"]["active"] is None
     # SGLang's loader found the entry point and patched exactly the width functions of this layout
+    assert "Loaded plugin ddtree_ops_verify_graph" in out["stderr"]
     assert out["patched"] == sorted([
         f"sglang.srt.speculative.spec_info.SpeculativeAlgorithm.{width}",
         f"sglang.srt.speculative.spec_registry.CustomSpecAlgo.{width}",
     ])
-    assert "Loaded plugin ddtree_ops_verify_graph" in out["stderr"]
-    assert out["describe"]["active"] is True and "build knows DDTREE" in out["describe"]["detail"]
-    w = out["widths"]
-    # DDTree: target verify graphs budget + 1, draft graphs block_size
+    assert out["describe"]["active"] is True and out["describe"]["layout"] == (
+        "<=0.5.13" if version.startswith("0.5.13") else "0.5.23")
+
+
+@pytest.mark.parametrize("version", list(LAYOUT))
+def test_release_without_ddtree_is_pass_through(version, all_scenario):
+    out = all_scenario(version)
+    assert "build has no DDTREE" in out["describe"]["detail"]
+    assert out["widths"] == {"DFLASH/target": 8, "DFLASH/draft": 8, "EAGLE/target": 4}
+
+
+@pytest.mark.parametrize("version", list(LAYOUT))
+def test_ddtree_target_gets_budget_plus_one_draft_keeps_block_size(version, all_scenario):
+    out = all_scenario(version)
+    w = out["ddtree_widths"]
     assert (w["DDTREE/target"], w["DDTREE/draft"]) == (33, 8)
-    # other algorithms: exactly what the release computes
-    assert (w["DFLASH/target"], w["DFLASH/draft"], w["EAGLE/target"]) == (8, 8, 4)
-    assert any("corrected to 33 tokens per request" in e for e in out["events"])
+    assert any("corrected to 33 tokens per request" in e for e in out["ddtree_events"])
     assert "corrected to 33" in out["stderr"]  # logged where SGLang's log goes
     if version == "0.5.23":  # through the function the decode CUDA-graph runner calls
         assert w["DDTREE/target via resolve_num_tokens_per_req"] == 33
@@ -67,18 +88,19 @@ def test_load_plugins_discovers_and_hooks_ddtree_widths(version, plugin_site):
 
 
 @pytest.mark.parametrize("version", list(LAYOUT))
-def test_noop_on_build_that_sizes_correctly(version, plugin_site):
-    out = scenario(version, "fixed-build", plugin_site, SIZES)
-    assert out["widths"]["DDTREE/target"] == 33
-    assert any("already sizes DDTree graphs at 33" in e for e in out["events"])
-    assert not any("corrected" in e for e in out["events"])
+def test_noop_on_build_that_sizes_correctly(version, all_scenario):
+    out = all_scenario(version)
+    assert out["fixed_widths"]["DDTREE/target"] == 33
+    assert any("already sizes DDTree graphs at 33" in e for e in out["fixed_events"])
+    assert not any("corrected" in e for e in out["fixed_events"])
 
 
 @pytest.mark.parametrize("version", list(LAYOUT))
-def test_release_without_ddtree_is_pass_through(version, plugin_site):
-    out = scenario(version, "no-ddtree", plugin_site, SIZES)
-    assert "build has no DDTREE" in out["describe"]["detail"]
-    assert out["widths"] == {"DFLASH/target": 8, "DFLASH/draft": 8, "EAGLE/target": 4}
+def test_describe_outside_a_server_process(version, all_scenario):
+    d = all_scenario(version)["before"]
+    assert d["installed"] is True and d["active"] is None
+    assert len(d["targets"]) == 2 and LAYOUT[version][1] in d["targets"][0]
+    assert "not loaded in this process" in d["detail"]
 
 
 @pytest.mark.parametrize("version", list(LAYOUT))
@@ -97,17 +119,9 @@ def test_non_ddtree_deployment_registers_nothing(version, plugin_site):
 ])
 def test_disagreeing_sizes_refuse(version, env, words, plugin_site):
     out = scenario(version, "ddtree", plugin_site, {**SIZES, **env})
+    assert "build knows DDTREE" in out["describe"]["detail"]
     w = out["widths"]
     for key in ("DDTREE/target", "DDTREE/draft"):
         assert isinstance(w[key], str) and w[key].startswith("DDTreeSizeMismatch") and words in w[key], w[key]
         assert "Fix:" in w[key]
     assert w["DFLASH/target"] == 8  # other algorithms never refused
-
-
-@pytest.mark.parametrize("version", list(LAYOUT))
-def test_describe_outside_a_server_process(version, plugin_site):
-    out = scenario(version, "describe-only", plugin_site, SIZES)
-    d = out["describe"]
-    assert d["installed"] is True and d["active"] is None
-    assert len(d["targets"]) == 2 and LAYOUT[version][1] in d["targets"][0]
-    assert "not loaded in this process" in d["detail"]
