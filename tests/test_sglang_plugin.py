@@ -71,3 +71,25 @@ def test_describe_without_sglang(monkeypatch):
     d = plugin.describe()
     assert set(d) >= {"installed", "active", "detail"} and d["active"] is None
     assert isinstance(d["installed"], bool) and d["targets"] == []
+
+
+def test_env_names_match_what_the_unit_renders():
+    """The plugin reads exactly the variables render/files.py:service_env writes."""
+    import copy
+
+    from ddtree_ops.config import validate_hostvars
+    from ddtree_ops.config.inventory import load_hostvars
+    from ddtree_ops.render.files import service_env
+
+    seen = set()
+    for inv in ("inventory/example", "inventory/dflash-example"):
+        for host, hv in load_hostvars(REPO / inv).items():
+            for variant in (hv, {**copy.deepcopy(hv), "ddtree_speculative": {"algorithm": "none"}}):
+                v = validate_hostvars(host, variant)
+                sizes = plugin.sizes_from_env(service_env(v))
+                assert sizes["algorithm"] == v.plan.algorithm
+                seen.add(v.plan.algorithm)
+                if v.plan.algorithm == "DDTREE":
+                    assert (sizes["draft_tokens_per_req"], sizes["verify_tokens_per_req"]) == (
+                        v.plan.block_size, v.plan.budget + 1)
+    assert {"DDTREE", "DFLASH", "none"} <= seen

@@ -101,8 +101,8 @@ def _note(level: int, msg: str) -> None:
 
 def sizes_from_env(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The sizes the unit passes: ``{"algorithm": str, "draft_tokens_per_req": int,
-    "verify_tokens_per_req": int}`` (tokens per request), or None when the unit passes
-    none (not rendered by ddtree-ops).
+    "verify_tokens_per_req": int}`` (tokens per request; both None when the algorithm is
+    not DDTREE), or None when the unit passes none (not rendered by ddtree-ops).
 
     Raises:
         DDTreeSizeMismatch: a size is present but not a positive integer.
@@ -111,6 +111,8 @@ def sizes_from_env(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     if ENV_DRAFT not in env and ENV_VERIFY not in env:
         return None
     out: dict[str, Any] = {"algorithm": env.get(ENV_ALGORITHM, "").strip() or None}
+    if out["algorithm"] not in (None, DDTREE):  # sizes do not concern the plugin (0 without speculation)
+        return {**out, "draft_tokens_per_req": None, "verify_tokens_per_req": None}
     for key, var in (("draft_tokens_per_req", ENV_DRAFT), ("verify_tokens_per_req", ENV_VERIFY)):
         raw = env.get(var, "")
         try:

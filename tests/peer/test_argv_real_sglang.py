@@ -141,6 +141,8 @@ def test_ddtree_only_flags_match_versions_table(cid, v, parsed, introspection):
     assert unknown == set(src.adds_flags), f"flags unknown to SGLang {base}: {unknown}"
     assert argv[argv.index("--speculative-ddtree-budget") + 1] == str(plan.budget)
     assert plan.verify_tokens_per_req == plan.budget + 1 and plan.draft_tokens_per_req == plan.block_size
+    if not src.sizes_verify_at_budget_plus_one:  # shipped only eager (validator), the plugin's case
+        assert not plan.cuda_graphs
     # the release rejects them: they really are DDTree-only
     r = parsed[cid + "#unstripped"]
     assert not r["ok"] and "unrecognized arguments: --speculative-ddtree-budget" in r["error"], r
