@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Peer tier (tests/peer, real released SGLang): build/reuse its cached venvs and make a
+# missing one a failure. DDTREE_PEER=0 scripts/test.sh leaves the tier to skip instead.
+if [[ ${DDTREE_PEER:-1} == 1 ]]; then
+  bash scripts/peer.sh --venvs
+  export DDTREE_PEER=1
+fi
 trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
 bash scripts/testhost.sh up
 DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -rs "$@"

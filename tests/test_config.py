@@ -37,7 +37,7 @@ def test_capture_list_matches_sglang_fixture():
 def test_capture_list_steps():
     bs = default_capture_bs(300)
     assert bs[:8] == list(range(1, 9))
-    assert 30 in bs and 31 not in bs and 36 in bs and 34 not in bs
+    assert 30 in bs and 31 not in bs and 32 in bs and 36 not in bs and 40 in bs and 44 in bs
     assert 256 in bs and 264 not in bs and 272 in bs and 288 in bs and 300 in bs
     assert default_capture_bs(4, tokens_per_req=3, alignment=2) == [2, 4]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_ops.sim.args import parse_args, spec_capture_bs
+from ddtree_ops.sim.args import SimArgumentError, parse_args, spec_capture_bs
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures" / "sglang"
@@ -183,7 +183,8 @@ def test_graph_flag_dialects() -> None:
     _parse_fails(["--cuda-graph-max-bs", "8"], "0.5.23")
     _parse_fails(["--cuda-graph-bs=8"], "0.5.23")
     _parse_fails(["--speculative-ddtree-budget", "8"], "0.5.23", build="release")
-    _parse_fails(["--speculative-algorithm", "DDTREE"], "0.5.23", build="release")
+    with pytest.raises(SimArgumentError, match="Unknown speculative algorithm name: DDTREE"):
+        parse_args(["--model-path", "m", "--speculative-algorithm", "DDTREE"], version="0.5.23", build="release")
     for version in ("0.5.13", "0.5.16", "0.5.23"):
         assert parse_args(["--model-path", "m", "--disable-cuda-graph"], version=version).capture_bs == []
 

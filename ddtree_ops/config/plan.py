@@ -21,9 +21,12 @@ SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
 def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1) -> list[int]:
     """SGLang's default decode capture list under speculation.
 
-    1..8, then step 2 to 32, step 4 to 64, step 8 to 256, step 16 beyond, plus ``max_bs``,
-    limited to ``max_bs``; a size survives only if ``bs * tokens_per_req`` is a multiple
-    of ``alignment`` (x2 with two-batch overlap, x attention-TP with DP attention).
+    1..8, then step 2 to 32, 40 to 64 step 4 (there is no 36: SGLang's list jumps from
+    32 to 40), step 8 to 256, step 16 beyond, plus ``max_bs``, limited to ``max_bs``; a
+    size survives only if ``bs * tokens_per_req`` is a multiple of ``alignment`` (x2 with
+    two-batch overlap, x attention-TP with DP attention). Source:
+    ``ServerArgs._generate_cuda_graph_batch_sizes`` in ``sglang/srt/server_args.py``
+    (0.5.13.post1; 0.5.23 resolves to the same list, checked by ``tests/peer``).
 
     Args:
         max_bs: largest captured batch size (requests), >= 1.
@@ -37,12 +40,24 @@ def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1)
     sizes = (
         list(range(1, 9))
         + list(range(10, 33, 2))
-        + list(range(36, 65, 4))
+        + list(range(40, 65, 4))
         + list(range(72, 257, 8))
         + list(range(272, max_bs + 1, 16))
     )
     out = sorted({s for s in sizes if s <= max_bs} | {max_bs})
     return [s for s in out if (s * tokens_per_req) % alignment == 0]
+
+
+def default_plain_capture_bs(max_bs: int) -> list[int]:
+    """SGLang's default decode capture list WITHOUT speculation.
+
+    ``1, 2, 4, 8, 12``, then step 8 from 16 to 256, step 16 to 511, step 32 from 512,
+    limited to ``max_bs``, plus ``max_bs`` (requests). Source: the non-speculative branch
+    of ``ServerArgs._generate_cuda_graph_batch_sizes`` (``sglang/srt/server_args.py``;
+    checked against SGLang 0.5.23's resolver by ``tests/peer``).
+    """
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 
 @dataclass(frozen=True)
@@ -146,7 +161,7 @@ def make_plan(d: Deployment) -> Plan:
         else:
             max_bs = srv.cuda_graph_max_bs or max_running
             if max_bs is not None:
-                capture = default_capture_bs(max_bs, verify_tpr) if s.enabled else default_capture_bs(max_bs)
+                capture = default_capture_bs(max_bs, verify_tpr) if s.enabled else default_plain_capture_bs(max_bs)
     return Plan(
         algorithm=alg,
         block_size=block,

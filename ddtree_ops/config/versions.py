@@ -54,10 +54,12 @@ class DDTreeSource:
         dflash_worker: ``v1`` (``DFlashWorker``) or ``v2`` (``DFlashWorkerV2``).
         sizes_verify_at_budget_plus_one: whether the build captures target-verify CUDA
             graphs at ``budget + 1`` tokens per request (False means the 8-vs-33 crash
-            on the first verify when graphs are on).
+            on the first verify when graphs are on, unless ddtree-ops' SGLang plugin,
+            ``ddtree_ops/sglang/plugin.py``, corrects the width).
         adds_algorithms, adds_flags: what the source adds to its base release's parser
-            (``DDTREE``; ``--speculative-ddtree-budget N``). The probe checks every other
-            flag with the base release's own parser.
+            (``DDTREE``; ``--speculative-ddtree-budget N``). The probe and the peer tier
+            check every other flag with the base release's own parser; the peer tier also
+            proves the release rejects these.
     """
 
     key: str

@@ -206,7 +206,10 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--disable-custom-all-reduce", action="store_true")
     a("--enable-nccl-nvls", action="store_true")
     # Speculative decoding
-    a("--speculative-algorithm", type=str, default=None, choices=algorithms_for(ver, build))
+    # No argparse choices, as in SGLang: an unknown name parses and is refused when
+    # ServerArgs resolves it (SpeculativeAlgorithm.from_string: "Unknown speculative
+    # algorithm name"), see parse_args.
+    a("--speculative-algorithm", type=str, default=None)
     a("--speculative-draft-model-path", "--speculative-draft-model", type=str, default=None,
       dest="speculative_draft_model_path")
     a("--speculative-draft-model-revision", type=str, default=None)
@@ -218,17 +221,15 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--speculative-token-map", type=str, default=None)
     a("--speculative-attention-mode", type=str, default="prefill", choices=["prefill", "decode"])
     a("--speculative-draft-attention-backend", type=str, default=None)
-    a("--speculative-use-rejection-sampling", action="store_true")
+    if ver > (0, 5, 13):  # absent in 0.5.13.post1, present in 0.5.23 (tests/peer checks both)
+        a("--speculative-use-rejection-sampling", action="store_true")
     a("--speculative-ngram-max-bfs-breadth", type=int, default=10)
     if ver >= (0, 5, 11):
         a("--speculative-dflash-block-size", type=int, default=None)
         a("--speculative-draft-window-size", type=int, default=None)
-        if ver <= (0, 5, 13):  # unsure which release renamed it: accept both, no warning
+        if ver <= (0, 5, 13):  # 0.5.13.post1 has both names; 0.5.23 only the new one (tests/peer)
             a("--speculative-dflash-draft-window-size", type=int, dest="speculative_draft_window_size",
               help=argparse.SUPPRESS)
-        else:
-            a("--speculative-dflash-draft-window-size", type=int, dest="speculative_draft_window_size",
-              action=_DeprecatedAlias, new_flag="--speculative-draft-window-size", help=argparse.SUPPRESS)
     if build != "release" and ver >= (0, 5, 11):
         a("--speculative-ddtree-budget", type=int, default=None,
           help="DDTree node budget (default block_size - 1); > block_size - 1 is full-tree mode.")
@@ -443,6 +444,10 @@ def parse_args(
 
     # ---- speculative decoding (sglang/srt/arg_groups/speculative_hook.py) ----
     algo = sa["speculative_algorithm"]
+    if algo is not None:
+        algo = sa["speculative_algorithm"] = algo.upper()
+        if algo not in algorithms_for(ver, build):
+            raise SimArgumentError(f"Unknown speculative algorithm name: {sa['speculative_algorithm']}")
     if algo == "NEXTN":
         algo = sa["speculative_algorithm"] = "EAGLE"
     if sa["speculative_draft_model_path"] is not None and sa["speculative_draft_model_revision"] is None:
@@ -496,9 +501,12 @@ def parse_args(
                 "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
                 f"window_size={window}, block_size={block_size}."
             )
-        sa["disable_overlap_schedule"] = True
-        _warn(warnings, "Overlap scheduler is disabled when using %s speculative decoding "
-              "(spec v2 is not supported yet).", algo)
+        if algo == "DDTREE" or ver <= (0, 5, 13):
+            # v1 DFlash worker (<= 0.5.13) and DDTree's own decode loop have no overlap;
+            # DFlashWorkerV2 (0.5.23: resolved disable_overlap_schedule False) has.
+            sa["disable_overlap_schedule"] = True
+            _warn(warnings, "Overlap scheduler is disabled when using %s speculative decoding "
+                  "(spec v2 is not supported yet).", algo)
         sa["enable_mixed_chunk"] = False
         if algo == "DDTREE":
             budget = sa["speculative_ddtree_budget"]
@@ -521,7 +529,7 @@ def parse_args(
                     raise SimArgumentError(
                         f"DDTree full-tree mode requires --page-size 1, got {sa['page_size']}."
                     )
-                if sa["speculative_use_rejection_sampling"]:
+                if sa.get("speculative_use_rejection_sampling"):
                     raise SimArgumentError(
                         "DDTree full-tree mode does not support --speculative-use-rejection-sampling."
                     )
@@ -649,8 +657,9 @@ def parse_args(
         "disable_chunked_prefix_cache": False, "skip_tokenizer_init": sa["skip_tokenizer_init"],
         "sampling_backend": sa["sampling_backend"] or "pytorch",
         "grammar_backend": sa["grammar_backend"] or "xgrammar",
-        "attn_dp_size": sa["dp_size"] if sa["enable_dp_attention"] else 1,
     })
+    if ver > (0, 5, 13):  # a ServerArgs field in 0.5.23, not in 0.5.13.post1
+        sa["attn_dp_size"] = sa["dp_size"] if sa["enable_dp_attention"] else 1
 
     return SimConfig(
         version=version,

@@ -83,14 +83,12 @@ class SimApp:
 
     # ---- views -----------------------------------------------------------------
     def internal_states(self) -> list[dict[str, Any]]:
-        running, waiting = self.engine.load()
+        # Keys the real scheduler's get_internal_state sets (tests/peer/test_sim_honesty.py).
         state: dict[str, Any] = {
             "last_gen_throughput": round(self.engine.last_gen_throughput, 4),
             "memory_usage": {"weight": 15.26, "kvcache": 62.5, "token_capacity": self.cfg.max_total_num_tokens,
                              "graph": 0.45 if self.cfg.cuda_graph_enabled else 0.0},
             "effective_max_running_requests_per_dp": self.cfg.max_running_requests // self.cfg.server_args["dp_size"],
-            "num_running_reqs": running,
-            "num_waiting_reqs": waiting,
         }
         avg = self.engine.avg_spec_accept_length()
         if avg is not None:
