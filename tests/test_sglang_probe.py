@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,18 +119,52 @@ def test_new_dialect_unrecognized_by_old_build(sglang_python):
     assert checks["argv-parses"]["unrecognized"] == ["--cuda-graph-max-bs-decode", "--cuda-graph-bs-decode"]
 
 
-def test_unsized_ddtree_build_without_plugin_is_stopped(sglang_python):
-    """pr-27509 sizes verify graphs from block_size: with graphs on and no plugin the probe
-    fails and names the pin that fixes it (the config allows it with cuda_graph on only via
-    the plugin; here the request is built by hand from the table)."""
+def _ddtree_ops_copy(dest: Path, with_entry_point: bool) -> Path:
+    """A copy of the ddtree_ops package on its own path; with ``with_entry_point`` a
+    dist-info registers our ``sglang.srt.plugins`` entry point there (as the sglang role's
+    ``--no-deps`` install does), without it SGLang would not discover the plugin. (The repo
+    root itself may hold an ``ddtree_ops.egg-info`` from a wheel build, so it is not used.)"""
+    shutil.copytree(REPO / "ddtree_ops", dest / "ddtree_ops", ignore=shutil.ignore_patterns("__pycache__"))
+    if with_entry_point:
+        info = dest / "ddtree_ops-0.0.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ddtree-ops\nVersion: 0.0.0\n")
+        (info / "entry_points.txt").write_text(
+            "[sglang.srt.plugins]\nddtree_ops_verify_graph = ddtree_ops.sglang.plugin:register\n")
+    return dest
+
+
+def _unsized_request() -> dict:
     hv = ddtree_on_release("0.5.13.post1", "sglang-pr-27509")
     req = probe_request(validate_hostvars("h1", hv))
     req.update(needs_verify_sizing=True)  # what a graphs-on deployment asks of this build
-    rc, result = run_probe(sglang_python["0.5.13.post1"], req)
+    return req
+
+
+def test_unsized_ddtree_build_without_plugin_is_stopped(sglang_python, tmp_path, monkeypatch):
+    """pr-27509 sizes verify graphs from block_size: with graphs on and no plugin the probe
+    fails and names the pin that fixes it (the config allows it with cuda_graph on only via
+    the plugin; here the request is built by hand from the table)."""
+    monkeypatch.setenv("PYTHONPATH", str(_ddtree_ops_copy(tmp_path, with_entry_point=False)))
+    monkeypatch.chdir(tmp_path)  # `python -m` puts the cwd on sys.path
+    rc, result = run_probe(sglang_python["0.5.13.post1"], _unsized_request())
     checks = {c["name"]: c for c in result["checks"]}
     assert rc == 1 and not checks["verify-graph-sizing"]["ok"]
     assert "sglang-pr-29907" in checks["verify-graph-sizing"]["detail"]
     assert "plugin" in checks["verify-graph-sizing"]["detail"]
+    assert checks["plugin"]["detail"].startswith("not installed")
+
+
+def test_unsized_ddtree_build_with_plugin_installed_passes(sglang_python, tmp_path, monkeypatch):
+    """The same build with our entry point discoverable: the plugin resizes, the probe says so."""
+    monkeypatch.setenv("PYTHONPATH", str(_ddtree_ops_copy(tmp_path, with_entry_point=True)))
+    monkeypatch.chdir(tmp_path)
+    rc, result = run_probe(sglang_python["0.5.13.post1"], _unsized_request())
+    checks = {c["name"]: c for c in result["checks"]}
+    assert checks["verify-graph-sizing"]["ok"], checks["verify-graph-sizing"]
+    assert "plugin resizes" in checks["verify-graph-sizing"]["detail"]
+    assert checks["plugin"]["detail"].startswith("installed")
+    assert "would hook 2 width function(s)" in checks["plugin"]["detail"]
 
 
 def test_cli_probe_sglang_json(sglang_python):
