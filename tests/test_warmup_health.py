@@ -306,3 +306,27 @@ def test_unit_is_active_only_after_health_and_warmup():
     hv["ddtree_service"] = {"start_timeout_s": 900}
     unit2 = next(f.content for f in render_host(validate_hostvars("h1", hv)) if f.path.endswith(".service"))
     assert "TimeoutStartSec=2160" in unit2 and "--deadline 1200 " in unit2
+
+
+def test_warmup_and_health_take_the_deployment_from_the_inventory(deployed, tmp_path, capsys):
+    """``-i INVENTORY -l HOST``: URL (ansible_host + port), plan and defaults from the inventory."""
+    import yaml
+
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    hv["ddtree_model"] = {**hv["ddtree_model"], "vision": True, "vision_min_pixels": MIN_PIXELS}
+    hv["ddtree_server"]["port"] = deployed["sim"].port
+    hv["ddtree_ops"] = {"health_failures": 2, "warmup_deadline_s": 120}
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "sglang_servers.yml").write_text(yaml.safe_dump(hv))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(
+        {"all": {"children": {"sglang_servers": {"hosts": {"h1": {"ansible_host": "127.0.0.1"}}}}}}))
+    rc = main(["warmup", "-i", str(tmp_path), "-l", "h1", "--json", "--long-prompt-words", "50"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert out["url"] == deployed["sim"].base
+    assert [r["batch_size"] for r in out["report"]["results"]] == deployed["doc"]["plan"]["capture_bs"] + [1]
+    rc = main(["health", "-i", str(tmp_path), "-l", "h1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {c["name"] for c in out["checks"]} >= {"drift", "progress"}, out
+    assert main(["health", "-i", str(tmp_path), "-l", "nohost"]) == 2
