@@ -178,66 +178,154 @@ def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) 
         raise CheckFailed()
 
 
-@app.command()
-def health(url: Annotated[str, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000")],
-           timeout: Annotated[float, typer.Option(help="Seconds per probe (>= 3: /health generates a token).")] = 5.0,
-           wait: Annotated[float, typer.Option(help="Poll until healthy for up to this many seconds (0: one round).")] = 0.0,
-           as_json: JsonOpt = False) -> None:
-    """Liveness and readiness of a running server, and its acceptance length."""
-    from .ops.health import check_health, wait_ready
+def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) -> tuple[dict | None, str | None]:
+    """The deployed plan document and its default URL, from ``--plan`` or ``-i/-l`` (one host).
 
-    _url(url)
-    _positive("--timeout", timeout, 300)
-    _positive("--wait", wait, zero_ok=True)
-    checks = wait_ready(url, wait, timeout) if wait > 0 else check_health(url, timeout)
-    _print_checks([c.as_dict() for c in checks], as_json)
-
-
-@app.command()
-def warmup(url: Annotated[str, typer.Argument(help="Server base URL.")],
-           plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (capture list).")] = None,
-           batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of --plan.")] = None,
-           deadline: Annotated[float, typer.Option(help="Seconds for the whole warmup.")] = 600.0,
-           max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
-           as_json: JsonOpt = False) -> None:
-    """Drive the server through every captured batch size (concurrency = batch size)."""
-    from .ops.warmup import WarmupError
-    from .ops.warmup import warmup as run_warmup
-
-    _url(url)
-    _positive("--deadline", deadline)
-    if not 1 <= max_new_tokens <= 1 << 20:
-        raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
-    if batch_sizes is not None:
+    Returns ``(None, None)`` when neither is given. Raises ``typer.BadParameter`` (exit 2)
+    for an unreadable plan.json or a pattern that does not name exactly one host, and
+    ``ConfigError`` for an invalid inventory.
+    """
+    if plan_file is not None and inventory is not None:
+        raise typer.BadParameter("give --plan or --inventory, not both")
+    if plan_file is not None:
         try:
-            sizes = [int(x) for x in batch_sizes.split(",")]
-        except ValueError:
-            raise typer.BadParameter(f"--batch-sizes {batch_sizes!r}: comma-separated integers, e.g. 1,2,4,8") from None
-    elif plan_file:
-        try:
-            sizes = json.loads(plan_file.read_text())["plan"]["capture_bs"] or [1]
+            doc = json.loads(plan_file.read_text())
+            if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict) or not isinstance(doc.get("deployment"), dict):
+                raise TypeError("no plan and deployment objects")
+            sizes = doc["plan"].get("capture_bs")
             if not isinstance(sizes, list) or not all(type(x) is int for x in sizes):
                 raise TypeError("plan.capture_bs is not a list of integers")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc})") from None
-    else:
-        sizes = [1]
-    if not sizes or any(not 1 <= x <= 4096 for x in sizes):
-        raise typer.BadParameter(f"batch sizes {sizes}: each must be 1..4096")
+        except (OSError, ValueError, TypeError) as exc:
+            raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc}); "
+                                     "use the host's /etc/ddtree-ops/<name>/plan.json") from None
+        return doc, doc.get("url")
+    if inventory is not None:
+        from .render.files import plan_document
+
+        validated = _require_valid(inventory, limit)
+        if len(validated) != 1:
+            names = ", ".join(v.deployment.host for v in validated) or "none"
+            raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
+        d = validated[0].deployment
+        return plan_document(validated[0]), f"http://{d.ops.scrape_host or d.address or d.host}:{d.server.port}"
+    return None, None
+
+
+def _target(url: str | None, default: str | None) -> str:
+    if url is None:
+        if default is None:
+            raise typer.BadParameter("give the server URL, or --plan / --inventory to take it from the deployment")
+        url = default
+    return _url(url)
+
+
+PlanOpt = Annotated[Path | None, typer.Option("--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")]
+DeployInvOpt = Annotated[str | None, typer.Option("--inventory", "-i", help="Take the deployment from this inventory (with -l HOST).")]
+UrlArg = Annotated[str | None, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000 (default: from --plan/--inventory).")]
+
+
+@app.command()
+def health(url: UrlArg = None,
+           timeout: Annotated[float | None, typer.Option(help="Seconds per probe (>= 3: /health generates a token). Default: ddtree_ops.health_timeout_s, else 5.")] = None,
+           failures: Annotated[int | None, typer.Option(help="Consecutive failed probes before a check fails. Default: ddtree_ops.health_failures, else 3.")] = None,
+           interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
+           progress_window: Annotated[float, typer.Option(help="Seconds between two /metrics samples of the progress check.")] = 2.0,
+           wait: Annotated[float, typer.Option(help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round).")] = 0.0,
+           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None,
+           warm_marker: Annotated[Path | None, typer.Option("--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json).")] = None,
+           as_json: JsonOpt = False) -> None:
+    """Liveness, readiness and deep checks (drift from the deployed config, progress).
+
+    Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
+    Exit 0 healthy, 1 a check failed, 2 usage or configuration error.
+    """
+    from .ops.health import HealthOptions, bound_s, check_health, wait_ready
+
+    doc, default_url = _deployed(plan_file, inventory, limit)
+    target = _target(url, default_url)
+    ops = (doc or {}).get("deployment", {}).get("ops", {}) if doc else {}
+    timeout = _positive("--timeout", timeout if timeout is not None else float(ops.get("health_timeout_s", 5.0)), 300)
+    failures = failures if failures is not None else int(ops.get("health_failures", 3))
+    if not 1 <= failures <= 1000:
+        raise typer.BadParameter(f"--failures {failures}: must be 1..1000")
+    _positive("--interval", interval, 3600, zero_ok=True)
+    _positive("--progress-window", progress_window, 3600)
+    _positive("--wait", wait, zero_ok=True)
+    o = HealthOptions(timeout=timeout, failures=failures, interval_s=interval, progress_window_s=progress_window,
+                      plan_doc=doc, warm_marker=warm_marker)
+    checks = wait_ready(target, wait, options=o) if wait > 0 else check_health(target, options=o)
+    _print_checks([c.as_dict() for c in checks], as_json, {"url": target, "bound_s": round(bound_s(o) + wait, 3)})
+
+
+@app.command()
+def warmup(url: UrlArg = None,
+           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None,
+           batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")] = None,
+           deadline: Annotated[float | None, typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600.")] = None,
+           max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
+           long_prompt_words: Annotated[int, typer.Option(help="Words of the long prompt (capped by the context length).")] = 1024,
+           marker: Annotated[Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")] = None,
+           as_json: JsonOpt = False) -> None:
+    """Drive the server through every captured batch size (concurrency = batch size),
+    short and long prompts, greedy and sampled, and an image for vision models."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .ops.warmup import WarmupError, WarmupPlan, warmup_plan, write_marker
+    from .ops.warmup import warmup as run_warmup
+
+    doc, default_url = _deployed(plan_file, inventory, limit)
+    target = _target(url, default_url)
+    ops = doc["deployment"].get("ops", {}) if doc else {}
+    deadline = _positive("--deadline", deadline if deadline is not None else float(ops.get("warmup_deadline_s", 600)))
+    if not 1 <= max_new_tokens <= 1 << 20:
+        raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
+    if not 1 <= long_prompt_words <= 1 << 20:
+        raise typer.BadParameter(f"--long-prompt-words {long_prompt_words}: must be 1..{1 << 20}")
+    try:
+        wp = warmup_plan(doc) if doc else WarmupPlan([1], "default: no plan given")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise typer.BadParameter(f"--plan: not a plan.json rendered by ddtree-ops ({exc})") from None
+    if batch_sizes is not None:
+        try:
+            sizes = sorted({int(x) for x in batch_sizes.split(",")})
+        except ValueError:
+            raise typer.BadParameter(f"--batch-sizes {batch_sizes!r}: comma-separated integers, e.g. 1,2,4,8") from None
+        wp = WarmupPlan(sizes, "--batch-sizes", wp.vision_min_pixels, wp.context_length)
+    if not wp.batch_sizes or any(not 1 <= x <= 4096 for x in wp.batch_sizes):
+        raise typer.BadParameter(f"batch sizes {wp.batch_sizes}: each must be 1..4096")
+
+    steps = len(wp.batch_sizes) + (1 if wp.vision_min_pixels else 0)
+    bar = Progress(TextColumn("warmup"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                   TimeElapsedColumn(), console=err, disable=as_json, transient=False)
+    task = bar.add_task("", total=steps)
 
     def progress(r) -> None:
+        what = f"bs={r.batch_size}" if r.kind == "text" else "vision"
+        bar.update(task, advance=1, description=f"{what} {r.latency_s:.2f} s")
         if not as_json:
-            out.print(f"bs={r.batch_size:<4} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
-                      f"accept_length={r.accept_length if r.accept_length is not None else '-'}", highlight=False)
+            bar.console.print(f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
+                              f"accept_length={r.accept_length if r.accept_length is not None else '-'}", highlight=False)
 
+    if not as_json:
+        say(out, "batch sizes", "bold", f"{wp.batch_sizes} ({wp.source})"
+            + (f"; vision image >= {wp.vision_min_pixels} pixels" if wp.vision_min_pixels else ""))
     try:
-        report = run_warmup(url, sizes, deadline, max_new_tokens, progress)
+        with bar:
+            report = run_warmup(target, wp, deadline, max_new_tokens, progress, long_prompt_words)
     except WarmupError as exc:
-        _print_checks([{"name": "warmup", "ok": False, "detail": str(exc)}], as_json)
+        _print_checks([{"name": "warmup", "ok": False, "detail": f"warmup failed: {exc}"}], as_json, {"url": target})
         return
+    if marker is not None:
+        try:
+            write_marker(marker, report)
+        except OSError as exc:
+            _print_checks([{"name": "warmup", "ok": False, "detail": f"warmed, but cannot write --marker {marker}: "
+                            f"{exc.strerror or exc}"}], as_json, {"url": target})
+            return
     _print_checks([{"name": "warmup", "ok": True,
-                    "detail": f"{len(report.results)} batch sizes in {report.elapsed_s:.2f} s"}],
-                  as_json, {"report": report.as_dict()})
+                    "detail": f"{len(report.results)} steps ({len(wp.batch_sizes)} batch sizes"
+                              f"{' + vision' if wp.vision_min_pixels else ''}) in {report.elapsed_s:.2f} s"}],
+                  as_json, {"url": target, "report": report.as_dict()})
 
 
 @app.command("probe-sglang")

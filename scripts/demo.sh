@@ -26,12 +26,15 @@ step "systemd on the test host"
 bash scripts/testhost.sh ssh ddt-th1 systemctl --no-pager status ddtree-sglang.service | head -n 12
 printf 'is-active: '; bash scripts/testhost.sh ssh ddt-th1 systemctl is-active ddtree-sglang.service
 
-step "Warmup over every captured batch size of the plan"
+step "The unit became active only after its own warmup (ExecStartPost) covered the plan"
+bash scripts/testhost.sh ssh ddt-th1 "journalctl -u ddtree-sglang.service -b --no-pager -o cat | grep -E 'batch sizes|warmup:' | tail -n 2"
+
+step "Warmup over every captured batch size of the plan (from the controller)"
 plan=$(mktemp); trap 'rm -f "$plan"' EXIT
 bash scripts/testhost.sh ssh ddt-th1 cat /etc/ddtree-ops/sglang/plan.json >"$plan"
 ddtree-ops warmup "http://$addr:30000" --plan "$plan" --deadline 120
 
-step "Health and acceptance length"
-ddtree-ops health "http://$addr:30000"
+step "Health: liveness, readiness, drift from the deployed plan, progress, acceptance length"
+ddtree-ops health "http://$addr:30000" --plan "$plan"
 echo
 echo "The test host stays up: scripts/testhost.sh ssh ddt-th1 | scripts/testhost.sh down"

@@ -116,7 +116,7 @@ def test_rendered_files(hostvars):
     directives = [line.split("=")[0] for line in unit.splitlines() if "=" in line and not line.startswith("#")]
     assert "ProtectSystem" in directives and "PrivateDevices" not in directives
     assert "MemoryDenyWriteExecute" not in directives
-    assert "StartLimitBurst=3" in unit and "TimeoutStartSec=3600" in unit and "LimitMEMLOCK=infinity" in unit
+    assert "StartLimitBurst=3" in unit and "TimeoutStartSec=4260" in unit and "LimitMEMLOCK=infinity" in unit
     env = files["/etc/ddtree-ops/sglang/sglang.env"].content
     assert "DDTREE_OPS_VERIFY_TOKENS_PER_REQ=33" in env and "hf_secret" not in env
     secret = files["/etc/ddtree-ops/sglang/secrets.env"]

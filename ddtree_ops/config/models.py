@@ -240,12 +240,19 @@ class ModelSpec(_Model):
         served_model_name: name reported to clients (``--served-model-name``).
         trust_remote_code: pass ``--trust-remote-code``.
         context_length: tokens; unset means the model's own.
+        vision: the model takes images (warmup then sends one, to pay the vision tower's
+            first-use cost before the unit is active).
+        vision_min_pixels: smallest image (width x height, pixels) the model's image
+            processor accepts; default 3136 = 56 x 56, Qwen2-VL's ``min_pixels``. Set it
+            from the model's ``preprocessor_config.json`` (``min_pixels``).
     """
 
     path: ArgText
     served_model_name: ArgText | None = None
     trust_remote_code: bool = False
     context_length: Tokens | None = None
+    vision: bool = False
+    vision_min_pixels: _bounded(1, 1 << 26) = 3136
 
 
 class Speculative(_Model):
@@ -345,7 +352,9 @@ class Service(_Model):
         config_dir, state_dir, cache_dir: defaults ``/etc/ddtree-ops/<name>``,
             ``/var/lib/ddtree-ops/<name>``, ``/var/cache/ddtree-ops/<name>``; the cache dir
             holds per-instance HF, Triton, DeepGEMM and FlashInfer caches that survive restarts.
-        start_timeout_s: seconds systemd allows for model load + graph capture + warmup.
+        start_timeout_s: seconds allowed for model load + graph capture (until ``/health``
+            answers 200); the unit's ``TimeoutStartSec`` adds ``ddtree_ops.warmup_deadline_s``
+            and a margin (:func:`ddtree_ops.render.files.timeout_start_s`).
         restart_sec: seconds between restarts after a failure.
         start_limit_burst, start_limit_interval_s: at most ``burst`` starts per interval,
             so a crash cannot loop forever.
@@ -403,6 +412,16 @@ class Service(_Model):
     def cache_path(self) -> str:
         return self.cache_dir or f"/var/cache/ddtree-ops/{self.name}"
 
+    @property
+    def runtime_path(self) -> str:
+        """The unit's ``RuntimeDirectory`` (systemd removes it whenever the unit stops)."""
+        return f"/run/ddtree-ops/{self.name}"
+
+    @property
+    def warm_marker_path(self) -> str:
+        """Written by the unit's warmup when it succeeds; gone after any stop or crash."""
+        return f"{self.runtime_path}/warm.json"
+
 
 class Ops(_Model):
     """Health checks and exporter.
@@ -412,6 +431,7 @@ class Ops(_Model):
             ~1 s, so under 3 s flaps.
         health_failures: consecutive failed probes before "unhealthy".
         ready_timeout_s: how long a deploy waits for the service to answer 200.
+        warmup_deadline_s: bound on the warmup the unit runs before it is active, seconds.
         exporter_port: port of ``ddtree-ops exporter``.
         scrape_host: address Prometheus uses for this host (default: ``ansible_host``, else the inventory name).
         accept_length_floor: alert when acceptance length stays below this.
@@ -420,6 +440,7 @@ class Ops(_Model):
     health_timeout_s: Seconds = 5.0
     health_failures: _bounded(1, 1000) = 3
     ready_timeout_s: _bounded(1, 86400) = 3600
+    warmup_deadline_s: _bounded(10, 86400) = 600
     exporter_port: Port = 9400
     scrape_host: ArgText | None = None
     accept_length_floor: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=1024, allow_inf_nan=False)] = 1.5

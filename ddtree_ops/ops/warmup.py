@@ -1,107 +1,329 @@
-"""Warm a server over every captured batch size.
+"""Warm a server over every batch size it will run.
 
-For each batch size ``bs`` of the plan's capture list, ``bs`` concurrent ``/generate``
-requests run (so the scheduler forms a batch of that size), a short greedy one and a
-sampled one. The report records, per batch size, wall latency (seconds), generated tokens
-and the mean ``meta_info.spec_accept_length``.
+What runs (``ddtree-ops warmup``, and the unit's ``ExecStartPost`` before it is "active"):
+
+* **Batch sizes** (:func:`warmup_batch_sizes`): the plan's captured CUDA-graph batch sizes
+  (``plan.capture_bs``). With graphs off (or a capture list SGLang decides at run time),
+  powers of two up to ``max_running_requests`` plus ``max_running_requests`` itself
+  (``cuda_graph_max_bs`` if that is unset, else 1, 2, 4, 8): every power of two is a
+  distinct kernel shape bucket for JIT-compiled attention/GEMM kernels.
+* For each batch size ``bs``, two rounds of ``bs`` concurrent ``/generate`` requests (so
+  the scheduler forms a decode batch of that size): a **greedy** round (temperature 0) and
+  a **sampled** round (temperature 0.7); requests alternate a **short** and a **long**
+  prompt (``long_prompt_words`` words, a multi-chunk prefill), so that even ``bs = 1``
+  sees both.
+* For a **vision** model (``ddtree_model.vision``), one ``/v1/chat/completions`` request
+  with a PNG image of at least ``vision_min_pixels`` pixels (made in-process by
+  :func:`make_png`, stdlib ``zlib`` only), after the text batches.
+
+The report records, per batch size, wall latency (seconds, both rounds), generated
+tokens and the mean ``meta_info.spec_accept_length`` (tokens per verify pass, bonus
+included; ``None`` without speculation). Everything is bounded by one deadline; any
+failed request (connection lost, server crashed, HTTP error) stops the warmup with a
+:class:`WarmupError` naming the batch size and round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import math
+import os
+import struct
+import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-PROMPTS = (
-    "Explain speculative decoding in one paragraph.",
+SHORT_PROMPT = "Explain speculative decoding in one paragraph."
+LONG_PARAGRAPH = (
     "Write a Python function that checks whether a number is prime, then explain its complexity "
-    "and how you would test it with property-based tests and edge cases.",
+    "and how you would test it with property-based tests and edge cases. Consider negative numbers, "
+    "zero, one, two, large primes, Carmichael numbers and the cost of trial division versus Miller-Rabin."
 )
+DEFAULT_LONG_PROMPT_WORDS = 1024
+"""Words in the long prompt (a real tokenizer makes ~1.3 tokens of each): several prefill chunks."""
+
+EAGER_FALLBACK_BS = [1, 2, 4, 8]
+TEMPERATURES = (("greedy", 0.0), ("sampled", 0.7))
 
 
 class WarmupError(Exception):
-    """A warmup request failed (server down, crashed or answered an error)."""
+    """A warmup request failed (server down, crashed or answered an error) or the deadline passed."""
 
 
 @dataclass
 class BatchResult:
+    """One batch size's warmup.
+
+    Attributes:
+        batch_size: concurrent requests per round (``0`` is never used; vision uses 1).
+        kind: ``text`` or ``vision``.
+        requests: requests sent (both rounds).
+        latency_s: wall seconds of all rounds of this batch size.
+        round_latency_s: wall seconds per round (``greedy``, ``sampled``; ``vision``).
+        prompt_tokens, completion_tokens: summed over the requests, as the server counted them.
+        accept_length: mean ``meta_info.spec_accept_length`` of the requests that report one.
+    """
+
     batch_size: int
     latency_s: float
     completion_tokens: int
     accept_length: float | None
+    kind: str = "text"
+    requests: int = 0
+    prompt_tokens: int = 0
+    round_latency_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class WarmupReport:
+    """The whole warmup (``--json``'s ``report``; also the warm marker's content)."""
+
     url: str
     batch_sizes: list[int]
+    batch_sizes_source: str = ""
     results: list[BatchResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+    finished_at: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-async def _one(client: httpx.AsyncClient, prompt: str, max_new_tokens: int, temperature: float) -> dict:
+@dataclass(frozen=True)
+class WarmupPlan:
+    """What to warm: batch sizes (and why), prompt bounds and the vision input.
+
+    Attributes:
+        batch_sizes: sorted, distinct, each >= 1.
+        source: one line saying where the sizes come from.
+        vision_min_pixels: send an image of at least this many pixels; None for text-only.
+        context_length: the model's context (tokens) if the deployment states it.
+    """
+
+    batch_sizes: list[int]
+    source: str
+    vision_min_pixels: int | None = None
+    context_length: int | None = None
+
+
+def _powers_up_to(limit: int) -> list[int]:
+    sizes, x = [], 1
+    while x < limit:
+        sizes.append(x)
+        x *= 2
+    return sorted(set(sizes) | {limit})
+
+
+def warmup_batch_sizes(plan: dict[str, Any]) -> tuple[list[int], str]:
+    """Batch sizes to warm for a plan (``plan.json``'s ``plan`` object).
+
+    Returns:
+        ``(sizes, source)``: ``plan.capture_bs`` when graphs are captured; otherwise powers
+        of two up to ``max_running_requests`` (or ``cuda_graph_max_bs``) plus that limit,
+        or ``[1, 2, 4, 8]`` when SGLang decides the limit from memory.
+    """
+    capture = plan.get("capture_bs") or []
+    if plan.get("cuda_graphs") and capture:
+        return sorted(set(capture)), f"plan.capture_bs: the {len(set(capture))} captured CUDA-graph batch sizes"
+    why = "CUDA graphs off (eager)" if not plan.get("cuda_graphs") else "capture list decided by SGLang"
+    for key in ("max_running_requests", "cuda_graph_max_bs"):
+        limit = plan.get(key)
+        if isinstance(limit, int) and limit >= 1:
+            limit = min(limit, 4096)
+            return _powers_up_to(limit), f"{why}: powers of two up to {key}={limit}, plus {limit}"
+    return list(EAGER_FALLBACK_BS), f"{why}, no max_running_requests: {EAGER_FALLBACK_BS}"
+
+
+def warmup_plan(plan_doc: dict[str, Any]) -> WarmupPlan:
+    """A :class:`WarmupPlan` from a host's ``plan.json`` document.
+
+    Raises:
+        KeyError, TypeError: not a plan document (``deployment`` and ``plan`` objects).
+    """
+    plan, model = plan_doc["plan"], plan_doc["deployment"]["model"]
+    sizes, source = warmup_batch_sizes(plan)
+    min_px = model.get("vision_min_pixels") if model.get("vision") else None
+    return WarmupPlan(sizes, source, int(min_px) if min_px else None, model.get("context_length"))
+
+
+# ---------------------------------------------------------------- images
+def make_png(width: int, height: int) -> bytes:
+    """An RGB PNG (8 bits per channel, a colour gradient) built with the stdlib only.
+
+    Args:
+        width, height: pixels, each 1..16384.
+
+    Returns:
+        The PNG file's bytes (signature, IHDR, one zlib IDAT, IEND; PNG spec ISO/IEC 15948).
+    """
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise ValueError(f"image size {width}x{height}: each side must be 1..16384")
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)  # filter: none
+        g = (y * 255) // max(1, height - 1)
+        for x in range(width):
+            rows += bytes(((x * 255) // max(1, width - 1), g, (x ^ y) & 0xFF))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b"")
+
+
+def image_side(min_pixels: int, patch: int = 28) -> int:
+    """Side (pixels) of a square image with at least ``min_pixels`` pixels, rounded up to a
+    multiple of ``patch`` (ViT patch 14 x spatial merge 2, as Qwen-VL's ``smart_resize``)."""
+    side = max(patch, math.isqrt(max(1, min_pixels - 1)) + 1)
+    return -(-side // patch) * patch
+
+
+def image_data_url(min_pixels: int) -> tuple[str, int, int]:
+    """``(data URL, width, height)`` of a PNG with at least ``min_pixels`` pixels."""
+    side = image_side(min_pixels)
+    return "data:image/png;base64," + base64.b64encode(make_png(side, side)).decode(), side, side
+
+
+# ---------------------------------------------------------------- requests
+def long_prompt(words: int) -> str:
+    """A prompt of exactly ``words`` whitespace-separated words (>= 1)."""
+    base = LONG_PARAGRAPH.split()
+    return " ".join(base[i % len(base)] for i in range(max(1, words)))
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str) -> dict:
     try:
-        r = await client.post("/generate", json={
-            "text": prompt,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature},
-        })
+        r = await client.post(path, json=body)
     except httpx.HTTPError as exc:
-        raise WarmupError(f"/generate failed: {type(exc).__name__}: {exc}") from exc
+        raise WarmupError(f"{where}: {path} failed: {type(exc).__name__}: {exc or 'connection lost'} "
+                          "(server crashed, restarted or unreachable)") from exc
     if r.status_code != 200:
-        raise WarmupError(f"/generate answered HTTP {r.status_code}: {r.text[:200]}")
-    return r.json()
+        raise WarmupError(f"{where}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
+    try:
+        return r.json()
+    except ValueError:
+        raise WarmupError(f"{where}: {path} answered non-JSON: {r.text[:200]}") from None
 
 
-async def _batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int) -> BatchResult:
+async def _gather(jobs: list) -> list[dict]:
+    outs = await asyncio.gather(*jobs, return_exceptions=True)
+    for o in outs:
+        if isinstance(o, BaseException):
+            raise o
+    return outs  # type: ignore[return-value]
+
+
+async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, long_text: str) -> BatchResult:
     t0 = time.monotonic()
-    jobs = [_one(client, PROMPTS[i % 2], max_new_tokens, 0.0 if i % 2 == 0 else 0.7) for i in range(bs)]
-    outs = await asyncio.gather(*jobs)
-    lat = time.monotonic() - t0
-    metas = [o.get("meta_info", {}) for o in outs]
-    tokens = sum(int(m.get("completion_tokens", 0)) for m in metas)
+    metas: list[dict] = []
+    rounds: dict[str, float] = {}
+    for r_i, (name, temp) in enumerate(TEMPERATURES):
+        where = f"batch size {bs} ({name} round)"
+        tr = time.monotonic()
+        jobs = [_post(client, "/generate", {
+            "text": long_text if (i + r_i) % 2 else SHORT_PROMPT,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temp,
+                                "ignore_eos": True},
+        }, where) for i in range(bs)]
+        outs = await _gather(jobs)
+        rounds[name] = round(time.monotonic() - tr, 4)
+        metas += [o.get("meta_info", {}) if isinstance(o, dict) else {} for o in outs]
     als = [float(m["spec_accept_length"]) for m in metas if m.get("spec_accept_length") is not None]
-    return BatchResult(bs, round(lat, 4), tokens, round(sum(als) / len(als), 3) if als else None)
+    return BatchResult(
+        batch_size=bs, kind="text", requests=len(metas), latency_s=round(time.monotonic() - t0, 4),
+        round_latency_s=rounds,
+        prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in metas),
+        completion_tokens=sum(int(m.get("completion_tokens", 0)) for m in metas),
+        accept_length=round(sum(als) / len(als), 3) if als else None,
+    )
 
 
-async def _run(url: str, batch_sizes: list[int], deadline_s: float, max_new_tokens: int,
-               on_progress: Callable[[BatchResult], None] | None) -> WarmupReport:
-    report = WarmupReport(url, batch_sizes)
+async def _vision(client: httpx.AsyncClient, min_pixels: int, max_new_tokens: int) -> BatchResult:
+    url, w, h = image_data_url(min_pixels)
     t0 = time.monotonic()
-    limits = httpx.Limits(max_connections=max(batch_sizes or [1]) + 4)
+    out = await _post(client, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "Describe this image in one sentence."},
+        ]}],
+        "max_tokens": max_new_tokens, "temperature": 0.0,
+    }, f"vision ({w}x{h} image)")
+    lat = round(time.monotonic() - t0, 4)
+    usage = out.get("usage") or {}
+    return BatchResult(batch_size=1, kind="vision", requests=1, latency_s=lat, round_latency_s={"vision": lat},
+                       prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                       completion_tokens=int(usage.get("completion_tokens", 0)), accept_length=None)
+
+
+async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int, long_prompt_words: int,
+               on_progress: Callable[[BatchResult], None] | None) -> WarmupReport:
+    report = WarmupReport(url, list(wp.batch_sizes), wp.source)
+    t0 = time.monotonic()
+    words = long_prompt_words
+    if wp.context_length:  # leave room for the answer (words ~ tokens, conservatively)
+        words = max(1, min(words, (wp.context_length - max_new_tokens) // 2))
+    long_text = long_prompt(words)
+    limits = httpx.Limits(max_connections=max(wp.batch_sizes or [1]) + 4)
+    steps: list[tuple[str, int]] = [("text", bs) for bs in wp.batch_sizes]
+    if wp.vision_min_pixels:
+        steps.append(("vision", 1))
     async with httpx.AsyncClient(base_url=url, timeout=deadline_s, limits=limits) as client:
-        for bs in batch_sizes:
+        for kind, bs in steps:
             left = deadline_s - (time.monotonic() - t0)
+            what = f"batch size {bs}" if kind == "text" else "the vision request"
             if left <= 0:
-                raise WarmupError(f"deadline of {deadline_s:g} s passed before batch size {bs}")
+                raise WarmupError(f"deadline of {deadline_s:g} s passed before {what}")
+            coro = (_text_batch(client, bs, max_new_tokens, long_text) if kind == "text"
+                    else _vision(client, wp.vision_min_pixels or 1, max_new_tokens))
             try:
-                res = await asyncio.wait_for(_batch(client, bs, max_new_tokens), timeout=left)
+                res = await asyncio.wait_for(coro, timeout=left)
             except asyncio.TimeoutError:
-                raise WarmupError(f"deadline of {deadline_s:g} s passed during batch size {bs}") from None
+                raise WarmupError(f"deadline of {deadline_s:g} s passed during {what}") from None
             report.results.append(res)
             if on_progress:
                 on_progress(res)
     report.elapsed_s = round(time.monotonic() - t0, 3)
+    report.finished_at = round(time.time(), 3)
     return report
 
 
-def warmup(url: str, batch_sizes: list[int], deadline_s: float = 600.0, max_new_tokens: int = 32,
-           on_progress: Callable[[BatchResult], None] | None = None) -> WarmupReport:
-    """Drive ``url`` through every batch size, in order.
+def warmup(url: str, batch_sizes: list[int] | WarmupPlan, deadline_s: float = 600.0, max_new_tokens: int = 32,
+           on_progress: Callable[[BatchResult], None] | None = None,
+           long_prompt_words: int = DEFAULT_LONG_PROMPT_WORDS) -> WarmupReport:
+    """Drive ``url`` through every batch size, in order (then the vision request, if any).
 
     Args:
         url: server base URL.
-        batch_sizes: requests per batch, e.g. the plan's ``capture_bs``.
+        batch_sizes: a :class:`WarmupPlan`, or plain batch sizes (text only).
         deadline_s: bound on the whole warmup, seconds.
-        max_new_tokens: tokens generated per request.
+        max_new_tokens: tokens generated per request (``ignore_eos``: exactly this many).
         on_progress: called after each batch size.
+        long_prompt_words: words of the long prompt (capped by the context length).
 
     Raises:
-        WarmupError: a request failed or the deadline passed.
+        WarmupError: a request failed (names the batch size and round) or the deadline passed.
     """
-    return asyncio.run(_run(url, list(batch_sizes), deadline_s, max_new_tokens, on_progress))
+    wp = batch_sizes if isinstance(batch_sizes, WarmupPlan) else WarmupPlan(list(batch_sizes), "given")
+    return asyncio.run(_run(url, wp, deadline_s, max_new_tokens, long_prompt_words, on_progress))
+
+
+def write_marker(path: Path, report: WarmupReport) -> None:
+    """Write the warm marker (the report as JSON) atomically: readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".warm-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report.as_dict(), f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

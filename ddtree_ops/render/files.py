@@ -111,6 +111,8 @@ def service_env(v: Validated) -> dict[str, str]:
     if d.sglang.source == "simulator":
         env["SGLANG_SIM_VERSION"] = d.sglang.base_version
         env["SGLANG_SIM_BUILD"] = d.sglang.simulated_build or ("ddtree" if d.sglang.ddtree_source else "release")
+        if d.model.vision:
+            env["SGLANG_SIM_VISION_MIN_PIXELS"] = str(d.model.vision_min_pixels)
     env.update(d.service.env)
     return env
 
@@ -125,10 +127,45 @@ def plan_document(v: Validated) -> dict:
         "url": f"http://127.0.0.1:{d.server.port}",
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
-                  "sglang_venv": d.service.sglang_venv_path},
+                  "sglang_venv": d.service.sglang_venv_path,
+                  "warm_marker": d.service.warm_marker_path},
         "deployment": d.model_dump(mode="json", exclude={"hf_token"}),
         "plan": v.plan.as_dict(),
     }
+
+
+START_MARGIN_S = 60
+"""Seconds ``TimeoutStartSec`` adds on top of load and warmup (process start, probe timeouts)."""
+
+
+def timeout_start_s(v: Validated) -> int:
+    """``TimeoutStartSec`` of the unit, seconds: it covers ``ExecStart`` and every
+    ``ExecStartPost`` (systemd.service(5)), i.e. load + capture (``start_timeout_s``), the
+    warmup (``warmup_deadline_s``) and :data:`START_MARGIN_S`."""
+    d = v.deployment
+    return d.service.start_timeout_s + d.ops.warmup_deadline_s + START_MARGIN_S
+
+
+def ready_commands(v: Validated) -> list[list[str]]:
+    """The unit's ``ExecStartPost`` argvs, run in order; the unit is "active" only when all
+    succeed, and a failure fails the start (``Restart=`` then applies):
+
+    1. ``ddtree-ops health --wait start_timeout_s --plan plan.json``: SGLang answers
+       ``/health`` 200 and runs the deployed settings (no drift);
+    2. ``ddtree-ops warmup --plan plan.json --marker warm.json``: every batch size of the
+       plan, bounded by ``warmup_deadline_s``; writes the warm marker in the unit's
+       ``RuntimeDirectory`` when it succeeds.
+    """
+    d, svc = v.deployment, v.deployment.service
+    url = f"http://127.0.0.1:{d.server.port}"
+    py = [f"{svc.venv}/bin/python", "-m", "ddtree_ops"]
+    plan_json = f"{svc.config_path}/plan.json"
+    return [
+        [*py, "health", url, "--wait", str(svc.start_timeout_s), "--timeout", str(d.ops.health_timeout_s),
+         "--plan", plan_json],
+        [*py, "warmup", url, "--plan", plan_json, "--deadline", str(d.ops.warmup_deadline_s),
+         "--marker", svc.warm_marker_path],
+    ]
 
 
 def render_host(v: Validated) -> list[RenderedFile]:
@@ -144,8 +181,6 @@ def render_host(v: Validated) -> list[RenderedFile]:
     env_file, secrets_file = f"{cfg}/{svc.name}.env", f"{cfg}/secrets.env"
     jenv = _env()
     argv = build_argv(d, p)
-    ready = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "health", f"http://127.0.0.1:{d.server.port}",
-             "--wait", str(svc.start_timeout_s), "--timeout", str(d.ops.health_timeout_s)]
     ctx = {
         "managed": MANAGED,
         "host": d.host,
@@ -159,7 +194,9 @@ def render_host(v: Validated) -> list[RenderedFile]:
         "env_file": env_file,
         "secrets_file": secrets_file,
         "exec_start": systemd_exec(argv),
-        "exec_ready": systemd_exec(ready),
+        "exec_ready": [systemd_exec(c) for c in ready_commands(v)],
+        "timeout_start_s": timeout_start_s(v),
+        "runtime_dir": svc.runtime_path.removeprefix("/run/"),
     }
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),

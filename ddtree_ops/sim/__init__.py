@@ -22,7 +22,8 @@ What it imitates (see ``args``, ``engine``, ``server``):
 * startup: port closed while "loading weights", HTTP 503 while "warming", then 200.
 * endpoints: /health, /health_generate, /server_info, /get_server_info, /model_info,
   /v1/models, /generate, /v1/chat/completions, /v1/completions, /flush_cache,
-  /metrics (only with --enable-metrics), plus the test-double controls under /_sim/.
+  /metrics (only with --enable-metrics), plus the test-double controls under /_sim/
+  (``/_sim/accept_length``, ``/_sim/state``, fault injection ``/_sim/fault``).
 * decoding: verify passes over the running batch, accepting ``accept_length`` tokens
   per request per pass; ``avg_spec_accept_length`` and ``sglang:`` metrics.
 * the graph-size crash: a verify batch whose tokens-per-request differs from the width
@@ -43,6 +44,9 @@ Environment (all optional):
 ``SGLANG_SIM_GPU_ARCH``        (none)     ``sm_103``: DDTree budget > 8 with graphs dies in
                                           capture (illegal memory access)
 =============================  =========  ==================================================
+
+``SGLANG_SIM_VISION_MIN_PIXELS`` (unset: a text-only model): the model takes images
+(PNG data URLs) of at least this many pixels.
 
 It deliberately shares no code with ``ddtree_ops.config``/``render``: it is an
 independent double of SGLang, so tests of our planning code against it are not

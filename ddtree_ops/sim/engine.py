@@ -127,6 +127,7 @@ class Engine:
         self.verify_passes = 0
         self.graph_passes = 0
         self.eager_passes = 0
+        self.frozen = False  # test-double fault (/_sim/fault {"freeze": true}): no forward pass makes progress
         self._thread: threading.Thread | None = None
 
     # ---- control -------------------------------------------------------------
@@ -191,6 +192,11 @@ class Engine:
                     admit.append(self.waiting.popleft())
                 n_waiting = len(self.waiting)
             self._set_load_gauges(len(self.running) + len(admit), n_waiting)
+            if self.frozen:  # a hung GPU: requests are admitted and counted, no token comes out
+                with self.cv:
+                    self.running.extend(admit)
+                time.sleep(self.step_seconds)
+                continue
             if admit:
                 self._prefill(admit)
             else:

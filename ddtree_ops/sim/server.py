@@ -18,14 +18,27 @@ Endpoints (JSON shapes as SGLang):
   ``stream``), ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` too).
 * ``POST|GET /flush_cache``; ``GET /metrics`` only with ``--enable-metrics`` (else 404).
 * Test-double controls: ``POST /_sim/accept_length {"value": float|null}``,
-  ``GET /_sim/state``.
+  ``GET /_sim/state``, and fault injection ``POST /_sim/fault`` with any of
+  ``{"health_hang": bool}`` (``/health`` never answers), ``{"health_503": n}`` (the next
+  ``n`` ``/health`` probes answer 503, as SGLang's after its 20 s timeout under a long
+  prefill), ``{"freeze": bool}`` (the scheduler admits requests but no forward pass makes
+  progress: counters stop while ``/health`` still answers 200).
+
+Images (multimodal models): ``/generate`` takes ``image_data`` (one image, a list, or a
+list per prompt) and ``/v1/chat/completions`` takes ``image_url`` content parts; an image
+is a ``data:image/png;base64,...`` URL or bare base64 PNG. The simulated model
+understands images only when ``SGLANG_SIM_VISION_MIN_PIXELS`` is set; smaller images,
+undecodable images or images sent to a text-only model answer 400.
 """
 
 from __future__ import annotations
 
 import contextlib
+import base64
+import binascii
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -80,6 +93,35 @@ class SimApp:
         self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", 0.05)
         self.started = time.time()
         self.version = cfg.version
+        min_px = os.environ.get("SGLANG_SIM_VISION_MIN_PIXELS")
+        self.vision_min_pixels = int(min_px) if min_px else None
+        # test-double faults, set through POST /_sim/fault
+        self.health_hang = False
+        self.health_503 = 0
+        self._fault_lock = threading.Lock()
+
+    def take_health_503(self) -> bool:
+        with self._fault_lock:
+            if self.health_503 > 0:
+                self.health_503 -= 1
+                return True
+            return False
+
+    def image_tokens(self, images: list[Any]) -> int:
+        """Prompt tokens of ``images`` (one per 28x28 patch); ValueError (HTTP 400) for a
+        text-only model, an undecodable image or one below the model's minimum pixels."""
+        if not images:
+            return 0
+        if self.vision_min_pixels is None:
+            raise ValueError("this model does not support image input (no image understanding)")
+        tokens = 0
+        for img in images:
+            w, h = _png_size(img)
+            if w * h < self.vision_min_pixels:
+                raise ValueError(f"image {w}x{h} = {w * h} pixels is below the model's minimum of "
+                                 f"{self.vision_min_pixels} pixels")
+            tokens += math.ceil(w * h / (28 * 28))
+        return tokens
 
     # ---- views -----------------------------------------------------------------
     def internal_states(self) -> list[dict[str, Any]]:
@@ -129,6 +171,9 @@ class SimApp:
             "graph_passes": self.engine.graph_passes,
             "eager_passes": self.engine.eager_passes,
             "warnings": cfg.warnings,
+            "faults": {"health_hang": self.health_hang, "health_503": self.health_503,
+                       "freeze": self.engine.frozen},
+            "vision_min_pixels": self.vision_min_pixels,
         }
 
     def model_info(self) -> dict[str, Any]:
@@ -139,7 +184,7 @@ class SimApp:
             "is_generation": not sa["is_embedding"],
             "preferred_sampling_params": None,
             "weight_version": "default",
-            "has_image_understanding": False,
+            "has_image_understanding": self.vision_min_pixels is not None,
             "has_audio_understanding": False,
             "model_type": "simulated",
             "architectures": ["SimulatedForCausalLM"],
@@ -261,7 +306,11 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(401, "Unauthorized")
             if method == "GET":
                 if path in ("/health", "/health_generate"):
+                    while app.health_hang:  # fault: the 1-token generation never returns
+                        time.sleep(0.05)
                     time.sleep(app.health_seconds)
+                    if app.take_health_503():
+                        return self._send(503, b"")
                     return self._send(200, b"")
                 if path == "/ready" and parse_version(app.version) >= (0, 5, 20):
                     return self._send(200, b"")
@@ -311,6 +360,21 @@ class Handler(BaseHTTPRequestHandler):
             logger.info("[test double] accept length forced to %s", effective)
             return self._json(200, {"accept_length": effective, "forced": value is not None,
                                     "max_accept_length": app.cfg.max_accept_length})
+        if path == "/_sim/fault" and method == "POST":
+            body = self._body()
+            unknown = set(body) - {"health_hang", "health_503", "freeze"}
+            if unknown or not body:
+                return self._error(400, f'unknown fault {sorted(unknown)}; expected any of '
+                                        '{"health_hang": bool, "health_503": int, "freeze": bool}')
+            if "health_hang" in body:
+                app.health_hang = bool(body["health_hang"])
+            if "health_503" in body:
+                with app._fault_lock:
+                    app.health_503 = max(0, int(body["health_503"]))
+            if "freeze" in body:
+                app.engine.frozen = bool(body["freeze"])
+            logger.info("[test double] faults now %s", app.sim_state()["faults"])
+            return self._json(200, app.sim_state()["faults"])
         return self._send(404, b'{"detail":"Not Found"}')
 
     # ---- /generate ------------------------------------------------------------------------
@@ -323,12 +387,16 @@ class Handler(BaseHTTPRequestHandler):
         if text is None and ids is None:
             raise ValueError("Either text or input_ids should be provided.")
         batch = isinstance(text, list) or (ids is not None and ids and isinstance(ids[0], list))
+        n = len(text) if isinstance(text, list) else len(ids) if batch else 1
+        images = _images_per_prompt(body.get("image_data"), n, batch)
+        img_tokens = [app.image_tokens(imgs) for imgs in images]
         if text is not None:
             prompts = text if isinstance(text, list) else [text]
-            reqs = [app.new_request(count_tokens(t), max_new, t) for t in prompts]
+            reqs = [app.new_request(count_tokens(t) + img_tokens[i], max_new, t) for i, t in enumerate(prompts)]
         else:
             id_lists = ids if batch else [ids]
-            reqs = [app.new_request(max(1, len(x)), max_new, json.dumps(x)) for x in id_lists]
+            reqs = [app.new_request(max(1, len(x)) + img_tokens[i], max_new, json.dumps(x))
+                    for i, x in enumerate(id_lists)]
         spec = app.cfg.speculative
         if body.get("stream"):
             self._start_stream()
@@ -356,20 +424,27 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(msgs, list) or not msgs:
                 raise ValueError("messages must be a non-empty list")
             parts = []
+            images: list[Any] = []
             for m in msgs:
                 c = m.get("content")
                 if isinstance(c, list):
+                    for p in c:
+                        if isinstance(p, dict) and p.get("type") == "image_url":
+                            iu = p.get("image_url")
+                            images.append(iu.get("url") if isinstance(iu, dict) else iu)
                     c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
                 parts.append(str(c or ""))
             prompt = "\n".join(parts)
+            image_tokens = app.image_tokens(images)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list):
                 prompt = " ".join(map(str, prompt))
             if not prompt:
                 raise ValueError("prompt is required")
+            image_tokens = 0
         max_new = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
-        req = app.new_request(count_tokens(prompt), int(max_new), prompt)
+        req = app.new_request(count_tokens(prompt) + image_tokens, int(max_new), prompt)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         model = body.get("model") or app.cfg.model_name
@@ -412,6 +487,36 @@ class Handler(BaseHTTPRequestHandler):
                       "prompt_tokens_details": {"cached_tokens": req.cached_tokens}},
             "metadata": {"weight_version": "default"},
         })
+
+
+def _images_per_prompt(image_data: Any, n: int, batch: bool) -> list[list[Any]]:
+    """``image_data`` of ``/generate`` as one list of images per prompt (SGLang's shapes:
+    one image, a list of images for a single prompt, or a list per prompt in a batch)."""
+    if image_data is None:
+        return [[] for _ in range(n)]
+    if not batch:
+        return [image_data if isinstance(image_data, list) else [image_data]]
+    if not isinstance(image_data, list) or len(image_data) != n:
+        raise ValueError(f"image_data must be a list with one entry per prompt ({n})")
+    return [x if isinstance(x, list) else [] if x is None else [x] for x in image_data]
+
+
+def _png_size(image: Any) -> tuple[int, int]:
+    """(width, height) of a PNG given as a ``data:`` URL or bare base64 (ValueError otherwise)."""
+    if isinstance(image, dict):  # {"url": ...} as some clients send
+        image = image.get("url")
+    if not isinstance(image, str) or not image:
+        raise ValueError("an image must be a data URL or base64 string")
+    if image.startswith(("http://", "https://")):
+        raise ValueError("the simulator has no network: send images as data:image/png;base64,... URLs")
+    payload = image.split(",", 1)[1] if image.startswith("data:") else image
+    try:
+        raw = base64.b64decode(payload[:64], validate=False)
+    except (binascii.Error, ValueError):
+        raise ValueError("image is not valid base64") from None
+    if raw[:8] != b"\x89PNG\r\n\x1a\n" or raw[12:16] != b"IHDR":
+        raise ValueError("the simulator decodes PNG images only")
+    return int.from_bytes(raw[16:20], "big"), int.from_bytes(raw[20:24], "big")
 
 
 def _install_signal_handlers() -> None:

@@ -1,0 +1,332 @@
+"""Warmup and health (``ddtree_ops.ops.warmup``, ``ddtree_ops.ops.health``) against the SGLang
+simulator on loopback (free ports), started with the argv our renderer builds; faults come
+from the simulator's ``/_sim/fault`` controls."""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+import threading
+import time
+import zlib
+
+import httpx
+import pytest
+
+from ddtree_ops.cli import main
+from ddtree_ops.config.load import validate_hostvars
+from ddtree_ops.ops.health import CHECK_NAMES, HealthOptions, bound_s, check_health
+from ddtree_ops.ops.warmup import (
+    WarmupError,
+    image_data_url,
+    image_side,
+    make_png,
+    warmup,
+    warmup_batch_sizes,
+    warmup_plan,
+)
+from ddtree_ops.render.argv import build_argv
+from ddtree_ops.render.files import plan_document, render_host
+from helpers import base_hostvars
+from test_sim import Sim, http, post_json
+
+MIN_PIXELS = 3136
+
+
+def _validated(budget: int = 32, vision: bool = True, **server):
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    hv["ddtree_speculative"]["budget"] = budget
+    hv["ddtree_server"].update(server)
+    if vision:
+        hv["ddtree_model"] = {**hv["ddtree_model"], "vision": True, "vision_min_pixels": MIN_PIXELS}
+    return validate_hostvars("h1", hv)
+
+
+def _launch(v) -> list[str]:
+    argv = build_argv(v.deployment, v.plan)
+    launch = argv[argv.index("--model-path"):]
+    i = launch.index("--port")  # the Sim helper picks a free port
+    del launch[i:i + 2]
+    return launch
+
+
+def _fault(sim: Sim, **faults) -> None:
+    post_json(sim.base + "/_sim/fault", faults)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A vision DDTree deployment (block 8, budget 32, 16 requests) served by the simulator."""
+    tmp = tmp_path_factory.mktemp("warm")
+    v = _validated()
+    sim = Sim(tmp, _launch(v), env={"SGLANG_SIM_VISION_MIN_PIXELS": str(MIN_PIXELS)})
+    sim.wait_ready()
+    plan_json = tmp / "plan.json"
+    plan_json.write_text(json.dumps(plan_document(v)))
+    yield {"sim": sim, "doc": plan_document(v), "plan_json": plan_json, "tmp": tmp}
+    sim.stop()
+
+
+@pytest.fixture
+def sim(deployed):
+    yield deployed["sim"]
+    _fault(deployed["sim"], health_hang=False, health_503=0, freeze=False)
+
+
+# ------------------------------------------------------------------ pure parts
+def test_batch_sizes_are_the_capture_list_or_an_eager_ladder():
+    assert warmup_batch_sizes({"cuda_graphs": True, "capture_bs": [1, 2, 4, 8, 16]})[0] == [1, 2, 4, 8, 16]
+    sizes, why = warmup_batch_sizes({"cuda_graphs": False, "capture_bs": [], "max_running_requests": 48})
+    assert sizes == [1, 2, 4, 8, 16, 32, 48] and "powers of two" in why and "48" in why
+    assert warmup_batch_sizes({"cuda_graphs": False, "capture_bs": [], "max_running_requests": None,
+                               "cuda_graph_max_bs": None})[0] == [1, 2, 4, 8]
+    v = _validated(vision=False, cuda_graph=False)   # eager deployment: 16 requests
+    assert warmup_plan(plan_document(v)).batch_sizes == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("min_pixels", [1, 3136, 3137, 200_704])
+def test_generated_png_is_valid_and_large_enough(min_pixels):
+    side = image_side(min_pixels)
+    assert side * side >= min_pixels and side % 28 == 0
+    png = make_png(side, side)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, seen = 8, b"", []
+    while pos < len(png):
+        (n,) = struct.unpack(">I", png[pos:pos + 4])
+        kind, data = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", png[pos + 8 + n:pos + 12 + n])
+        assert crc == zlib.crc32(kind + data) & 0xFFFFFFFF
+        seen.append(kind)
+        idat += data if kind == b"IDAT" else b""
+        pos += 12 + n
+    assert seen == [b"IHDR", b"IDAT", b"IEND"]
+    w, h = struct.unpack(">II", png[16:24])
+    assert (w, h) == (side, side)
+    assert len(zlib.decompress(idat)) == h * (1 + 3 * w)   # filter byte + RGB per row
+
+
+# ------------------------------------------------------------------ warmup
+def test_warmup_covers_every_batch_size_of_the_plan(deployed, capsys):
+    marker = deployed["tmp"] / "run" / "warm.json"
+    rc = main(["warmup", deployed["sim"].base, "--plan", str(deployed["plan_json"]), "--json",
+               "--marker", str(marker), "--long-prompt-words", "300"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    report = out["report"]
+    capture = deployed["doc"]["plan"]["capture_bs"]
+    text = [r for r in report["results"] if r["kind"] == "text"]
+    assert [r["batch_size"] for r in text] == capture == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
+    for r in text:
+        assert r["requests"] == 2 * r["batch_size"]                 # greedy round + sampled round
+        assert set(r["round_latency_s"]) == {"greedy", "sampled"}
+        assert r["completion_tokens"] == 2 * r["batch_size"] * 32
+        assert r["accept_length"] > 1                               # meta_info.spec_accept_length
+        assert r["prompt_tokens"] >= 300                            # the long prompt went in
+    vision = [r for r in report["results"] if r["kind"] == "vision"]
+    assert len(vision) == 1 and vision[0]["completion_tokens"] > 0
+    assert vision[0]["prompt_tokens"] >= MIN_PIXELS // (28 * 28)    # the image's patch tokens counted
+    assert json.loads(marker.read_text())["batch_sizes"] == capture
+
+
+def test_simulator_refuses_images_below_the_minimum_and_text_only_models(deployed):
+    url, w, h = image_data_url(MIN_PIXELS)
+    ok = post_json(deployed["sim"].base + "/generate", {"text": "<image> describe", "image_data": url,
+                                                        "sampling_params": {"max_new_tokens": 4}})
+    assert ok["meta_info"]["prompt_tokens"] >= 2 + (w * h) // 784
+    small = "data:image/png;base64," + __import__("base64").b64encode(make_png(20, 20)).decode()
+    status, body = http("POST", deployed["sim"].base + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": small}}, {"type": "text", "text": "hi"}]}]})
+    assert status == 400 and b"below the model's minimum" in body
+
+
+def test_warmup_fails_loudly_when_the_server_is_killed(tmp_path, capsys):
+    v = _validated(vision=False)
+    s = Sim(tmp_path, _launch(v), env={"SGLANG_SIM_STEP_SECONDS": "0.02"})
+    s.wait_ready()
+    done = []
+
+    def kill_after_two(res):
+        done.append(res.batch_size)
+        if len(done) == 2:
+            s.proc.kill()
+
+    try:
+        with pytest.raises(WarmupError, match=r"batch size 3 \(greedy round\).*(crashed|connection)"):
+            warmup(s.base, [1, 2, 3, 4], deadline_s=30, on_progress=kill_after_two)
+        assert done == [1, 2]
+        rc = main(["warmup", s.base, "--batch-sizes", "1,2", "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 1 and out["checks"][0]["name"] == "warmup" and not out["checks"][0]["ok"]
+        assert "batch size 1" in out["checks"][0]["detail"]
+    finally:
+        s.stop()
+
+
+def test_warmup_is_bounded_by_its_deadline(sim, capsys):
+    _fault(sim, freeze=True)
+    t0 = time.monotonic()
+    rc = main(["warmup", sim.base, "--batch-sizes", "1,2", "--deadline", "1.5", "--json"])
+    elapsed = time.monotonic() - t0
+    detail = json.loads(capsys.readouterr().out)["checks"][0]["detail"]
+    assert rc == 1 and "deadline of 1.5 s passed during batch size 1" in detail
+    assert elapsed < 4
+    _fault(sim, freeze=False)
+
+
+# ------------------------------------------------------------------ health
+def test_health_passes_with_the_deep_check(deployed, sim, capsys):
+    rc = main(["health", "--plan", str(deployed["plan_json"]), sim.base, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    names = [c["name"] for c in out["checks"]]
+    assert names == ["reachable", "ready", "drift", "progress", "accept_length"]
+    assert set(names) <= set(CHECK_NAMES) and all(c["ok"] for c in out["checks"])
+    assert "match the deployed config" in out["checks"][2]["detail"]
+
+
+def test_single_503_is_not_unhealthy(deployed, sim):
+    _fault(sim, health_503=1)
+    checks = {c.name: c for c in check_health(sim.base, options=HealthOptions(timeout=3, failures=3, interval_s=0.1))}
+    assert checks["ready"].ok and "after 1 failed" in checks["ready"].detail and "503" in checks["ready"].detail
+    _fault(sim, health_503=3)  # three in a row with failures=3: unhealthy
+    checks = {c.name: c for c in check_health(sim.base, options=HealthOptions(timeout=3, failures=3, interval_s=0.1))}
+    assert not checks["ready"].ok and "3 consecutive" in checks["ready"].detail
+
+
+def test_hanging_health_times_out_within_its_bound(sim, capsys):
+    _fault(sim, health_hang=True)
+    t0 = time.monotonic()
+    rc = main(["health", sim.base, "--timeout", "3", "--failures", "2", "--interval", "0.5", "--json"])
+    elapsed = time.monotonic() - t0
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    checks = {c["name"]: c for c in out["checks"]}
+    assert checks["reachable"]["ok"] and not checks["ready"]["ok"] and "timed out after 3 s" in checks["ready"]["detail"]
+    assert 6 <= elapsed < 2 * (3 + 0.5) + 2, elapsed          # two probes of 3 s, then done
+    assert elapsed < out["bound_s"]
+
+
+def test_200_while_counters_frozen_and_requests_queue_is_unhealthy(deployed, sim, capsys):
+    _fault(sim, freeze=True)
+    errors: list[Exception] = []
+
+    def client() -> None:
+        try:
+            httpx.post(sim.base + "/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 4}},
+                       timeout=60)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(20)]  # 16 run, 4 queue
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    assert http("GET", sim.base + "/health")[0] == 200
+    rc = main(["health", sim.base, "--plan", str(deployed["plan_json"]), "--failures", "2",
+               "--progress-window", "0.5", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in out["checks"]}
+    assert rc == 1 and checks["ready"]["ok"] and not checks["progress"]["ok"]
+    assert "16 running, 4 queued" in checks["progress"]["detail"]
+    _fault(sim, freeze=False)
+    for t in threads:
+        t.join(30)
+    assert not errors
+    # the same requests, moving: healthy
+    threads = [threading.Thread(target=client) for _ in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    checks = {c.name: c for c in check_health(sim.base, options=HealthOptions(timeout=3, failures=2, progress_window_s=0.3))}
+    assert checks["progress"].ok, checks["progress"]
+    for t in threads:
+        t.join(30)
+
+
+def test_drift_is_unhealthy_and_names_the_setting(tmp_path, capsys):
+    running = _validated(budget=16, vision=False)     # the server runs budget 16 ...
+    deployed_doc = plan_document(_validated(budget=32, vision=False))   # ... the host's plan says 32
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(deployed_doc))
+    s = Sim(tmp_path, _launch(running))
+    s.wait_ready()
+    try:
+        rc = main(["health", s.base, "--plan", str(plan), "--json"])
+        out = json.loads(capsys.readouterr().out)
+        drift = {c["name"]: c for c in out["checks"]}["drift"]
+        assert rc == 1 and not drift["ok"]
+        assert "budget: deployed 32, running 16 (server_info.speculative_ddtree_budget)" in drift["detail"]
+    finally:
+        s.stop()
+
+
+def test_warm_marker_check(deployed, sim, tmp_path):
+    o = HealthOptions(timeout=3, failures=1, warm_marker=tmp_path / "warm.json")
+    assert {c.name: c for c in check_health(sim.base, options=o)}["warm"].ok is False
+    rep = warmup(sim.base, [1], deadline_s=30)
+    from ddtree_ops.ops.warmup import write_marker
+    write_marker(tmp_path / "warm.json", rep)
+    assert {c.name: c for c in check_health(sim.base, options=o)}["warm"].ok is True
+
+
+def test_health_down_server_fails_fast_and_bound_is_documented():
+    o = HealthOptions(timeout=1, failures=2, interval_s=0.1)
+    t0 = time.monotonic()
+    checks = check_health("http://127.0.0.1:9", options=o)
+    assert [c.name for c in checks] == ["reachable"] and not checks[0].ok
+    assert time.monotonic() - t0 < bound_s(o)
+
+
+def test_health_usage_errors_exit_2(capsys, tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text("{}")
+    assert main(["health", "--plan", str(bad)]) == 2
+    assert main(["health"]) == 2                                  # no URL and no deployment
+    assert main(["health", "http://127.0.0.1:9", "--failures", "0"]) == 2
+    assert main(["warmup", "http://127.0.0.1:9", "--plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not a plan.json rendered by ddtree-ops" in err and "Traceback" not in err
+
+
+def test_unit_is_active_only_after_health_and_warmup():
+    v = _validated(vision=False)
+    unit = next(f.content for f in render_host(v) if f.path.endswith(".service"))
+    posts = [line for line in unit.splitlines() if line.startswith("ExecStartPost=")]
+    assert len(posts) == 2
+    assert " health http://127.0.0.1:30000 --wait 3600 " in posts[0] and "--plan /etc/ddtree-ops/sglang/plan.json" in posts[0]
+    assert " warmup http://127.0.0.1:30000 --plan /etc/ddtree-ops/sglang/plan.json --deadline 600 " in posts[1]
+    assert "--marker /run/ddtree-ops/sglang/warm.json" in posts[1]
+    assert "RuntimeDirectory=ddtree-ops/sglang" in unit
+    d = v.deployment
+    assert f"TimeoutStartSec={d.service.start_timeout_s + d.ops.warmup_deadline_s + 60}" in unit
+    hv = copy.deepcopy(base_hostvars())
+    hv["ddtree_ops"] = {"warmup_deadline_s": 1200}
+    hv["ddtree_service"] = {"start_timeout_s": 900}
+    unit2 = next(f.content for f in render_host(validate_hostvars("h1", hv)) if f.path.endswith(".service"))
+    assert "TimeoutStartSec=2160" in unit2 and "--deadline 1200 " in unit2
+
+
+def test_warmup_and_health_take_the_deployment_from_the_inventory(deployed, tmp_path, capsys):
+    """``-i INVENTORY -l HOST``: URL (ansible_host + port), plan and defaults from the inventory."""
+    import yaml
+
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    hv["ddtree_model"] = {**hv["ddtree_model"], "vision": True, "vision_min_pixels": MIN_PIXELS}
+    hv["ddtree_server"]["port"] = deployed["sim"].port
+    hv["ddtree_ops"] = {"health_failures": 2, "warmup_deadline_s": 120}
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "sglang_servers.yml").write_text(yaml.safe_dump(hv))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(
+        {"all": {"children": {"sglang_servers": {"hosts": {"h1": {"ansible_host": "127.0.0.1"}}}}}}))
+    rc = main(["warmup", "-i", str(tmp_path), "-l", "h1", "--json", "--long-prompt-words", "50"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert out["url"] == deployed["sim"].base
+    assert [r["batch_size"] for r in out["report"]["results"]] == deployed["doc"]["plan"]["capture_bs"] + [1]
+    rc = main(["health", "-i", str(tmp_path), "-l", "h1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {c["name"] for c in out["checks"]} >= {"drift", "progress"}, out
+    assert main(["health", "-i", str(tmp_path), "-l", "nohost"]) == 2
