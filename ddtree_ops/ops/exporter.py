@@ -99,6 +99,17 @@ class Identity:
     health_timeout_s: float
 
 
+def _sglang_version(pin: dict[str, Any]) -> str:
+    """The release the deployed build is based on (``SGLangPin.base_version``: a DDTree
+    source's base release, else the pinned or default version)."""
+    from ..config.models import SGLangPin
+
+    try:
+        return SGLangPin.model_validate(pin).base_version
+    except ValueError:
+        return str(pin.get("version") or "")
+
+
 def identity_from_plan(doc: dict[str, Any]) -> Identity:
     """Labels and sizes from a plan document (:func:`ddtree_ops.render.files.plan_document`).
 
@@ -113,8 +124,7 @@ def identity_from_plan(doc: dict[str, Any]) -> Identity:
             return "" if v is None else str(v)
 
         info = (s(p["algorithm"]), s(p.get("budget")), s(p.get("block_size")), s(p.get("verify_tokens_per_req")),
-                s(p.get("draft_tokens_per_req")), s(d["server"]["tp_size"]),
-                s(d["sglang"].get("version")))
+                s(p.get("draft_tokens_per_req")), s(d["server"]["tp_size"]), _sglang_version(d["sglang"]))
         ops = d.get("ops") or {}
         return Identity(labels=(str(doc["host"]), str(doc["host_class"]), str(model)), info=info,
                         floor=float(ops.get("accept_length_floor", 1.5)), speculative=p["algorithm"] != "none",
