@@ -121,8 +121,8 @@ def alert_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": "{{ $labels.host }}: the ddtree-ops exporter is not scraped",
-                "runbook": "systemctl status ddtree-exporter-<service> on the host; check the exporter port "
-                           "(ddtree_ops.exporter_port) is reachable from Prometheus.",
+                "runbook": "systemctl status ddtree-{{ $labels.service }}-exporter.service on {{ $labels.host }}; "
+                           "check that the exporter port (ddtree_ops.exporter_port) is reachable from Prometheus.",
             },
         },
         {
