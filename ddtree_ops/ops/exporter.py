@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -50,7 +51,6 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from .drift import compared_settings, find_drift
@@ -71,7 +71,6 @@ METRIC_NAMES = (
 GEN_TOKENS = "sglang:generation_tokens_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
 SGLANG_ACCEPT = "sglang:spec_accept_length"
-_FAMILIES = frozenset({GEN_TOKENS, VERIFY_CALLS, GEN_TOKENS[:-6], VERIFY_CALLS[:-6], SGLANG_ACCEPT})
 
 
 class PlanError(ValueError):
@@ -166,26 +165,27 @@ def _sum_lowest_rank(samples: list[tuple[dict[str, str], float]]) -> float | Non
     return sum(v for lab, v in samples if lab.get("tp_rank", "") == lowest)
 
 
+_SAMPLE = re.compile(
+    r'^(sglang:(?:generation_tokens_total|spec_verify_calls_total|spec_accept_length))'
+    r'(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)', re.M)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
 def parse_upstream(text: str) -> tuple[float | None, float | None, float | None]:
     """``(generation_tokens_total, spec_verify_calls_total, spec_accept_length)`` of an
-    SGLang ``/metrics`` text; None for what is not exposed.
+    SGLang ``/metrics`` text (Prometheus text format); None for what is not exposed.
+
+    Only the three families are read, with one compiled regular expression over the text
+    (a full parse of 8 TP ranks of SGLang's families costs ~100 ms of CPU per poll).
 
     Raises:
-        ValueError: not Prometheus text format.
+        ValueError: a matched sample's value is not a number.
     """
-    gen: list[tuple[dict[str, str], float]] = []
-    verify: list[tuple[dict[str, str], float]] = []
-    accept: list[tuple[dict[str, str], float]] = []
-    for fam in text_string_to_metric_families(text):
-        if fam.name not in _FAMILIES:
-            continue
-        for s in fam.samples:
-            if s.name == GEN_TOKENS:
-                gen.append((s.labels, s.value))
-            elif s.name == VERIFY_CALLS:
-                verify.append((s.labels, s.value))
-            elif s.name == SGLANG_ACCEPT:
-                accept.append((s.labels, s.value))
+    found: dict[str, list[tuple[dict[str, str], float]]] = {GEN_TOKENS: [], VERIFY_CALLS: [], SGLANG_ACCEPT: []}
+    for m in _SAMPLE.finditer(text):
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        found[m.group(1)].append((labels, float(m.group(3))))
+    gen, verify, accept = found[GEN_TOKENS], found[VERIFY_CALLS], found[SGLANG_ACCEPT]
     g = sum(v for _, v in gen) if gen else None  # tokenizer side: one series per is_streaming
     acc = [v for _, v in accept if not math.isnan(v)]
     return g, _sum_lowest_rank(verify), (sum(acc) / len(acc) if acc else None)
