@@ -341,3 +341,27 @@ def test_real_prometheus_sees_accept_length_and_fires_the_collapse_alert(tmp_pat
         if exp is not None:
             exp.stop(join_timeout=2)
         sim.stop()
+
+
+def test_cli_render_writes_monitoring_files_and_exporter_unit(tmp_path) -> None:
+    from ddtree_ops.cli import main
+    from helpers import REPO
+
+    assert main(["render", "--out", str(tmp_path), "-i", str(REPO / "inventory" / "test")]) == 0
+    unit = (tmp_path / "ddt-th1/etc/systemd/system/ddtree-sglang-exporter.service").read_text()
+    assert ("ExecStart=/opt/ddtree-ops/venv/bin/python -m ddtree_ops exporter --plan /etc/ddtree-ops/sglang/plan.json "
+            "--upstream http://127.0.0.1:30000 --listen 0.0.0.0:9400") in unit
+    assert "User=sglang" in unit and "ProtectSystem=strict" in unit and "NoNewPrivileges=yes" in unit
+    prom = tmp_path / "prometheus"
+    cfg = yaml.safe_load((prom / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    assert jobs["ddtree_exporter"]["static_configs"][0]["targets"] == ["10.213.1.2:9400"]
+    assert jobs["sglang"]["static_configs"][0]["targets"] == ["10.213.1.2:30000"]
+    assert cfg["rule_files"] == ["/etc/prometheus/ddtree-rules.yml"]
+    # promtool resolves rule_files: point it at the rendered rules file
+    local = tmp_path / "prom-local.yml"
+    local.write_text((prom / "prometheus.yml").read_text().replace("/etc/prometheus/ddtree-rules.yml",
+                                                                   str(prom / "ddtree-rules.yml")))
+    r = subprocess.run(["promtool", "check", "config", str(local)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "7 rules found" in r.stdout, r.stdout + r.stderr
+    assert json.loads((prom / "ddtree-dashboard.json").read_text())["uid"] == "ddtree-ops"
