@@ -5,6 +5,8 @@ Runs on the controller only. Options:
 
 * ``secrets`` (bool, default false): return only the secret files (run the task with
   ``no_log: true``); otherwise return every non-secret file.
+* ``component`` (str, default ``service``): which files: ``service`` (SGLang unit, env,
+  plan.json, secrets) or ``exporter`` (the exporter unit, for the ddtree_exporter role).
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
@@ -40,7 +42,8 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="invalid deployment config:\n" + str(exc),
                           findings=[f.as_dict() for f in exc.findings])
             return result
-        files = [f for f in render_host(validated) if f.secret == want_secrets]
+        component = self._task.args.get("component", "service")
+        files = [f for f in render_host(validated) if f.secret == want_secrets and f.component == component]
         doc = plan_document(validated)
         result.update(
             changed=False,
@@ -48,6 +51,7 @@ class ActionModule(ActionBase):
             plan=validated.plan.as_dict(),
             unit=doc["unit"],
             url=doc["url"],
+            exporter_unit=next((f.path.rsplit("/", 1)[1] for f in files if f.component == "exporter"), None),
             paths=doc["paths"],
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],

@@ -145,7 +145,8 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
 @app.command()
 def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")],
            inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None) -> None:
-    """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/prometheus.yml.
+    """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
+    alert rules, Grafana dashboard).
 
     Nothing is written unless every host validates.
     """
@@ -156,7 +157,12 @@ def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory 
     validated = _require_valid(inventory, limit)
     writes = [(out_dir / v.deployment.host / f.path.lstrip("/"), f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
-    writes.append((out_dir / "prometheus" / "prometheus.yml", render_prometheus(validated), 0o644, False))
+    from .render.monitoring import DASHBOARD_FILE, RULES_FILE, render_dashboard, render_rules
+
+    writes.append((out_dir / "prometheus" / "prometheus.yml",
+                   render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
+    writes.append((out_dir / "prometheus" / RULES_FILE, render_rules(), 0o644, False))
+    writes.append((out_dir / "prometheus" / DASHBOARD_FILE, render_dashboard(), 0o644, False))
     for target, content, mode, secret in writes:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -362,6 +368,49 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
         raise typer.Exit(2)
     _print_checks(result["checks"], as_json, {k: val for k, val in result.items() if k not in ("ok", "checks")}
                   | {"host": v.deployment.host})
+
+
+@app.command()
+def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
+             upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
+             listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on "
+                                                        "(default: 0.0.0.0:<ddtree_ops.exporter_port>).")] = None,
+             poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
+             window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
+             timeout: Annotated[float, typer.Option(help="Seconds per upstream request.")] = 3.0) -> None:
+    """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server."""
+    import signal
+    import threading
+
+    from .ops.exporter import Exporter, PlanError, load_plan, serve
+
+    _positive("--poll-interval", poll_interval, 3600)
+    _positive("--window", window)
+    _positive("--timeout", timeout, 300)
+    try:
+        doc = load_plan(str(plan_file))
+    except PlanError as exc:
+        raise typer.BadParameter(f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered") from None
+    if upstream is not None:
+        _url(upstream)
+    if listen is None:
+        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', 9400)}"
+    host, _, port_s = listen.rpartition(":")
+    if not host or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
+        raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
+    exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout)
+    try:
+        server, _thread = serve(exp, host.strip("[]"), int(port_s))
+    except OSError as exc:
+        raise typer.BadParameter(f"--listen {listen}: cannot bind: {exc.strerror or exc}") from None
+    exp.start()
+    say(err, "exporter", "green", f"serving http://{listen}/metrics for {exp.upstream}")
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    exp.stop(join_timeout=timeout + 1)
+    server.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

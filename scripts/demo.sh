@@ -36,5 +36,15 @@ ddtree-ops warmup "http://$addr:30000" --plan "$plan" --deadline 120
 
 step "Health: liveness, readiness, drift from the deployed plan, progress, acceptance length"
 ddtree-ops health "http://$addr:30000" --plan "$plan"
+
+step "Exporter scraped by Prometheus on the monitoring host (ddt-th1)"
+printf 'exporter is-active: '; bash scripts/testhost.sh ssh ddt-th1 systemctl is-active ddtree-sglang-exporter.service
+q='http://127.0.0.1:9090/api/v1/query?query=ddtree_accept_length'
+for _ in $(seq 30); do
+  res=$(bash scripts/testhost.sh ssh ddt-th1 curl -fsS --max-time 5 "'$q'" || true)
+  case "$res" in *'"value"'*) break ;; esac
+  sleep 1
+done
+echo "Prometheus: $res"
 echo
 echo "The test host stays up: scripts/testhost.sh ssh ddt-th1 | scripts/testhost.sh down"

@@ -513,7 +513,7 @@ INVENTORY_VARS: dict[str, str] = {
 }
 """Model field -> inventory variable name."""
 
-ROLE_VAR_PREFIXES = ("ddtree_service_",)
+ROLE_VAR_PREFIXES = ("ddtree_service_", "ddtree_exporter_")
 """``ddtree_*`` variables that belong to roles (their defaults), not to the deployment model."""
 
 

@@ -83,12 +83,15 @@ class RenderedFile:
         content: exact bytes as text (UTF-8).
         mode: octal mode string, e.g. ``"0644"``.
         secret: True for files that hold secrets (never logged; mode 0600).
+        component: which role installs it: ``service`` (ddtree_service) or ``exporter``
+            (ddtree_exporter), so a changed exporter unit never restarts SGLang.
     """
 
     path: str
     content: str
     mode: str = "0644"
     secret: bool = False
+    component: str = "service"
 
 
 def service_env(v: Validated) -> dict[str, str]:
@@ -172,8 +175,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
     """All files of one host's deployment, in install order.
 
     Returns:
-        Unit file, env file, plan.json, and (only with ``ddtree_hf_token``) the 0600
-        secrets file.
+        Unit file, env file, plan.json, the exporter unit (``component="exporter"``), and
+        (only with ``ddtree_hf_token``) the 0600 secrets file.
     """
     d, p = v.deployment, v.plan
     svc = d.service
@@ -203,6 +206,7 @@ def render_host(v: Validated) -> list[RenderedFile]:
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
         RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
     ]
+    files.append(exporter_unit(v))
     if d.hf_token is not None:
         secrets = {"HF_TOKEN": d.hf_token.get_secret_value()}
         files.append(RenderedFile(secrets_file, jenv.get_template("secrets.env.j2").render(ctx, secrets=secrets),
@@ -210,14 +214,38 @@ def render_host(v: Validated) -> list[RenderedFile]:
     return files
 
 
-def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s") -> str:
-    """A ``prometheus.yml`` scraping every SGLang instance's ``/metrics``.
+def exporter_unit_name(v: Validated) -> str:
+    """Unit name of the host's ``ddtree-ops exporter`` (one per SGLang service)."""
+    return f"ddtree-{v.deployment.service.name}-exporter.service"
 
-    Labels: host, host_class, model, algorithm, service.
+
+def exporter_unit(v: Validated) -> RenderedFile:
+    """The exporter's systemd unit: ``ddtree-ops exporter --plan plan.json`` on
+    ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server on loopback."""
+    d = v.deployment
+    svc = d.service
+    argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",
+            "--upstream", f"http://127.0.0.1:{d.server.port}", "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
+    ctx = {"managed": MANAGED, "host": d.host, "service": svc, "unit_name": svc.unit_name,
+           "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv)}
+    return RenderedFile(f"/etc/systemd/system/{exporter_unit_name(v)}",
+                        _env().get_template("exporter.service.j2").render(ctx), component="exporter")
+
+
+def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
+                      rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> str:
+    """A ``prometheus.yml`` scraping every SGLang instance's ``/metrics`` (job ``sglang``) and
+    its ``ddtree-ops exporter`` (job ``ddtree_exporter``, ``ddtree_ops.exporter_port``).
+
+    Labels: host, host_class, model, algorithm, service. ``rule_files``: paths for
+    ``rule_files:`` (e.g. the rules of :func:`ddtree_ops.render.monitoring.render_rules`).
+    ``evaluation_interval`` defaults to ``scrape_interval``.
     """
     targets = [
         {
             "address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:{v.deployment.server.port}",
+            "exporter_address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:"
+                                f"{v.deployment.ops.exporter_port}",
             "host": v.deployment.host,
             "host_class": v.deployment.host_class,
             "model": v.deployment.model.served_model_name or v.deployment.model.path,
@@ -227,5 +255,6 @@ def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", 
         for v in sorted(validated, key=lambda v: v.deployment.host)
     ]
     return _env().get_template("prometheus.yml.j2").render(
-        managed=MANAGED, targets=targets, scrape_interval=scrape_interval, scrape_timeout=scrape_timeout
+        managed=MANAGED, targets=targets, scrape_interval=scrape_interval, scrape_timeout=scrape_timeout,
+        rule_files=list(rule_files), evaluation_interval=evaluation_interval or scrape_interval,
     )

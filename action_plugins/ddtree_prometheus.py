@@ -1,0 +1,64 @@
+"""Ansible action ``ddtree_prometheus``: the monitoring host's Prometheus files for every
+SGLang host of the inventory, rendered by the same Python code as ``ddtree-ops render``.
+
+Runs on the controller only. Options:
+
+* ``servers`` (list of inventory host names, required): hosts whose deployments to scrape
+  (usually ``groups['sglang_servers']``); each is validated like ``ddtree_render`` does.
+* ``rules_path`` (str, required): where the rules file lands (goes into ``rule_files:``).
+* ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
+* ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
+
+Returns ``prometheus_yml``, ``rules``, ``dashboard`` (text) and ``targets`` (host names).
+Fails with every finding when any server's config is invalid, or on a bad alert setting.
+"""
+
+from __future__ import annotations
+
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        from ddtree_ops.config import ConfigError, validate_hostvars
+        from ddtree_ops.config.models import INVENTORY_VARS, is_deployment_var
+        from ddtree_ops.render import render_prometheus
+        from ddtree_ops.render.monitoring import AlertSettings, AlertSettingsError, render_dashboard, render_rules
+
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = self._task.args
+        servers = args.get("servers") or []
+        if not isinstance(servers, list) or not args.get("rules_path"):
+            result.update(failed=True, msg="ddtree_prometheus: servers (list of hosts) and rules_path are required")
+            return result
+        validated, findings = [], []
+        for host in sorted(servers):
+            hv_all = task_vars["hostvars"][host]
+            hostvars = {k: self._templar.template(hv_all[k]) for k in hv_all
+                        if k in INVENTORY_VARS.values() or is_deployment_var(k)}
+            try:
+                validated.append(validate_hostvars(host, hostvars))
+            except ConfigError as exc:
+                findings.extend(exc.findings)
+        if findings:
+            result.update(failed=True, msg="invalid deployment config:\n" + "\n".join(f.message() for f in findings),
+                          findings=[f.as_dict() for f in findings])
+            return result
+        try:
+            settings = AlertSettings.from_dict(dict(args.get("alerts") or {}))
+        except AlertSettingsError as exc:
+            result.update(failed=True, msg=str(exc))
+            return result
+        kw = {k: str(args[k]) for k in ("scrape_interval", "scrape_timeout", "evaluation_interval") if args.get(k)}
+        result.update(
+            changed=False,
+            prometheus_yml=render_prometheus(validated, rule_files=[str(args["rules_path"])], **kw),
+            rules=render_rules(settings),
+            dashboard=render_dashboard(),
+            targets=[v.deployment.host for v in validated],
+        )
+        return result

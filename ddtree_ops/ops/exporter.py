@@ -1,0 +1,420 @@
+"""``ddtree-ops exporter``: speculative-decoding health as Prometheus metrics.
+
+A background thread polls one SGLang server (``/metrics``, ``/server_info``, ``/health``)
+with bounded timeouts and keeps the last sample; a scrape of the exporter's own
+``/metrics`` only reads that cached sample, so a slow or dead SGLang never blocks a
+scrape: it answers at once with ``ddtree_up 0`` and ``ddtree_upstream_staleness_seconds``.
+
+Metric names are a contract (alert rules, dashboard, tests rely on them); every series
+carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``:
+
+=========================================  =====================================================
+``ddtree_up``                              1 if SGLang's ``/metrics`` answered at the last poll
+``ddtree_ready``                           1 if ``/health`` answered 200 at the last poll
+``ddtree_config_drift``                    1 if ``/server_info`` differs from plan.json
+``ddtree_config_drift_settings{setting}``  per compared setting (``ops.drift``), 0/1
+``ddtree_accept_length``                   tokens per verify pass over the window (see below)
+``ddtree_accept_length_sglang``            SGLang's own ``sglang:spec_accept_length`` gauge
+``ddtree_accept_length_floor``             the deployment's ``ddtree_ops.accept_length_floor``
+``ddtree_speculative_enabled``             1 if the server runs speculative decoding
+``ddtree_generation_tokens_per_second``    generation tokens per second over the window
+``ddtree_upstream_staleness_seconds``      age of the last good upstream sample
+``ddtree_deployment_info{...}``            1, labels: algorithm, budget, block_size,
+                                           verify_tokens_per_req, draft_tokens_per_req,
+                                           tp_size, sglang_version
+=========================================  =====================================================
+
+Acceptance length over a window: SGLang (0.5.13.post1 and 0.5.23,
+``sglang/srt/observability/metrics_collector.py`` ``observe_one_finished_request``) has no
+accepted-tokens counter; when a request finishes, the tokenizer manager adds its
+completion tokens to ``sglang:generation_tokens_total`` (0.5.23: one series per
+``is_streaming``) and its verify passes to ``sglang:spec_verify_calls_total``. Its own
+per-request figure is ``completion_tokens / spec_verify_ct``
+(``tokenizer_manager.py``), so the window figure is
+``Δ sum(generation_tokens_total) / Δ spec_verify_calls_total`` over requests that finished in
+the window; absent when no verify pass finished in it (idle server). A counter that goes
+down (SGLang restarted) restarts the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .drift import compared_settings, find_drift
+
+log = logging.getLogger("ddtree_ops.exporter")
+
+LABELS = ("host", "host_class", "model")
+INFO_LABELS = ("algorithm", "budget", "block_size", "verify_tokens_per_req", "draft_tokens_per_req", "tp_size",
+               "sglang_version")
+
+#: Every metric name the exporter can expose (contract for rules, dashboard and tests).
+METRIC_NAMES = (
+    "ddtree_up", "ddtree_ready", "ddtree_config_drift", "ddtree_config_drift_settings", "ddtree_accept_length",
+    "ddtree_accept_length_sglang", "ddtree_accept_length_floor", "ddtree_speculative_enabled",
+    "ddtree_generation_tokens_per_second", "ddtree_upstream_staleness_seconds", "ddtree_deployment_info",
+)
+
+GEN_TOKENS = "sglang:generation_tokens_total"
+VERIFY_CALLS = "sglang:spec_verify_calls_total"
+SGLANG_ACCEPT = "sglang:spec_accept_length"
+
+
+class PlanError(ValueError):
+    """plan.json is unreadable or not a plan document rendered by ddtree-ops."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the exporter knows from plan.json (labels, sizes, floor).
+
+    Attributes:
+        labels: values of :data:`LABELS`.
+        info: values of :data:`INFO_LABELS` (strings; ``""`` where not applicable).
+        floor: ``ddtree_ops.accept_length_floor`` (tokens per verify pass).
+        speculative: the deployment runs speculative decoding (algorithm not ``none``).
+        url: the server's base URL from plan.json.
+        health_timeout_s: ``ddtree_ops.health_timeout_s``.
+    """
+
+    labels: tuple[str, str, str]
+    info: tuple[str, ...]
+    floor: float
+    speculative: bool
+    url: str
+    health_timeout_s: float
+
+
+def _sglang_version(pin: dict[str, Any]) -> str:
+    """The release the deployed build is based on (``SGLangPin.base_version``: a DDTree
+    source's base release, else the pinned or default version)."""
+    from ..config.models import SGLangPin
+
+    try:
+        return SGLangPin.model_validate(pin).base_version
+    except ValueError:
+        return str(pin.get("version") or "")
+
+
+def identity_from_plan(doc: dict[str, Any]) -> Identity:
+    """Labels and sizes from a plan document (:func:`ddtree_ops.render.files.plan_document`).
+
+    Raises:
+        PlanError: a required key is missing.
+    """
+    try:
+        d, p = doc["deployment"], doc["plan"]
+        model = d["model"].get("served_model_name") or d["model"]["path"]
+
+        def s(v: Any) -> str:
+            return "" if v is None else str(v)
+
+        info = (s(p["algorithm"]), s(p.get("budget")), s(p.get("block_size")), s(p.get("verify_tokens_per_req")),
+                s(p.get("draft_tokens_per_req")), s(d["server"]["tp_size"]), _sglang_version(d["sglang"]))
+        ops = d.get("ops") or {}
+        return Identity(labels=(str(doc["host"]), str(doc["host_class"]), str(model)), info=info,
+                        floor=float(ops.get("accept_length_floor", 1.5)), speculative=p["algorithm"] != "none",
+                        url=str(doc["url"]), health_timeout_s=float(ops.get("health_timeout_s", 5.0)))
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise PlanError(f"not a plan.json rendered by ddtree-ops (missing or bad {exc})") from None
+
+
+@dataclass
+class Sample:
+    """One upstream poll (all times from ``time.monotonic()``)."""
+
+    t: float
+    up: bool = False
+    ready: bool = False
+    gen_tokens: float | None = None
+    verify_calls: float | None = None
+    sglang_accept_length: float | None = None
+    server_info: dict[str, Any] | None = None
+
+
+@dataclass
+class _State:
+    last: Sample | None = None
+    last_good_t: float | None = None
+    window: deque = field(default_factory=deque)  # (t, gen_tokens, verify_calls)
+
+
+def _sum_lowest_rank(samples: list[tuple[dict[str, str], float]]) -> float | None:
+    """Sum of the series of the lowest ``tp_rank`` (all series when there is no tp_rank).
+
+    SGLang exports scheduler metrics per TP rank with ``--enable-metrics-for-all-schedulers``;
+    each rank counts the same passes, so summing ranks would multiply them.
+    """
+    if not samples:
+        return None
+    ranks = {lab.get("tp_rank", "") for lab, _ in samples}
+    lowest = min(ranks, key=lambda r: (int(r) if r.isdigit() else -1, r))
+    return sum(v for lab, v in samples if lab.get("tp_rank", "") == lowest)
+
+
+_SAMPLE = re.compile(
+    r'^(sglang:(?:generation_tokens_total|spec_verify_calls_total|spec_accept_length))'
+    r'(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)', re.M)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_upstream(text: str) -> tuple[float | None, float | None, float | None]:
+    """``(generation_tokens_total, spec_verify_calls_total, spec_accept_length)`` of an
+    SGLang ``/metrics`` text (Prometheus text format); None for what is not exposed.
+
+    Only the three families are read, with one compiled regular expression over the text
+    (a full parse of 8 TP ranks of SGLang's families costs ~100 ms of CPU per poll).
+
+    Raises:
+        ValueError: a matched sample's value is not a number.
+    """
+    found: dict[str, list[tuple[dict[str, str], float]]] = {GEN_TOKENS: [], VERIFY_CALLS: [], SGLANG_ACCEPT: []}
+    for m in _SAMPLE.finditer(text):
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        found[m.group(1)].append((labels, float(m.group(3))))
+    gen, verify, accept = found[GEN_TOKENS], found[VERIFY_CALLS], found[SGLANG_ACCEPT]
+    g = sum(v for _, v in gen) if gen else None  # tokenizer side: one series per is_streaming
+    acc = [v for _, v in accept if not math.isnan(v)]
+    return g, _sum_lowest_rank(verify), (sum(acc) / len(acc) if acc else None)
+
+
+class Exporter:
+    """Polls one SGLang server and exposes the ``ddtree_*`` metrics.
+
+    Args:
+        plan_doc: the host's plan.json as a dict (labels, sizes, floor, drift reference).
+        registry: where to register the collector (default: a new ``CollectorRegistry``);
+            injectable for tests and embedding.
+        upstream: SGLang base URL (default: plan.json's ``url``).
+        poll_interval_s: seconds between polls.
+        window_s: seconds of the acceptance-length / token-rate window.
+        timeout_s: per-request timeout for ``/metrics`` and ``/server_info``; ``/health``
+            uses ``max(timeout_s, health_timeout_s)`` (SGLang's /health generates a token).
+        clock: monotonic clock (seconds), injectable for tests.
+
+    Raises:
+        PlanError: plan_doc is not a plan document.
+    """
+
+    def __init__(self, plan_doc: dict[str, Any], registry: CollectorRegistry | None = None, upstream: str | None = None,
+                 poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan_doc = plan_doc
+        self.identity = identity_from_plan(plan_doc)
+        self.upstream = (upstream or self.identity.url).rstrip("/")
+        self.poll_interval_s = poll_interval_s
+        self.window_s = window_s
+        self.timeout_s = timeout_s
+        self.health_timeout_s = max(timeout_s, self.identity.health_timeout_s)
+        self.clock = clock
+        self.started = clock()
+        self._lock = threading.Lock()
+        self._state = _State()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http = httpx.Client(base_url=self.upstream, timeout=httpx.Timeout(timeout_s))
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # ---- polling ---------------------------------------------------------------------
+    def poll_once(self) -> Sample:
+        """Poll the upstream once (blocking, bounded by the timeouts) and record the sample."""
+        s = Sample(t=self.clock())
+        try:
+            r = self._http.get("/metrics")
+            if r.status_code == 200:
+                s.gen_tokens, s.verify_calls, s.sglang_accept_length = parse_upstream(r.text)
+                s.up = True
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("upstream /metrics: %s", exc)
+        if s.up:
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    r = self._http.get(path)
+                except httpx.HTTPError:
+                    break
+                if r.status_code == 200:
+                    try:
+                        info = r.json()
+                        s.server_info = info if isinstance(info, dict) else None
+                    except ValueError:
+                        pass
+                    break
+                if r.status_code != 404:
+                    break
+            try:
+                s.ready = self._http.get("/health", timeout=self.health_timeout_s).status_code == 200
+            except httpx.HTTPError:
+                s.ready = False
+        self._record(s)
+        return s
+
+    def _record(self, s: Sample) -> None:
+        with self._lock:
+            st = self._state
+            st.last = s
+            if s.up:
+                st.last_good_t = s.t
+                if s.gen_tokens is not None and s.verify_calls is not None:
+                    if st.window and (s.gen_tokens < st.window[-1][1] or s.verify_calls < st.window[-1][2]):
+                        st.window.clear()  # counter reset: SGLang restarted
+                    st.window.append((s.t, s.gen_tokens, s.verify_calls))
+                    # keep one sample at or before the window start as the baseline
+                    while len(st.window) >= 2 and st.window[1][0] <= s.t - self.window_s:
+                        st.window.popleft()
+
+    def start(self) -> Exporter:
+        """Start the background polling thread (daemon). Returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ddtree-exporter-poll", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = self.clock()
+            try:
+                self.poll_once()
+            except Exception:  # never let the poller die; the staleness figure shows the gap
+                log.exception("poll failed")
+            self._stop.wait(max(0.0, self.poll_interval_s - (self.clock() - t0)))
+
+    def stop(self, join_timeout: float | None = None) -> None:
+        """Stop polling (waits up to ``join_timeout`` seconds for the thread)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(join_timeout)
+        self._http.close()
+
+    # ---- derived figures -------------------------------------------------------------
+    def window_rates(self) -> tuple[float | None, float | None]:
+        """``(accept_length, generation_tokens_per_second)`` over the window, None when
+        undefined (fewer than two samples; accept length also when no verify pass finished)."""
+        with self._lock:
+            w = list(self._state.window)
+        if len(w) < 2:
+            return None, None
+        (t0, g0, v0), (t1, g1, v1) = w[0], w[-1]
+        dt, dg, dv = t1 - t0, g1 - g0, v1 - v0
+        accept = dg / dv if dv > 0 else None
+        tps = dg / dt if dt > 0 else None
+        return accept, tps
+
+    def snapshot(self) -> tuple[Sample | None, float | None]:
+        with self._lock:
+            return self._state.last, self._state.last_good_t
+
+
+class _Collector(Collector):
+    """Turns the exporter's cached state into metric families (no I/O: scrapes never block)."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.e = exporter
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.e
+        ident = e.identity
+        lv = list(ident.labels)
+        last, last_good = e.snapshot()
+        now = e.clock()
+
+        def gauge(name: str, doc: str, value: float | None, extra: tuple[str, ...] = (),
+                  extra_values: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=[*LABELS, *extra])
+            if value is not None:
+                g.add_metric([*lv, *extra_values], value)
+            return g
+
+        up = bool(last and last.up)
+        yield gauge("ddtree_up", "1 if SGLang's /metrics answered at the last poll.", 1.0 if up else 0.0)
+        yield gauge("ddtree_ready", "1 if SGLang's /health answered 200 at the last poll.",
+                    1.0 if (last and last.ready) else 0.0)
+        yield gauge("ddtree_upstream_staleness_seconds",
+                    "Seconds since the last good upstream sample (since exporter start when none yet).",
+                    max(0.0, now - (last_good if last_good is not None else e.started)))
+        yield gauge("ddtree_accept_length_floor", "Configured acceptance-length floor (ddtree_ops.accept_length_floor).",
+                    ident.floor)
+        info = GaugeMetricFamily("ddtree_deployment_info", "Deployed speculative-decoding configuration (value 1).",
+                                 labels=[*LABELS, *INFO_LABELS])
+        info.add_metric([*lv, *ident.info], 1.0)
+        yield info
+
+        server_info = last.server_info if (last and last.up) else None
+        spec = ident.speculative
+        if server_info is not None and "speculative_algorithm" in server_info:
+            spec = server_info["speculative_algorithm"] not in (None, "", "NONE", "none")
+        yield gauge("ddtree_speculative_enabled", "1 if the server runs speculative decoding.", 1.0 if spec else 0.0)
+
+        drift = gauge("ddtree_config_drift", "1 if /server_info differs from the deployed plan.json.", None)
+        per = GaugeMetricFamily("ddtree_config_drift_settings",
+                                "Per setting: 1 if the running value differs from plan.json (absent: not reported).",
+                                labels=[*LABELS, "setting"])
+        if server_info is not None:
+            try:
+                drifts, missing = find_drift(e.plan_doc, server_info)
+            except (KeyError, TypeError):
+                drifts, missing = None, []
+            if drifts is not None:
+                drift.add_metric(lv, 1.0 if drifts else 0.0)
+                names = {d.name for d in drifts}
+                for setting in compared_settings():
+                    if setting not in missing:
+                        per.add_metric([*lv, setting], 1.0 if setting in names else 0.0)
+        yield drift
+        yield per
+
+        accept, tps = e.window_rates() if up else (None, None)
+        yield gauge("ddtree_accept_length",
+                    f"Tokens per verify pass (bonus included) over the last {e.window_s:g} s of finished requests: "
+                    "delta sglang:generation_tokens_total / delta sglang:spec_verify_calls_total.", accept)
+        yield gauge("ddtree_accept_length_sglang", "SGLang's own sglang:spec_accept_length gauge (cross-check).",
+                    last.sglang_accept_length if up and last else None)
+        yield gauge("ddtree_generation_tokens_per_second",
+                    f"Generation tokens per second over the last {e.window_s:g} s (finished requests).", tps)
+
+
+def load_plan(path: str) -> dict[str, Any]:
+    """Read plan.json.
+
+    Raises:
+        PlanError: unreadable, not JSON, or not a plan document.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PlanError(f"{path} is not JSON: {exc}") from None
+    identity_from_plan(doc)
+    return doc
+
+
+def serve(exporter: Exporter, host: str, port: int):
+    """Serve the exporter's registry on ``http://host:port/metrics`` (threaded, daemon).
+
+    Returns:
+        ``(server, thread)`` of :func:`prometheus_client.start_http_server`; ``server.server_port``
+        is the bound port (``port=0`` picks a free one).
+    """
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=host, registry=exporter.registry)

@@ -1,0 +1,258 @@
+"""Prometheus alert rules and the Grafana dashboard of a fleet, generated from Python.
+
+The rules read the exporter's contract (:data:`ddtree_ops.ops.exporter.METRIC_NAMES`) and
+SGLang's own metric names (``shared/fixtures/sglang/metric_names-*.txt``, scraped by the
+``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`). The acceptance-length
+floor is per deployment: each exporter exports its ``ddtree_ops.accept_length_floor`` as
+``ddtree_accept_length_floor``, and the collapse rule compares the two series of the same
+target, so one rules file serves deployments with different floors. Durations and the
+fleet-wide thresholds come from :class:`AlertSettings` (role variables of
+``prometheus_targets``; tests shorten the ``for`` durations).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+
+import yaml
+
+EXPORTER_JOB = "ddtree_exporter"
+SGLANG_JOB = "sglang"
+RULES_FILE = "ddtree-rules.yml"
+DASHBOARD_FILE = "ddtree-dashboard.json"
+DASHBOARD_UID = "ddtree-ops"
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_BY = "host, host_class, model"
+
+
+class AlertSettingsError(ValueError):
+    """A setting of :class:`AlertSettings` is out of range (message names field, value, rule, fix)."""
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """Durations (Prometheus duration strings, e.g. ``10m``) and thresholds of the rules.
+
+    Attributes:
+        collapse_for: how long acceptance length must stay below the floor (issue 4: 10 minutes).
+        down_for: how long ``ddtree_up == 0`` (or the exporter target down) before alerting.
+        not_ready_for: how long up but ``/health`` not 200.
+        drift_for: how long ``ddtree_config_drift == 1``.
+        queue_reqs: waiting requests (``sglang:num_queue_reqs``, max over ranks) that count as build-up.
+        queue_for: how long the queue must stay above ``queue_reqs``.
+        ttft_p99_s: time-to-first-token p99 threshold, seconds.
+        ttft_for: how long p99 must stay above ``ttft_p99_s``.
+        rate_window: range of ``rate()`` for the TTFT histogram (>= 4 scrape intervals).
+        interval: evaluation interval of the rule group.
+    """
+
+    collapse_for: str = "10m"
+    down_for: str = "2m"
+    not_ready_for: str = "5m"
+    drift_for: str = "1m"
+    queue_reqs: float = 32
+    queue_for: str = "5m"
+    ttft_p99_s: float = 5.0
+    ttft_for: str = "10m"
+    rate_window: str = "5m"
+    interval: str = "30s"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "str":
+                if not isinstance(v, str) or not _DURATION.match(v):
+                    raise AlertSettingsError(f"alert setting {f.name} = {v!r}: must be a Prometheus duration. "
+                                             "Fix: write e.g. 30s, 5m or 1h")
+            elif isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or v != v:
+                raise AlertSettingsError(f"alert setting {f.name} = {v!r}: must be a number > 0. Fix: e.g. "
+                                         f"{getattr(AlertSettings, f.name)}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> AlertSettings:
+        """Build from a mapping (unknown keys are an error; None means default).
+
+        Raises:
+            AlertSettingsError: unknown key or bad value.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise AlertSettingsError(f"alert settings {unknown}: unknown. Fix: use only {sorted(known)}")
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+def alert_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
+    """The alerting rules, each ``{alert, expr, for, labels, annotations}`` with a ``runbook``
+    annotation (one line: what to look at and what to do)."""
+    s = settings
+    sg = f'job="{SGLANG_JOB}"'
+    return [
+        {
+            "alert": "DDTreeAcceptLengthCollapse",
+            "expr": "ddtree_accept_length < ddtree_accept_length_floor and ddtree_speculative_enabled == 1",
+            "for": s.collapse_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: acceptance length {{ $value | printf \"%.2f\" }} is below the "
+                           "deployment's floor",
+                "runbook": "Speculation is not paying: check the draft checkpoint and block_size against plan.json "
+                           "(ddtree-ops health --json), ddtree_config_drift_settings, and the SGLang log for "
+                           "graph/eager fallbacks; roll back the last draft or config change.",
+            },
+        },
+        {
+            "alert": "DDTreeServiceDown",
+            "expr": "ddtree_up == 0",
+            "for": s.down_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: SGLang does not answer /metrics",
+                "runbook": "systemctl status and journalctl -u of the SGLang unit on the host; a unit in its "
+                           "restart loop points at a crash (graph-size mismatch, OOM, NCCL): see the last log lines.",
+            },
+        },
+        {
+            "alert": "DDTreeExporterDown",
+            "expr": f'up{{job="{EXPORTER_JOB}"}} == 0',
+            "for": s.down_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: the ddtree-ops exporter is not scraped",
+                "runbook": "systemctl status ddtree-{{ $labels.service }}-exporter.service on {{ $labels.host }}; "
+                           "check that the exporter port (ddtree_ops.exporter_port) is reachable from Prometheus.",
+            },
+        },
+        {
+            "alert": "DDTreeNotReady",
+            "expr": "ddtree_up == 1 and ddtree_ready == 0",
+            "for": s.not_ready_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: SGLang answers but /health is not 200",
+                "runbook": "Run ddtree-ops health URL --json on the host: a long warmup, a stuck scheduler or "
+                           "exhausted KV cache keep /health from generating; restart the unit if it stays stuck.",
+            },
+        },
+        {
+            "alert": "DDTreeConfigDrift",
+            "expr": "ddtree_config_drift == 1",
+            "for": s.drift_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: the running server differs from the deployed config",
+                "runbook": "ddtree_config_drift_settings == 1 names the settings; re-run deploy.yml for the host "
+                           "(restarts onto plan.json) or find who started SGLang by hand.",
+            },
+        },
+        {
+            "alert": "DDTreeQueueBuildup",
+            "expr": f"max by ({_BY}) (sglang:num_queue_reqs{{{sg}}}) > {s.queue_reqs:g}",
+            "for": s.queue_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: {{ $value }} requests waiting",
+                "runbook": "Load exceeds max_running_requests or the KV cache (sglang:token_usage near 1): add "
+                           "capacity or shed load; a queue with flat generation counters is a stuck scheduler.",
+            },
+        },
+        {
+            "alert": "DDTreeTTFTHigh",
+            "expr": (f"histogram_quantile(0.99, sum by ({_BY}, le) "
+                     f"(rate(sglang:time_to_first_token_seconds_bucket{{{sg}}}[{s.rate_window}]))) > {s.ttft_p99_s:g}"),
+            "for": s.ttft_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: TTFT p99 {{ $value | printf \"%.2f\" }} s",
+                "runbook": "Long prefills or queueing: compare with sglang:num_queue_reqs and prompt sizes; "
+                           "consider chunked-prefill size, more replicas or a lower max_running_requests.",
+            },
+        },
+    ]
+
+
+def render_rules(settings: AlertSettings = AlertSettings()) -> str:
+    """The rules file (YAML) for Prometheus ``rule_files``."""
+    from .files import MANAGED
+
+    doc = {"groups": [{"name": "ddtree-ops", "interval": settings.interval, "rules": alert_rules(settings)}]}
+    return f"# {MANAGED}\n" + yaml.safe_dump(doc, sort_keys=False, width=1000, allow_unicode=True)
+
+
+# --------------------------------------------------------------------------- dashboard
+def _panel(pid: int, title: str, targets: list[tuple[str, str]], unit: str, x: int, y: int,
+           w: int = 12, h: int = 8) -> dict:
+    return {
+        "id": pid,
+        "type": "timeseries",
+        "title": title,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": h, "w": w, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "targets": [{"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend}
+                    for i, (expr, legend) in enumerate(targets)],
+    }
+
+
+def dashboard_panels() -> list[dict]:
+    """Dashboard panels (Grafana schema ``timeseries``), one query per series kind, per host."""
+    h = 'host=~"$host"'
+    sg = f'job="{SGLANG_JOB}", {h}'
+    q = "histogram_quantile({q}, sum by (host, le) (rate({m}_bucket{{{sel}}}[$__rate_interval])))"
+    rows = [
+        ("Acceptance length (tokens per verify pass)",
+         [(f"ddtree_accept_length{{{h}}}", "{{host}} window"),
+          (f"ddtree_accept_length_sglang{{{h}}}", "{{host}} SGLang gauge"),
+          (f"ddtree_accept_length_floor{{{h}}}", "{{host}} floor")], "none"),
+        ("Generation tokens per second",
+         [(f"ddtree_generation_tokens_per_second{{{h}}}", "{{host}}"),
+          (f"sum by (host) (sglang:gen_throughput{{{sg}}})", "{{host}} SGLang gauge")], "none"),
+        ("Time to first token",
+         [(q.format(q="0.5", m="sglang:time_to_first_token_seconds", sel=sg), "{{host}} p50"),
+          (q.format(q="0.99", m="sglang:time_to_first_token_seconds", sel=sg), "{{host}} p99")], "s"),
+        ("Inter-token latency",
+         [(q.format(q="0.5", m="sglang:inter_token_latency_seconds", sel=sg), "{{host}} p50"),
+          (q.format(q="0.99", m="sglang:inter_token_latency_seconds", sel=sg), "{{host}} p99")], "s"),
+        ("Requests: queued and running",
+         [(f"max by (host) (sglang:num_queue_reqs{{{sg}}})", "{{host}} queued"),
+          (f"max by (host) (sglang:num_running_reqs{{{sg}}})", "{{host}} running")], "none"),
+        ("Up, ready, config drift",
+         [(f"ddtree_up{{{h}}}", "{{host}} up"), (f"ddtree_ready{{{h}}}", "{{host}} ready"),
+          (f"ddtree_config_drift{{{h}}}", "{{host}} drift"),
+          (f"ddtree_upstream_staleness_seconds{{{h}}}", "{{host}} staleness s")], "none"),
+    ]
+    return [_panel(i + 1, title, targets, unit, x=12 * (i % 2), y=8 * (i // 2))
+            for i, (title, targets, unit) in enumerate(rows)]
+
+
+def render_dashboard() -> str:
+    """Grafana dashboard JSON (importable; ``datasource`` and ``host`` template variables)."""
+    doc = {
+        "uid": DASHBOARD_UID,
+        "title": "ddtree-ops: speculative decoding",
+        "description": "Generated by ddtree-ops (ddtree_ops/render/monitoring.py); do not edit by hand.",
+        "tags": ["ddtree-ops", "sglang"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+            {"name": "host", "type": "query", "label": "host", "multi": True, "includeAll": True,
+             "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": "label_values(ddtree_deployment_info, host)", "refresh": 2},
+        ]},
+        "annotations": {"list": []},
+        "panels": dashboard_panels(),
+    }
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def settings_dict(settings: AlertSettings) -> dict:
+    """Plain dict of the settings (for logs and the Ansible play)."""
+    return asdict(settings)

@@ -1,0 +1,254 @@
+"""``ddtree-ops exporter`` against a real simulator on loopback (no fakes above HTTP).
+
+The exporter's collector is registered in an injected ``CollectorRegistry``; polling is
+driven explicitly (``poll_once``) where a test needs determinism, and by the background
+thread where it tests blocking behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import validate_hostvars
+from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, PlanError, parse_upstream, serve
+from ddtree_ops.render.files import plan_document
+from helpers import REPO, base_hostvars
+from test_sim import Sim, post_json
+
+LABELS = {"host": "h1", "host_class": "b300", "model": "moonshotai/Kimi-K2.6"}
+
+
+def fixtures_dir() -> Path:
+    """``shared/fixtures`` next to the checkout (worktrees: one level further up)."""
+    for base in (REPO.parent, REPO.parent.parent):
+        if (base / "shared" / "fixtures").is_dir():
+            return base / "shared" / "fixtures"
+    pytest.skip("shared/fixtures not found next to the checkout")
+
+
+def sim_deployment(overrides: dict | None = None):
+    """A validated simulator DDTree deployment (b300, block 8, budget 32) and its launch argv."""
+    from ddtree_ops.render import build_argv
+
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    hv.update(overrides or {})
+    v = validate_hostvars("h1", hv)
+    argv = build_argv(v.deployment, v.plan)
+    launch = argv[argv.index("--model-path"):]
+    i = launch.index("--port")
+    del launch[i:i + 2]  # the Sim helper picks a free port
+    return v, launch
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    v, launch = sim_deployment()
+    s = Sim(tmp_path_factory.mktemp("exporter"), launch, load=0.2, warmup=0.2)
+    s.wait_ready()
+    s.plan_doc = plan_document(v)
+    yield s
+    s.stop()
+
+
+def generate(base: str, n: int = 4, max_new_tokens: int = 40) -> list[dict]:
+    out = post_json(base + "/generate", {"text": [f"prompt {i}" for i in range(n)],
+                                         "sampling_params": {"max_new_tokens": max_new_tokens}})
+    return [o["meta_info"] for o in out]
+
+
+def value(reg: CollectorRegistry, name: str, **extra: str) -> float | None:
+    return reg.get_sample_value(name, {**LABELS, **extra})
+
+
+def test_accept_length_from_counters_matches_requests(sim) -> None:
+    reg = CollectorRegistry()
+    exp = Exporter(sim.plan_doc, registry=reg, upstream=sim.base, window_s=600)
+    exp.poll_once()
+    assert value(reg, "ddtree_up") == 1 and value(reg, "ddtree_ready") == 1
+    assert value(reg, "ddtree_accept_length") is None  # one sample: no window yet
+    post_json(sim.base + "/_sim/accept_length", {"value": 5.0})
+    metas = generate(sim.base, n=4, max_new_tokens=41)
+    exp.poll_once()
+    expected = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    got = value(reg, "ddtree_accept_length")
+    print(f"\naccept length: exporter {got:.3f}, requests {expected:.3f}, "
+          f"SGLang gauge {value(reg, 'ddtree_accept_length_sglang')}")
+    assert got == pytest.approx(expected, rel=0.05)
+    assert 4.0 < got < 5.5
+    assert value(reg, "ddtree_accept_length_sglang") == pytest.approx(5.0, rel=0.05)
+    assert value(reg, "ddtree_generation_tokens_per_second") > 0
+    assert value(reg, "ddtree_accept_length_floor") == 1.5
+    assert value(reg, "ddtree_speculative_enabled") == 1
+    assert value(reg, "ddtree_config_drift") == 0
+    assert value(reg, "ddtree_config_drift_settings", setting="budget") == 0
+    info = {"algorithm": "DDTREE", "budget": "32", "block_size": "8", "verify_tokens_per_req": "33",
+            "draft_tokens_per_req": "8", "tp_size": "8", "sglang_version": "0.5.23"}
+    assert value(reg, "ddtree_deployment_info", **info) == 1
+    assert value(reg, "ddtree_upstream_staleness_seconds") < 5
+    exposed = {m.name for m in reg.collect()}
+    assert exposed == set(METRIC_NAMES)
+
+    # collapse: the window figure follows the forced accept length down to ~1
+    post_json(sim.base + "/_sim/accept_length", {"value": 1.0})
+    exp.window_s = 0.001  # only the newest pair of samples
+    exp.poll_once()
+    generate(sim.base, n=4, max_new_tokens=40)
+    exp.poll_once()
+    assert value(reg, "ddtree_accept_length") == pytest.approx(1.0, abs=0.05)
+    post_json(sim.base + "/_sim/accept_length", {"value": None})
+    # idle window: no verify pass finished, so no figure (absent, not 0)
+    exp.poll_once()
+    assert value(reg, "ddtree_accept_length") is None
+    exp.stop()
+
+
+def test_drift_gauge_names_the_setting(sim) -> None:
+    doc = json.loads(json.dumps(sim.plan_doc))
+    doc["plan"]["budget"] = 16
+    reg = CollectorRegistry()
+    exp = Exporter(doc, registry=reg, upstream=sim.base)
+    exp.poll_once()
+    assert value(reg, "ddtree_config_drift") == 1
+    assert value(reg, "ddtree_config_drift_settings", setting="budget") == 1
+    assert value(reg, "ddtree_config_drift_settings", setting="block_size") == 0
+    exp.stop()
+
+
+def test_parse_upstream_real_label_shapes() -> None:
+    """0.5.23 splits generation tokens by ``is_streaming``; per-rank scheduler series
+    (``--enable-metrics-for-all-schedulers``) must not multiply verify passes."""
+    text = "\n".join([
+        "# TYPE sglang:generation_tokens_total counter",
+        'sglang:generation_tokens_total{model_name="m",is_streaming="false"} 300.0',
+        'sglang:generation_tokens_total{model_name="m",is_streaming="true"} 100.0',
+        "# TYPE sglang:spec_verify_calls_total counter",
+        *[f'sglang:spec_verify_calls_total{{model_name="m",tp_rank="{r}"}} 80.0' for r in range(8)],
+        "# TYPE sglang:spec_accept_length gauge",
+        *[f'sglang:spec_accept_length{{model_name="m",tp_rank="{r}"}} 5.0' for r in range(8)],
+        "",
+    ])
+    assert parse_upstream(text) == (400.0, 80.0, 5.0)
+    assert parse_upstream("# TYPE x gauge\nx 1\n") == (None, None, None)
+
+
+def test_counter_reset_restarts_the_window(sim) -> None:
+    reg = CollectorRegistry()
+    exp = Exporter(sim.plan_doc, registry=reg, upstream=sim.base, window_s=600)
+    from ddtree_ops.ops.exporter import Sample
+
+    for t, g, v in ((0, 1000, 200), (10, 1500, 300), (20, 50, 20), (30, 110, 30)):
+        exp._record(Sample(t=t, up=True, gen_tokens=g, verify_calls=v))
+    accept, tps = exp.window_rates()
+    assert accept == pytest.approx(6.0) and tps == pytest.approx(6.0)
+    exp.stop()
+
+
+class Hanging:
+    """A TCP server that accepts and never answers (a hung SGLang)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._t = threading.Thread(target=self._accept, daemon=True)
+        self._t.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("upstream", ["down", "hanging"])
+def test_scrape_fast_when_upstream_down_or_hanging(sim, upstream) -> None:
+    hang = Hanging() if upstream == "hanging" else None
+    if hang:
+        url = f"http://127.0.0.1:{hang.port}"
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: connection refused
+    reg = CollectorRegistry()
+    exp = Exporter(sim.plan_doc, registry=reg, upstream=url, poll_interval_s=0.2, timeout_s=3.0).start()
+    server, _ = serve(exp, "127.0.0.1", 0)
+    try:
+        time.sleep(0.5)  # the poller is now inside a request that hangs for up to 3 s (or refused)
+        worst = 0.0
+        with httpx.Client(timeout=5) as c:
+            for _ in range(20):
+                t0 = time.perf_counter()
+                r = c.get(f"http://127.0.0.1:{server.server_port}/metrics")
+                worst = max(worst, time.perf_counter() - t0)
+                assert r.status_code == 200
+        print(f"\nupstream {upstream}: worst of 20 scrapes {worst * 1000:.1f} ms")
+        assert worst < 1.0
+        assert value(reg, "ddtree_up") == 0 and value(reg, "ddtree_ready") == 0
+        assert value(reg, "ddtree_upstream_staleness_seconds") >= 0.5
+        assert value(reg, "ddtree_accept_length") is None and value(reg, "ddtree_config_drift") is None
+    finally:
+        server.shutdown()
+        exp.stop(join_timeout=0)
+        if hang:
+            hang.close()
+
+
+def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"host": "x"}')
+    assert main(["exporter", "--plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--plan" in err and "plan.json" in err and "Traceback" not in err
+    assert main(["exporter", "--plan", str(tmp_path / "missing.json")]) == 2
+    with pytest.raises(PlanError):
+        Exporter({"deployment": {}}, registry=CollectorRegistry())
+
+
+def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(sim.plan_doc))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan), "--upstream", sim.base,
+                          "--listen", f"127.0.0.1:{port}", "--poll-interval", "0.2"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                if 'ddtree_up{host="h1",host_class="b300",model="moonshotai/Kimi-K2.6"} 1.0' in text:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        assert 'ddtree_up{host="h1",host_class="b300",model="moonshotai/Kimi-K2.6"} 1.0' in text, text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
