@@ -8,7 +8,7 @@ Runs on the controller only. Options:
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
-``plan_warnings``. Fails with every finding (field, value, rule, fix) when the config is invalid.
+``plan_warnings``, ``service_env`` (the unit's non-secret environment). Fails with every finding (field, value, rule, fix) when the config is invalid.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.config import ConfigError, validate_hostvars
         from ddtree_ops.config.models import INVENTORY_VARS, is_deployment_var
         from ddtree_ops.render import render_host
-        from ddtree_ops.render.files import plan_document
+        from ddtree_ops.render.files import plan_document, service_env
 
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
@@ -49,5 +49,6 @@ class ActionModule(ActionBase):
             paths=doc["paths"],
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],
+            service_env=service_env(validated),
         )
         return result

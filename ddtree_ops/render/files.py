@@ -93,7 +93,9 @@ class RenderedFile:
 
 def service_env(v: Validated) -> dict[str, str]:
     """Environment of the SGLang unit: per-instance caches, sizes for our SGLang plugin,
-    simulator knobs, then the operator's ``ddtree_service.env`` (which wins)."""
+    simulator knobs, the Triton ptxas override of the plan (``TRITON_PTXAS_PATH`` /
+    ``TRITON_PTXAS_BLACKWELL_PATH``, see :func:`ddtree_ops.config.toolchain.plan_toolchain`),
+    then the operator's ``ddtree_service.env`` (which wins)."""
     d, p = v.deployment, v.plan
     cache = d.service.cache_path
     env = {
@@ -111,6 +113,7 @@ def service_env(v: Validated) -> dict[str, str]:
     if d.sglang.source == "simulator":
         env["SGLANG_SIM_VERSION"] = d.sglang.base_version
         env["SGLANG_SIM_BUILD"] = d.sglang.simulated_build or ("ddtree" if d.sglang.ddtree_source else "release")
+    env.update(p.toolchain.get("ptxas_env", {}))  # Triton -> toolkit ptxas where its own is too old
     env.update(d.service.env)
     return env
 
