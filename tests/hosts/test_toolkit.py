@@ -29,7 +29,9 @@ INVENTORY = REPO_ROOT / "inventory" / "test"
 HOST = "ddt-th1"
 GATEWAY = "10.213.1.1"
 TRITON_WHEEL = Path("/var/cache/ddtree-ops/ptxas-wheels/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl")
-SNAPSHOT = ("ls -la /etc/apt/sources.list.d /usr/local /etc/apt/apt.conf.d /etc/profile.d; "
+SNAPSHOT = ("find /etc/apt/sources.list.d /etc/apt/apt.conf.d /etc/profile.d /usr/local /usr/share/keyrings -maxdepth 2 "
+            "\\( -type d -printf '%p/\\n' \\) -o -printf '%p %s %l\\n' | sort; "
+            "sha256sum /etc/apt/sources.list.d/* 2>&1; "
             "dpkg-query -W -f='${Package} ${Status}\\n' 'cuda-*' 2>&1; dpkg --get-selections 'cuda-*'")
 
 
@@ -40,6 +42,11 @@ def play(playbook: str, *extra: dict, timeout: int = 600) -> tuple[subprocess.Co
     t0 = time.monotonic()
     r = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     return r, time.monotonic() - t0
+
+
+def flat(output: str) -> str:
+    """Play output with whitespace runs collapsed (the YAML callback folds long messages)."""
+    return " ".join(output.split())
 
 
 def recap(output: str) -> dict[str, int]:
@@ -130,14 +137,14 @@ def test_install_held_linked_profile_then_idempotent(repo_url, addr):
 def test_triton_role_real_ptxas_13_passes_12_8_fails(repo_url, addr):
     r = ssh(addr, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q cuda-toolkit-12-8 >/dev/null 2>&1; "
                   "/usr/local/cuda-12.8/bin/ptxas --version | tail -1")
-    assert "cuda_12.8" in r.stdout, r.stdout + r.stderr
+    assert "cuda_12.8" in flat(r.stdout), r.stdout + r.stderr
     ok, _ = play("playbooks/triton.yml", {"triton_ptxas_path": "/usr/local/cuda-13.0/bin/ptxas"})
     assert ok.returncode == 0, ok.stdout[-4000:]
-    assert "ptxas 13.0 (/usr/local/cuda-13.0/bin/ptxas) assembled .version 8.8 .target sm_103a" in ok.stdout
+    assert "ptxas 13.0 (/usr/local/cuda-13.0/bin/ptxas) assembled .version 8.8 .target sm_103a" in flat(ok.stdout)
     bad, _ = play("playbooks/triton.yml", {"triton_ptxas_path": "/usr/local/cuda-12.8/bin/ptxas"})
     assert bad.returncode != 0
-    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in bad.stdout, bad.stdout[-4000:]
-    assert "Fix:" in bad.stdout
+    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in flat(bad.stdout), bad.stdout[-4000:]
+    assert "Fix:" in flat(bad.stdout)
 
 
 def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path):
@@ -156,17 +163,17 @@ def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path)
     # Triton unpinned: the plan points both variables at the toolkit's ptxas; Triton uses it.
     r, _ = play("playbooks/triton.yml", venv)
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "uses /usr/local/cuda-13.0/bin/ptxas for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda-13.0/bin/ptxas)" in r.stdout
+    assert "uses /usr/local/cuda-13.0/bin/ptxas for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda-13.0/bin/ptxas)" in flat(r.stdout)
     # Triton 3.6.0 pinned: no override needed, its bundled ptxas-blackwell (12.9) assembles sm_103a.
     r, _ = play("playbooks/triton.yml", venv, {"ddtree_toolchain": {"triton": "3.6.0"}})
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "backends/nvidia/bin/ptxas-blackwell for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=unset)" in r.stdout
-    assert "ptxas 12.9" in r.stdout
+    assert "backends/nvidia/bin/ptxas-blackwell for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=unset)" in flat(r.stdout)
+    assert "ptxas 12.9" in flat(r.stdout)
     # An operator override to the 12.8 ptxas is what the service would use: refused.
     r, _ = play("playbooks/triton.yml", venv, {"ddtree_toolchain": {"triton": "3.6.0"}, "ddtree_service": {
         "name": "sglang", "start_timeout_s": 300, "env": {"TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda-12.8/bin/ptxas"}}})
     assert r.returncode != 0
-    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in r.stdout, r.stdout[-4000:]
+    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in flat(r.stdout), r.stdout[-4000:]
 
 
 def test_killed_mid_install_then_rerun_converges(repo_url, addr):
