@@ -177,26 +177,22 @@ def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path)
 
 
 def test_killed_mid_install_then_rerun_converges(repo_url, addr):
+    """dpkg is SIGKILLed while it unpacks cuda-toolkit-13-0 (a watcher on the host), the play
+    fails; the re-run repairs dpkg's state and converges, and the run after that is changed=0."""
     reset = ssh(addr, "apt-mark unhold cuda-toolkit-13-0 >/dev/null; DEBIAN_FRONTEND=noninteractive "
                       "apt-get purge -y -q cuda-toolkit-13-0 >/dev/null 2>&1; dpkg-query -W cuda-toolkit-13-0; echo rc=$?")
     assert "rc=1" in reset.stdout, reset.stdout
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(INVENTORY), "-l", HOST, "playbooks/toolkit.yml",
-            "-e", json.dumps({"cuda_toolkit_repo_url": repo_url})]
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
-    killed_dpkg = False
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        pids = ssh(addr, "pgrep -x dpkg").stdout.split()
-        if pids:
-            ssh(addr, "kill -9 " + " ".join(pids))
-            killed_dpkg = True
-            break
-        time.sleep(0.05)
-    proc.kill()
-    proc.communicate(timeout=60)
-    state = ssh(addr, "dpkg --audit; dpkg-query -W -f='${db:Status-Status}' cuda-toolkit-13-0").stdout
-    print(f"\nkilled: dpkg={'yes' if killed_dpkg else 'no (missed the window)'}; host state after kill: {state!r}")
+    watcher = ("rm -f /tmp/ddt-killed; nohup sh -c 'for i in $(seq 60000); do "
+               "p=$(pgrep -f \"^/usr/bin/dpkg .*--unpack.*cuda-toolkit-13-0\"); "
+               "if [ -n \"$p\" ]; then kill -9 $p; echo $p > /tmp/ddt-killed; exit 0; fi; sleep 0.005; done' "
+               ">/dev/null 2>&1 &")
+    assert ssh(addr, watcher).returncode == 0
+    r, _ = play("playbooks/toolkit.yml", {"cuda_toolkit_repo_url": repo_url})
+    killed = ssh(addr, "cat /tmp/ddt-killed").stdout.strip()
+    state = ssh(addr, "dpkg-query -W -f='${db:Status-Abbrev}' cuda-toolkit-13-0; echo; dpkg --audit | head -3").stdout
+    print(f"\nkilled dpkg pid {killed or '-'} mid-unpack; play rc={r.returncode}; dpkg state after: {state!r}")
+    assert killed, "the watcher never saw dpkg unpack cuda-toolkit-13-0"
+    assert r.returncode != 0 and not state.startswith("ii"), state
     r, t = play("playbooks/toolkit.yml", {"cuda_toolkit_repo_url": repo_url})
     assert r.returncode == 0, r.stdout[-5000:]
     print(f"re-run after kill converged in {t:.1f} s")
