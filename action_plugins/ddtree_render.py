@@ -10,8 +10,8 @@ Runs on the controller only. Options:
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
-``plan_warnings``, ``probe_request`` (for the capability probe). Fails with every finding
-(field, value, rule, fix) when the config is invalid.
+``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
+non-secret environment). Fails with every finding (field, value, rule, fix) when the config is invalid.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.config import ConfigError, validate_hostvars
         from ddtree_ops.config.models import INVENTORY_VARS, is_deployment_var
         from ddtree_ops.render import render_host
-        from ddtree_ops.render.files import plan_document
+        from ddtree_ops.render.files import plan_document, service_env
         from ddtree_ops.sglang.expect import probe_request
 
         result = super().run(tmp, task_vars)
@@ -56,5 +56,6 @@ class ActionModule(ActionBase):
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],
             probe_request=probe_request(validated),
+            service_env=service_env(validated),
         )
         return result

@@ -413,6 +413,26 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     server.shutdown()
 
 
+@app.command("check-ptxas")
+def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (assembles .target sm_103a).")],
+                ptxas: Annotated[str | None, typer.Option(help="The ptxas binary to check.")] = None,
+                python: Annotated[str | None, typer.Option(help="A venv's python: check the ptxas Triton there would use "
+                                                                "(honours TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH).")] = None,
+                as_json: JsonOpt = False) -> None:
+    """Assemble a tiny PTX (.version of the arch, .target sm_XYZa) with one ptxas (exit 1 if it cannot)."""
+    from .config.toolchain import ARCHS
+    from .ops.ptxas import PtxasUsageError, check
+
+    a = ARCHS.get(arch)
+    if a is None:
+        raise typer.BadParameter(f"--arch {arch!r}: use one of {', '.join(ARCHS)}")
+    try:
+        result = check(a.target, a.ptx_version, ptxas, python)
+    except PtxasUsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _print_checks(result["checks"], as_json, {"ptxas": result["ptxas"], "triton": result["triton"]})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; maps every error to a one-line message and an exit code."""
     try:

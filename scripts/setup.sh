@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 
-pkgs=(python3 python3-venv python3-pip git debootstrap systemd-container iproute2 openssh-client prometheus curl ca-certificates)
+pkgs=(python3 python3-venv python3-pip git debootstrap systemd-container iproute2 openssh-client prometheus curl ca-certificates apt-utils gnupg)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,6 +13,7 @@ inventory variable         model field                  what
 ``ddtree_service``         :class:`Service`             systemd unit, user, paths
 ``ddtree_ops``             :class:`Ops`                 health and exporter
 ``ddtree_accepted_risks``  :class:`RiskAcceptance` list reasoned rule overrides
+``ddtree_toolchain``       :class:`Toolchain`           CUDA toolkit and Triton pins
 ``ddtree_hf_token``        :attr:`Deployment.hf_token`  secret (use ansible-vault)
 =========================  ===========================  =========================
 
@@ -37,6 +38,7 @@ from pydantic import (
 )
 
 from .errors import RULE_FIX_SEP
+from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9._/@+:=,-]+$")
@@ -465,6 +467,40 @@ class RiskAcceptance(_Model):
         return v.strip()
 
 
+class Toolchain(_Model):
+    """CUDA toolkit and Triton pins (inventory ``ddtree_toolchain``).
+
+    Attributes:
+        cuda: toolkit ``major.minor`` installed by the ``cuda_toolkit`` role (one of
+            :data:`ddtree_ops.config.toolchain.CUDA_TOOLKITS`); unset: 13.0, or the host
+            arch's minimum if newer. Must be >= the arch's minimum (sm_103: 12.9, sm_120: 12.8).
+        triton: the Triton release in the service venv (one of
+            :data:`ddtree_ops.config.toolchain.TRITONS`); decides whether the service env
+            needs ``TRITON_PTXAS_PATH`` / ``TRITON_PTXAS_BLACKWELL_PATH``. Unset: both point at
+            the toolkit's ptxas.
+    """
+
+    cuda: str | None = None
+    triton: str | None = None
+
+    @field_validator("cuda", mode="before")
+    @classmethod
+    def _cuda(cls, v: object) -> object:
+        if v is not None and str(v) not in CUDA_TOOLKITS:
+            raise _fail(f"unknown CUDA toolkit (known: {', '.join(CUDA_TOOLKITS)})",
+                        "pin one of those as a quoted string, e.g. cuda: \"13.0\"")
+        return None if v is None else str(v)
+
+    @field_validator("triton", mode="before")
+    @classmethod
+    def _triton(cls, v: object) -> object:
+        if v is not None and str(v) not in TRITONS:
+            raise _fail(f"unknown Triton release: which ptxas it bundles is not recorded (known: {', '.join(TRITONS)})",
+                        "pin one of those, or read the wheel's triton/backends/nvidia/bin and add it to "
+                        "ddtree_ops/config/toolchain.py TRITONS")
+        return None if v is None else str(v)
+
+
 class Deployment(_Model):
     """One SGLang instance on one inventory host.
 
@@ -482,6 +518,7 @@ class Deployment(_Model):
     service: Service = Field(default_factory=Service)
     ops: Ops = Field(default_factory=Ops)
     accepted_risks: list[RiskAcceptance] = Field(default_factory=list)
+    toolchain: Toolchain = Field(default_factory=Toolchain)
     hf_token: SecretStr | None = None
 
     @field_validator("hf_token")
@@ -510,6 +547,7 @@ INVENTORY_VARS: dict[str, str] = {
     "ops": "ddtree_ops",
     "accepted_risks": "ddtree_accepted_risks",
     "hf_token": "ddtree_hf_token",
+    "toolchain": "ddtree_toolchain",
 }
 """Model field -> inventory variable name."""
 

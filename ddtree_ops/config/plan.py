@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .hosts import HOST_CLASSES
 from .models import Deployment
+from .toolchain import plan_toolchain
 
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
 """SGLang caps ``max_running_requests`` at 48 when speculation is on and none is given
@@ -87,6 +89,9 @@ class Plan:
             draft / verify graph (``cuda_graph_max_bs * tokens_per_req``).
         attention_backend, page_size, disable_overlap_schedule: effective values.
         warnings: messages about silent rewrites and derived settings.
+        toolchain: CUDA toolkit, ptxas target and the Triton ptxas override the service
+            env needs (:func:`ddtree_ops.config.toolchain.plan_toolchain`); empty for an
+            unknown host class.
     """
 
     algorithm: str
@@ -108,6 +113,7 @@ class Plan:
     page_size: int | None
     disable_overlap_schedule: bool
     warnings: list[str] = field(default_factory=list)
+    toolchain: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,4 +187,6 @@ def make_plan(d: Deployment) -> Plan:
         attention_backend=attention,
         page_size=page_size,
         disable_overlap_schedule=overlap_off,
+        toolchain=plan_toolchain(HOST_CLASSES[d.host_class].arch if d.host_class in HOST_CLASSES else None,
+                                 d.toolchain.cuda, d.toolchain.triton),
     )

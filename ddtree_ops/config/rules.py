@@ -12,6 +12,7 @@ from .errors import Finding
 from .hosts import HOST_CLASSES, SM120_UNSUPPORTED_ATTENTION
 from .models import Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
+from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda
 from .versions import DDTREE_SOURCES
 
 Rule = Callable[[Deployment, Plan], Iterable[Finding]]
@@ -265,6 +266,29 @@ def rule_accepted_risks_known(d: Deployment, p: Plan) -> Iterator[Finding]:
                        f"use one of {', '.join(sorted(OVERRIDABLE_RULES))}")
 
 
+def rule_toolchain(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """The pinned CUDA toolkit's ptxas knows the host arch (sm_103a: >= 12.9, sm_120a: >= 12.8),
+    and the Triton ptxas override (if one is needed) can be set in a systemd env file."""
+    hc = _host_class(d)
+    if not hc or hc.arch not in ARCHS:
+        return
+    a = ARCHS[hc.arch]
+    cuda = d.toolchain.cuda
+    if cuda is not None and not at_least(cuda, a.min_cuda):
+        newer = [v for v in CUDA_TOOLKITS if at_least(v, a.min_cuda)]
+        yield _err("ddtree_toolchain.cuda", cuda,
+                   f"{hc.name} GPUs are {hc.arch}: CUDA {cuda} ptxas cannot assemble {a.target} "
+                   f"(CUDA {a.min_cuda} or newer can; 12.8 answers \"Value 'sm_103a' is not defined for option 'gpu-name'\")",
+                   f"pin cuda: \"{newer[-1]}\" (any of {', '.join(newer)}) or remove it (default {default_cuda(hc.arch)})",
+                   "ddtree_ops/config/toolchain.py ARCHS (measured with real ptxas)")
+    for key in p.toolchain.get("ptxas_env", {}):
+        if not key.replace("_", "a").isalnum():
+            yield _err("ddtree_toolchain.triton", d.toolchain.triton,
+                       f"Triton {d.toolchain.triton} uses a {a.target}-incapable bundled ptxas and reads its override "
+                       f"from {key}, a name a systemd environment file cannot set",
+                       "pin Triton 3.6.0 or newer (ptxas-blackwell 12.9+)", "triton/backends/nvidia/compiler.py")
+
+
 def _host_class(d: Deployment):
     return HOST_CLASSES.get(d.host_class)
 
@@ -335,4 +359,5 @@ RULES: list[Rule] = [
     rule_silent_rewrites,
     rule_accepted_risks_known,
     rule_sglang_pin,
+    rule_toolchain,
 ]

@@ -96,7 +96,9 @@ class RenderedFile:
 
 def service_env(v: Validated) -> dict[str, str]:
     """Environment of the SGLang unit: per-instance caches, sizes for our SGLang plugin,
-    simulator knobs, then the operator's ``ddtree_service.env`` (which wins)."""
+    simulator knobs, the Triton ptxas override of the plan (``TRITON_PTXAS_PATH`` /
+    ``TRITON_PTXAS_BLACKWELL_PATH``, see :func:`ddtree_ops.config.toolchain.plan_toolchain`),
+    then the operator's ``ddtree_service.env`` (which wins)."""
     d, p = v.deployment, v.plan
     cache = d.service.cache_path
     env = {
@@ -116,6 +118,7 @@ def service_env(v: Validated) -> dict[str, str]:
         env["SGLANG_SIM_BUILD"] = d.sglang.simulated_build or ("ddtree" if d.sglang.ddtree_source else "release")
         if d.model.vision:
             env["SGLANG_SIM_VISION_MIN_PIXELS"] = str(d.model.vision_min_pixels)
+    env.update(p.toolchain.get("ptxas_env", {}))  # Triton -> toolkit ptxas where its own is too old
     env.update(d.service.env)
     return env
 

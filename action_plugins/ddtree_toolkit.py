@@ -1,0 +1,57 @@
+"""Ansible action ``ddtree_toolkit``: the CUDA toolkit role's decisions, made by ddtree_ops
+on the controller (no version logic in YAML). Option ``check`` picks one:
+
+* ``repo``: ``distribution``, ``version``, ``machine`` (Ansible facts), ``base_url`` ->
+  ``repo_path`` (e.g. ``debian12/x86_64``), ``url``, ``list_file``, ``keyring_deb_url``,
+  ``keyring_path``, ``keyring_package``. Fails for a distro NVIDIA has no repository for.
+* ``driver``: ``stdout``, ``rc``, ``stderr`` of ``nvidia-smi --query-gpu=driver_version,compute_cap
+  --format=csv,noheader``, ``cuda``, ``arch`` -> ``gpus``; fails with one clear message when the
+  driver is absent, too old for the toolkit, or the GPUs are not the host class' arch.
+* ``reboot``: ``connection``, ``host``, ``managed_changed``, ``reboot_required``, ``allowed`` ->
+  ``reboot`` (bool) and ``reason`` (see :func:`ddtree_ops.ops.toolkit.reboot_decision`).
+"""
+
+from __future__ import annotations
+
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        from ddtree_ops.config.toolchain import KEYRING_DEB, KEYRING_PACKAGE, KEYRING_PATH, NVIDIA_REPO_URL, nvidia_repo
+        from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, reboot_decision
+
+        result = super().run(tmp, task_vars)
+        result["changed"] = False
+        a = self._task.args
+        check = a.get("check")
+        if check == "repo":
+            try:
+                repo = nvidia_repo(str(a["distribution"]), str(a["version"]), str(a["machine"]))
+            except ValueError as exc:
+                return {**result, "failed": True, "msg": f"{exc}. Fix: use a supported distro, or mirror a repository "
+                                                         "of that layout and set cuda_toolkit_repo_url"}
+            url = repo.url(str(a.get("base_url") or NVIDIA_REPO_URL))
+            result.update(repo_path=repo.path, url=url, list_file=repo.list_file, keyring_deb_url=url + KEYRING_DEB,
+                          keyring_path=KEYRING_PATH, keyring_package=KEYRING_PACKAGE)
+        elif check == "driver":
+            try:
+                gpus = check_driver(str(a.get("stdout", "")), int(a.get("rc", 1)), str(a["cuda"]),
+                                    a.get("arch"), str(a.get("stderr", "")))
+            except DriverCheckError as exc:
+                return {**result, "failed": True, "msg": str(exc)}
+            drv = gpus[0].driver_version
+            result.update(gpus=[g.__dict__ for g in gpus], driver_version=drv,
+                          msg=f"{len(gpus)} GPU(s) {gpus[0].arch}, driver {drv}: ok for CUDA {a['cuda']}")
+        elif check == "reboot":
+            reboot, reason = reboot_decision(str(a.get("connection", "ssh")), str(a.get("host", "")),
+                                             boolean(a.get("managed_changed", False)),
+                                             boolean(a.get("reboot_required", False)), boolean(a.get("allowed", False)))
+            result.update(reboot=reboot, reason=reason, msg=reason)
+        else:
+            return {**result, "failed": True, "msg": f"ddtree_toolkit: check must be repo, driver or reboot, not {check!r}"}
+        return result
