@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/testhost.sh up
+bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 export PATH="$PWD/.venv/bin:$PATH"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 

@@ -12,4 +12,5 @@ if [[ ${DDTREE_PEER:-1} == 1 ]]; then
 fi
 trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
 bash scripts/testhost.sh up
+bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -rs "$@"

@@ -343,6 +343,8 @@ cmd_down() {
   local i idx; idx=$(known_indices)
   if [[ -z $idx ]]; then log "no test hosts running"; return 0; fi
   for i in $idx; do stop_host "$i"; done
+  # the stand-in NVIDIA repository served for them (scripts/testhost-standins.sh), if any
+  bash "$REPO_ROOT/scripts/testhost-standins.sh" down || true
 }
 
 cmd_status() {

@@ -1,7 +1,7 @@
 """Helpers for tests against the booted systemd test hosts (``scripts/testhost.sh``).
 
-They expect the hosts to be up already. When they are down they are skipped,
-unless ``DDTREE_TESTHOSTS=1`` is set (as in CI after ``testhost.sh up``): then they fail.
+They run only with ``DDTREE_TESTHOSTS=1`` (set by ``scripts/test.sh`` after ``testhost.sh up``
+and ``testhost-standins.sh up``), and then fail when the hosts are down; otherwise they skip.
 """
 
 from __future__ import annotations

@@ -2,20 +2,18 @@
 
 NVIDIA's repository is unreachable here: ``scripts/cuda_apt_standin.py`` builds a signed
 STAND-IN repository with NVIDIA's package names whose ``cuda-toolkit-X-Y`` packages hold
-the real ptxas binaries of NVIDIA's PyPI wheels; a fixture serves it on the test network
-(10.213.1.1, free port). The host has no GPU: a stand-in ``nvidia-smi`` prints the
-``--query-gpu=driver_version,compute_cap --format=csv,noheader`` format with a driver
-version each test chooses.
+the real ptxas binaries of NVIDIA's PyPI wheels; ``scripts/testhost-standins.sh up`` (run by
+test.sh) serves it on the test network at http://10.213.1.1:8765, inventory/test's
+``cuda_toolkit_repo_url``. The host has no GPU: a stand-in ``nvidia-smi`` (same script)
+prints the ``--query-gpu=driver_version,compute_cap --format=csv,noheader`` format with a
+driver version each test chooses; the module restores the default one at the end.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -55,32 +53,37 @@ def recap(output: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
+STANDINS = REPO_ROOT / "scripts" / "testhost-standins.sh"
+STANDIN_REPO_URL = "http://10.213.1.1:8765"   # inventory/test's cuda_toolkit_repo_url
+DEFAULT_DRIVER = "580.159.04"
+
+
 def set_driver(addr: str, driver: str | None, compute_cap: str = "10.3") -> None:
-    """Install a STAND-IN nvidia-smi printing 8 GPUs with ``driver`` (None: remove it)."""
-    if driver is None:
-        assert ssh(addr, "rm -f /usr/local/bin/nvidia-smi").returncode == 0
-        return
-    lines = "".join(f"echo '{driver}, {compute_cap}'\n" for _ in range(8))
-    script = f"#!/bin/sh\n# STAND-IN nvidia-smi (ddtree-ops tests; the host has no GPU)\n{lines}"
-    r = ssh(addr, f"cat > /usr/local/bin/nvidia-smi <<'EOF'\n{script}EOF\nchmod 755 /usr/local/bin/nvidia-smi")
+    """Set the host's STAND-IN nvidia-smi (8 GPUs, ``driver``; None: remove it) with the
+    same script test.sh uses (``scripts/testhost-standins.sh nvidia-smi``)."""
+    r = subprocess.run(["bash", str(STANDINS), "nvidia-smi", HOST, driver or "none", compute_cap],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
+
+
+def reset_toolkit(addr: str) -> None:
+    """Remove what the cuda_toolkit role installs (an earlier deploy may have installed it)."""
+    r = ssh(addr, "apt-mark unhold cuda-toolkit-13-0 >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive "
+                  "apt-get purge -y -q 'cuda-toolkit-*' cuda-keyring >/dev/null 2>&1; "
+                  "rm -f /usr/local/cuda /etc/profile.d/ddtree-cuda.sh /etc/apt/apt.conf.d/51ddtree-cuda-toolkit "
+                  "/etc/apt/sources.list.d/cuda-*.list; dpkg-query -W 'cuda-*' 2>/dev/null | wc -l")
+    assert r.stdout.strip() == "0", r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")
 def repo_url(hosts):
+    """The stand-in NVIDIA repository that scripts/testhost-standins.sh serves (test.sh starts it)."""
     assert HOST in hosts, f"{HOST} is not up: {hosts}"
-    built = subprocess.run([str(VENV_BIN / "python"), "scripts/cuda_apt_standin.py"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=900)
-    assert built.returncode == 0, built.stderr
-    root = built.stdout.strip().splitlines()[-1]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer((GATEWAY, 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    size = subprocess.run(["du", "-sb", root], capture_output=True, text=True).stdout.split()[0]
-    print(f"\nstand-in CUDA repo {root}: {int(size) / 1e6:.1f} MB, served on {GATEWAY}:{server.server_port}")
-    yield f"http://{GATEWAY}:{server.server_port}"
-    server.shutdown()
+    r = subprocess.run(["curl", "-fsS", "-o", "/dev/null", f"{STANDIN_REPO_URL}/debian12/x86_64/Release"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"stand-in repo not served at {STANDIN_REPO_URL}: run scripts/testhost-standins.sh up"
+    yield STANDIN_REPO_URL
+    set_driver(hosts[HOST], DEFAULT_DRIVER)   # leave the host as test.sh prepared it
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +118,7 @@ def test_driver_too_old_or_absent_refused(repo_url, addr, driver, expect):
 
 def test_install_held_linked_profile_then_idempotent(repo_url, addr):
     set_driver(addr, "580.159.04")
+    reset_toolkit(addr)
     first, t1 = play("playbooks/toolkit.yml", {"cuda_toolkit_repo_url": repo_url})
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-2000:]
     assert recap(first.stdout)["changed"] > 0

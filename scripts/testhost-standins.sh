@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# STAND-INS that make a booted test host look like a GPU box to the provisioning roles.
+# Test hosts have no GPU and no route to NVIDIA, so:
+#
+#   * NVIDIA's CUDA apt repository -> scripts/cuda_apt_standin.py (signed, NVIDIA's package
+#     names; its cuda-toolkit-X-Y packages hold only the real ptxas of NVIDIA's PyPI wheels),
+#     served over HTTP at http://10.213.1.1:8765 — the address inventory/test gives as
+#     cuda_toolkit_repo_url (10.213.1.1 is the root namespace's end of ddt-th1's veth).
+#   * the NVIDIA driver's nvidia-smi -> /usr/local/bin/nvidia-smi on the host, a script
+#     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs.
+#     Default: driver 580.159.04 (read off a real H200 host, ../shared/fixtures/gpu) with
+#     compute capability 10.3 (B300: inventory/test deploys the b300 host class).
+#
+#   scripts/testhost-standins.sh up                       serve the repo, stand-in nvidia-smi on ddt-th1
+#   scripts/testhost-standins.sh down                     stop serving the repo
+#   scripts/testhost-standins.sh nvidia-smi HOST DRIVER [CC]   set the stand-in (DRIVER "none": remove it)
+#
+# Needs the test hosts up (scripts/testhost.sh up) and the project venv (.venv).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNDIR="${DDTREE_TESTHOST_RUNDIR:-/run/ddtree-ops/testhost}"
+BIND=10.213.1.1
+PORT=8765
+PIDFILE="$RUNDIR/cuda-apt-standin.pid"
+DEFAULT_DRIVER=580.159.04
+DEFAULT_CC=10.3
+
+die() { printf 'testhost-standins: error: %s\n' "$*" >&2; exit 1; }
+log() { printf 'testhost-standins: %s\n' "$*" >&2; }
+
+serving() { [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+nvidia_smi() {
+  local host=$1 driver=$2 cc=${3:-$DEFAULT_CC} script
+  [[ $driver =~ ^(none|[0-9]+(\.[0-9]+)+)$ ]] || die "DRIVER must be a version like 580.159.04 or 'none', got '$driver'"
+  [[ $cc =~ ^[0-9]+\.[0-9]+$ ]] || die "CC must be like 10.3, got '$cc'"
+  if [[ $driver == none ]]; then
+    bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" rm -f /usr/local/bin/nvidia-smi
+    return
+  fi
+  script="#!/bin/sh
+# STAND-IN nvidia-smi (ddtree-ops test host; there is no GPU): 8 GPUs, driver $driver, compute capability $cc
+for i in 1 2 3 4 5 6 7 8; do echo '$driver, $cc'; done"
+  bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" \
+    "cat > /usr/local/bin/nvidia-smi <<'EOF'
+$script
+EOF
+chmod 755 /usr/local/bin/nvidia-smi"
+}
+
+cmd_up() {
+  mkdir -p "$RUNDIR"
+  if ! serving; then
+    local root
+    root=$("$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/cuda_apt_standin.py" | tail -n 1)
+    [[ -d $root/$'debian12/x86_64' ]] || die "stand-in repository not built: $root"
+    setsid "$REPO_ROOT/.venv/bin/python" -m http.server --bind "$BIND" --directory "$root" "$PORT" \
+      >"$RUNDIR/cuda-apt-standin.log" 2>&1 < /dev/null &
+    echo $! >"$PIDFILE"
+    for _ in $(seq 50); do
+      curl -fsS -o /dev/null "http://$BIND:$PORT/debian12/x86_64/Release" 2>/dev/null && break
+      sleep 0.1
+    done
+    curl -fsS -o /dev/null "http://$BIND:$PORT/debian12/x86_64/Release" \
+      || die "stand-in repository does not answer on $BIND:$PORT (log: $RUNDIR/cuda-apt-standin.log)"
+    log "stand-in CUDA apt repository on http://$BIND:$PORT ($root)"
+  fi
+  nvidia_smi ddt-th1 "$DEFAULT_DRIVER" "$DEFAULT_CC"
+  log "stand-in nvidia-smi on ddt-th1: driver $DEFAULT_DRIVER, compute capability $DEFAULT_CC"
+}
+
+cmd_down() {
+  if serving; then kill "$(cat "$PIDFILE")" 2>/dev/null || true; fi
+  rm -f "$PIDFILE"
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  nvidia-smi) shift; [[ $# -ge 2 ]] || die "usage: $0 nvidia-smi HOST DRIVER|none [CC]"; nvidia_smi "$@" ;;
+  *) die "usage: $0 up | down | nvidia-smi HOST DRIVER|none [CC]" ;;
+esac
