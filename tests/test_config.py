@@ -131,8 +131,15 @@ def test_sm120_refuses_trtllm(hostvars):
     assert f.field == "ddtree_speculative.draft_attention_backend" and "sm_120" in f.rule
 
 
-def test_unpatched_ddtree_build_with_graphs_refused(hostvars):
-    hostvars["ddtree_sglang"] = {"ddtree_source": "sglang-pr-27509"}
+def test_unpatched_ddtree_build_with_graphs_needs_the_plugin(hostvars):
+    """sglang-pr-27509 sizes verify graphs from block_size: on a real build the plugin rides
+    along (warning, the probe checks it); on the simulator nothing would, so it is refused."""
+    hostvars["ddtree_sglang"] = {"source": "git", "ddtree_source": "sglang-pr-27509"}
+    v = validate_hostvars("h1", hostvars)
+    [w] = [w for w in v.warnings if w.field == "ddtree_sglang.ddtree_source"]
+    assert "size of tensor a (8)" in w.rule and "(33)" in w.rule and "plugin" in w.rule
+    hostvars["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-27509",
+                                 "simulated_build": "ddtree-unpatched"}
     [f] = errors_of(hostvars)
     assert f.field == "ddtree_sglang.ddtree_source" and "size of tensor a (8)" in f.rule and "(33)" in f.rule
     hostvars["ddtree_server"]["cuda_graph"] = False

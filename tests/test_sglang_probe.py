@@ -57,8 +57,6 @@ def dflash(version: str, **server) -> dict:
 def ddtree_on_release(version: str, source: str) -> dict:
     hv = copy.deepcopy(base_hostvars())
     hv["ddtree_sglang"] = {"source": "pypi", "version": version, "ddtree_source": source}
-    if not build_facts(version, source).sizes_verify_at_budget_plus_one:
-        hv["ddtree_server"]["cuda_graph"] = False  # the validator refuses graphs on this source
     return hv
 
 
@@ -135,16 +133,16 @@ def _ddtree_ops_copy(dest: Path, with_entry_point: bool) -> Path:
 
 
 def _unsized_request() -> dict:
-    hv = ddtree_on_release("0.5.13.post1", "sglang-pr-27509")
-    req = probe_request(validate_hostvars("h1", hv))
-    req.update(needs_verify_sizing=True)  # what a graphs-on deployment asks of this build
+    """A graphs-on DDTree deployment on sglang-pr-27509 (the validator accepts it with a
+    warning: the plugin must ride along, which is what the probe checks)."""
+    req = probe_request(validate_hostvars("h1", ddtree_on_release("0.5.13.post1", "sglang-pr-27509")))
+    assert req["needs_verify_sizing"] is True
     return req
 
 
 def test_unsized_ddtree_build_without_plugin_is_stopped(sglang_python, tmp_path, monkeypatch):
     """pr-27509 sizes verify graphs from block_size: with graphs on and no plugin the probe
-    fails and names the pin that fixes it (the config allows it with cuda_graph on only via
-    the plugin; here the request is built by hand from the table)."""
+    fails and names the pin that fixes it."""
     monkeypatch.setenv("PYTHONPATH", str(_ddtree_ops_copy(tmp_path, with_entry_point=False)))
     monkeypatch.chdir(tmp_path)  # `python -m` puts the cwd on sys.path
     rc, result = run_probe(sglang_python["0.5.13.post1"], _unsized_request())

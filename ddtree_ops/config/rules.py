@@ -123,8 +123,9 @@ def rule_draft_window(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """DDTree is in no release: the pin must name a DDTree source whose build sizes
-    target-verify graphs at budget + 1 whenever graphs are on."""
+    """DDTree is in no release: the pin must name a DDTree source. With graphs on, a source
+    that sizes target-verify graphs from block_size (sglang-pr-27509) runs only with the
+    ddtree-ops SGLang plugin, which the simulator cannot load (refused there)."""
     pin = d.sglang
     if pin.ddtree_source and pin.version and pin.version != DDTREE_SOURCES[pin.ddtree_source].base_version:
         yield _err("ddtree_sglang.version", pin.version,
@@ -142,12 +143,21 @@ def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "use simulated_build: ddtree")
     src = DDTREE_SOURCES[pin.ddtree_source]
     if p.cuda_graphs and not src.sizes_verify_at_budget_plus_one and p.verify_tokens_per_req != p.block_size:
-        yield _err("ddtree_sglang.ddtree_source", pin.ddtree_source,
-                   f"this build sizes target-verify graphs from block_size ({p.block_size}) but DDTree verifies "
-                   f"budget + 1 = {p.verify_tokens_per_req} tokens per request: the first verify crashes with "
-                   f"'The size of tensor a ({p.block_size}) must match the size of tensor b ({p.verify_tokens_per_req})'",
-                   "pin sglang-pr-29907 (DFlashWorkerV2, sized correctly), or set ddtree_server.cuda_graph: false",
-                   src.reference)
+        crash = (f"this build sizes target-verify graphs from block_size ({p.block_size}) but DDTree verifies "
+                 f"budget + 1 = {p.verify_tokens_per_req} tokens per request: unguarded, the first verify crashes with "
+                 f"'The size of tensor a ({p.block_size}) must match the size of tensor b ({p.verify_tokens_per_req})'")
+        if pin.source == "simulator":
+            # The simulator loads no SGLang plugins: nothing would correct the width.
+            yield _err("ddtree_sglang.ddtree_source", pin.ddtree_source, crash,
+                       "pin sglang-pr-29907 (DFlashWorkerV2, sized correctly), or set ddtree_server.cuda_graph: false",
+                       src.reference)
+        else:
+            yield _warn("ddtree_sglang.ddtree_source", pin.ddtree_source,
+                        crash + "; the ddtree-ops SGLang plugin (installed into the SGLang venv by the sglang role, "
+                        "ddtree_ops/sglang/plugin.py) resizes them to budget + 1, and the capability probe stops the "
+                        "deploy if the plugin is missing",
+                        "nothing, if the sglang role installs this build; or pin sglang-pr-29907, "
+                        "or set ddtree_server.cuda_graph: false", src.reference)
 
 
 def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
