@@ -393,10 +393,16 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
         raise typer.BadParameter(f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered") from None
     if upstream is not None:
         _url(upstream)
+    else:
+        try:
+            _url(str(doc.get("url")))
+        except typer.BadParameter:
+            raise typer.BadParameter(f"--plan {plan_file}: url = {doc.get('url')!r} is not http(s)://HOST:PORT. Fix: "
+                                     "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
         listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', 9400)}"
     host, _, port_s = listen.rpartition(":")
-    if not host or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
+    if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
         raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
     exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout)
     try:

@@ -223,6 +223,30 @@ def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
         Exporter({"deployment": {}}, registry=CollectorRegistry())
 
 
+@pytest.mark.parametrize("url", ["garbage", None, "http://[::1"])
+def test_cli_exporter_bad_plan_url_is_refused(url, tmp_path, capsys) -> None:
+    """Without --upstream the plan's url is the upstream: a bad one is exit 2 naming it (it used to
+    serve ddtree_up 0 forever, or end in a bare InvalidURL)."""
+    doc = plan_document(sim_deployment()[0])
+    doc["url"] = url
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main(["exporter", "--plan", str(plan), "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert f"url = {url!r}" in err and "--upstream" in err and "InvalidURL" not in err, err
+
+
+def test_cli_exporter_refuses_non_ascii_port_and_list_plan(tmp_path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_document(sim_deployment()[0])))
+    assert main(["exporter", "--plan", str(plan), "--listen", "127.0.0.1:\u0661\u0662"]) == 2
+    assert "--listen" in capsys.readouterr().err
+    plan.write_text("[1, 2]")
+    assert main(["exporter", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "not a plan.json" in err and "missing or bad list indices" not in err, err
+
+
 def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:
     import signal
     import subprocess
