@@ -217,6 +217,24 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
     return None, None
 
 
+def _plan_ops(doc: dict | None, key: str, default: float, kind: type = float) -> float:
+    """``deployment.ops.<key>`` of a plan document as ``kind`` (``default`` when absent).
+
+    Raises ``typer.BadParameter`` (exit 2) naming the key and value when it is not a number.
+    """
+    ops = (doc or {}).get("deployment", {}).get("ops") or {}
+    value = ops.get(key, default) if isinstance(ops, dict) else ops
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        where = f"deployment.ops.{key}" if isinstance(ops, dict) else "deployment.ops"
+        what = "a number" if isinstance(ops, dict) else "an object"
+        raise typer.BadParameter(f"--plan: {where} = {value!r} is not {what}. Fix: re-render plan.json "
+                                 "(ddtree-ops render / deploy.yml), or pass the option explicitly") from None
+
+
 def _target(url: str | None, default: str | None) -> str:
     if url is None:
         if default is None:
@@ -249,9 +267,8 @@ def health(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit)
     target = _target(url, default_url)
-    ops = (doc or {}).get("deployment", {}).get("ops", {}) if doc else {}
-    timeout = _positive("--timeout", timeout if timeout is not None else float(ops.get("health_timeout_s", 5.0)), 300)
-    failures = failures if failures is not None else int(ops.get("health_failures", 3))
+    timeout = _positive("--timeout", timeout if timeout is not None else _plan_ops(doc, "health_timeout_s", 5.0), 300)
+    failures = failures if failures is not None else int(_plan_ops(doc, "health_failures", 3, int))
     if not 1 <= failures <= 1000:
         raise typer.BadParameter(f"--failures {failures}: must be 1..1000")
     _positive("--interval", interval, 3600, zero_ok=True)
@@ -281,8 +298,7 @@ def warmup(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit)
     target = _target(url, default_url)
-    ops = doc["deployment"].get("ops", {}) if doc else {}
-    deadline = _positive("--deadline", deadline if deadline is not None else float(ops.get("warmup_deadline_s", 600)))
+    deadline = _positive("--deadline", deadline if deadline is not None else _plan_ops(doc, "warmup_deadline_s", 600.0))
     if not 1 <= max_new_tokens <= 1 << 20:
         raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
     if not 1 <= long_prompt_words <= 1 << 20:

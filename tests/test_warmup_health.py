@@ -290,6 +290,29 @@ def test_health_usage_errors_exit_2(capsys, tmp_path):
     assert "not a plan.json rendered by ddtree-ops" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("ops, key", [(None, None), ({"health_timeout_s": "abc"}, "health_timeout_s"),
+                                      ({"health_failures": "x"}, "health_failures"),
+                                      ({"health_timeout_s": None}, "health_timeout_s"),
+                                      ({"warmup_deadline_s": "10m"}, "warmup_deadline_s"), ([1], "ops")])
+def test_plan_with_non_numeric_ops_is_a_usage_error_naming_the_key(ops, key, capsys, tmp_path):
+    """A hand-edited plan.json whose deployment.ops values are not numbers is exit 2 naming the key
+    (was ``AttributeError: 'NoneType' ...`` / ``ValueError: could not convert ...``); ops: null means defaults."""
+    doc = plan_document(_validated(vision=False))
+    doc["deployment"]["ops"] = ops
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    cmd = "warmup" if key == "warmup_deadline_s" else "health"
+    rc = main([cmd, "http://127.0.0.1:9", "--plan", str(plan), "--batch-sizes", "1"] if cmd == "warmup"
+              else [cmd, "http://127.0.0.1:9", "--plan", str(plan), "--failures", "1", "--timeout", "1"]
+              if key is None else [cmd, "http://127.0.0.1:9", "--plan", str(plan)])
+    err = capsys.readouterr().err
+    if key is None:  # defaults apply; the server is down, so the check (not the plan) fails
+        assert rc == 1 and "Error:" not in err, err
+        return
+    assert rc == 2 and f"{key} = {(ops if key == 'ops' else ops[key])!r}" in err, err
+    assert "Error:" not in err and "Traceback" not in err
+
+
 def test_unit_is_active_only_after_health_and_warmup():
     v = _validated(vision=False)
     unit = next(f.content for f in render_host(v) if f.path.endswith(".service"))
