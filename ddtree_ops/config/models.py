@@ -195,6 +195,7 @@ class SGLangPin(_Model):
     def _commit(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[0-9a-f]{40}", v):
             what = ("an abbreviated SHA" if re.fullmatch(r"[0-9a-fA-F]{4,39}", v)
+                    else "upper-case hex (write it as git prints it, in lower case)" if re.fullmatch(r"[0-9a-fA-F]{40}", v)
                     else "a branch or tag name, which can move under you")
             raise _fail(f"must be a full 40-hex commit SHA, not {what}",
                         f"pin the commit itself: git rev-parse {v if _SAFE_ARG.fullmatch(v) else 'REF'} in the repository")
