@@ -143,7 +143,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
 
 
 @app.command()
-def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")],
+def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory to write into.")],
            inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None) -> None:
     """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
     alert rules, Grafana dashboard).
@@ -152,8 +152,9 @@ def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory 
     """
     from .render import render_host, render_prometheus
 
-    if not str(out_dir).strip():
+    if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
+    out_dir = Path(out_dir)
     validated = _require_valid(inventory, limit)
     writes = [(out_dir / v.deployment.host / f.path.lstrip("/"), f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
