@@ -313,6 +313,65 @@ def test_plan_with_non_numeric_ops_is_a_usage_error_naming_the_key(ops, key, cap
     assert "Error:" not in err and "Traceback" not in err
 
 
+class _OddServer:
+    """A loopback HTTP server answering /health 200 and fixed bodies for /server_info and /metrics."""
+
+    def __init__(self, server_info: bytes, metrics: bytes) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = {"/health": b"", "/server_info": server_info, "/metrics": metrics}
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = bodies.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("info, metrics, failed, words", [
+    (b"[1, 2]", b"", "accept_length", "answered JSON list, not an object"),
+    (b'{"internal_states": [null, 5, {"avg_spec_accept_length": "x"}]}', b"sglang:num_running_reqs 0\n", None, None),
+    (b'{"model_path": "m", "tp_size": 8, "internal_states": 5}',
+     b"sglang:num_running_reqs 1\nsglang:generation_tokens_total notanumber\n", "progress", "not Prometheus text"),
+])
+def test_odd_server_answers_are_check_results_not_crashes(info, metrics, failed, words):
+    """/server_info that is not an object, non-numeric accept lengths and unparseable /metrics are
+    failed checks (exit 1) — they used to escape as AttributeError/ValueError (exit 2, no checks)."""
+    with _OddServer(info, metrics) as srv:
+        checks = check_health(srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0, progress_window_s=0.1))
+    by_name = {c.name: c for c in checks}
+    assert by_name["reachable"].ok and by_name["ready"].ok
+    if failed is None:
+        assert by_name["accept_length"].ok and by_name["accept_length"].detail == "no verify pass yet"
+    else:
+        assert not by_name[failed].ok and words in by_name[failed].detail, checks
+
+
+def test_drift_that_compared_nothing_fails(deployed):
+    """A /server_info with none of the deployed settings (no model_path, no tp_size) is not
+    'running settings match'."""
+    with _OddServer(b'{"internal_states": []}', b"") as srv:
+        checks = check_health(srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0,
+                                                             plan_doc=deployed["doc"]))
+    drift = next(c for c in checks if c.name == "drift")
+    assert not drift.ok and "reports none of the deployed settings" in drift.detail
+
+
 def test_unit_is_active_only_after_health_and_warmup():
     v = _validated(vision=False)
     unit = next(f.content for f in render_host(v) if f.path.endswith(".service"))
