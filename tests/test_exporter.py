@@ -212,6 +212,34 @@ def test_scrape_fast_when_upstream_down_or_hanging(sim, upstream) -> None:
             hang.close()
 
 
+def test_drift_absent_when_server_info_reports_nothing_to_compare(sim) -> None:
+    """An upstream whose /server_info holds none of the deployed settings is 'drift unknown'
+    (absent), not ddtree_config_drift 0."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = b"sglang:num_running_reqs 0\n" if self.path == "/metrics" else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    up = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    reg = CollectorRegistry()
+    exp = Exporter(sim.plan_doc, registry=reg, upstream=f"http://127.0.0.1:{up.server_address[1]}")
+    try:
+        assert exp.poll_once().up
+        assert value(reg, "ddtree_up") == 1 and value(reg, "ddtree_config_drift") is None
+    finally:
+        exp.stop(join_timeout=0)
+        up.shutdown()
+
+
 def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
     bad = tmp_path / "plan.json"
     bad.write_text('{"host": "x"}')

@@ -371,6 +371,8 @@ class _Collector(Collector):
                 drifts, missing = find_drift(e.plan_doc, server_info)
             except (KeyError, TypeError):
                 drifts, missing = None, []
+            if drifts is not None and "model_path" in missing and "tp_size" in missing:
+                drifts = None  # every SGLang reports both: nothing was compared, drift unknown (absent)
             if drifts is not None:
                 drift.add_metric(lv, 1.0 if drifts else 0.0)
                 names = {d.name for d in drifts}
