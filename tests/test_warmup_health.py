@@ -313,6 +313,21 @@ def test_plan_with_non_numeric_ops_is_a_usage_error_naming_the_key(ops, key, cap
     assert "Error:" not in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("model, words", [({"context_length": "abc"}, "context_length = 'abc'"),
+                                          ({"vision": True, "vision_min_pixels": 10 ** 12}, "vision_min_pixels = 10000"),
+                                          ({"vision": True, "vision_min_pixels": -1}, "vision_min_pixels = -1")])
+def test_warmup_refuses_plan_model_values_before_any_request(model, words, capsys, tmp_path):
+    """Out-of-bounds context_length / vision_min_pixels in plan.json are exit 2 up front — they used
+    to end the run with TypeError, or ValueError after every text step (minutes on a real host)."""
+    doc = plan_document(_validated(vision=False))
+    doc["deployment"]["model"].update(model)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main(["warmup", "http://127.0.0.1:9", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Error:" not in err, err
+
+
 class _OddServer:
     """A loopback HTTP server answering /health 200 and fixed bodies for /server_info and /metrics."""
 

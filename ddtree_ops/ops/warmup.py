@@ -147,11 +147,18 @@ def warmup_plan(plan_doc: dict[str, Any]) -> WarmupPlan:
 
     Raises:
         KeyError, TypeError: not a plan document (``deployment`` and ``plan`` objects).
+        ValueError: ``context_length`` or ``vision_min_pixels`` out of the model's bounds (checked
+            before any request, not after the text steps).
     """
     plan, model = plan_doc["plan"], plan_doc["deployment"]["model"]
     sizes, source = warmup_batch_sizes(plan)
     min_px = model.get("vision_min_pixels") if model.get("vision") else None
-    return WarmupPlan(sizes, source, int(min_px) if min_px else None, model.get("context_length"))
+    ctx = model.get("context_length")
+    if ctx is not None and (type(ctx) is not int or ctx < 1):
+        raise ValueError(f"deployment.model.context_length = {ctx!r}: must be a positive number of tokens")
+    if min_px is not None and (type(min_px) is not int or not 1 <= min_px <= 1 << 26):  # ModelSpec's bounds
+        raise ValueError(f"deployment.model.vision_min_pixels = {min_px!r}: must be an integer 1..{1 << 26}")
+    return WarmupPlan(sizes, source, min_px, ctx)
 
 
 # ---------------------------------------------------------------- images
