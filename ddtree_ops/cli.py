@@ -427,7 +427,7 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     except OSError as exc:
         raise typer.BadParameter(f"--listen {listen}: cannot bind: {exc.strerror or exc}") from None
     exp.start()
-    say(err, "exporter", "green", f"serving http://{listen}/metrics for {exp.upstream}")
+    say(err, "exporter", "green", f"serving http://{host}:{server.server_port}/metrics for {exp.upstream}")
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -275,6 +275,27 @@ def test_cli_exporter_refuses_non_ascii_port_and_list_plan(tmp_path, capsys) -> 
     assert "not a plan.json" in err and "missing or bad list indices" not in err, err
 
 
+def test_cli_exporter_port_0_prints_the_bound_port(sim, tmp_path) -> None:
+    """--listen HOST:0 binds a free port; the startup line names it (it printed ':0')."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(sim.plan_doc))
+    p = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan), "--upstream", sim.base,
+                          "--listen", "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
+        assert m and m.group(1) != "0", line
+        assert "ddtree_deployment_info" in httpx.get(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=5).text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=10)
+
+
 def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:
     import signal
     import subprocess
