@@ -234,6 +234,11 @@ def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
         yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
                    "health probes under 3 s flap (SGLang's /health runs a 1-token generation, ~1 s at best)",
                    "use at least 3 (default 5)", "sglang/srt/entrypoints/http_server.py health_generate")
+    if d.ops.health_timeout_s > 300:  # the unit's ExecStartPost passes it as `ddtree-ops health --timeout`
+        yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
+                   "the unit's readiness check runs `ddtree-ops health --timeout` with it, which accepts at most "
+                   "300 s (SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)",
+                   "use 3..300 (default 5)", "ddtree_ops/cli.py health")
 
 
 def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
