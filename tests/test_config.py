@@ -212,6 +212,14 @@ def test_health_timeout_ceiling_matches_the_cli(hostvars):
                  "--failures", "1"]) == 1  # accepted by the CLI (the check fails: nothing listens)
 
 
+def test_service_env_cannot_override_the_plugin_sizes(hostvars):
+    """ddtree_service.env wins over the rendered env; DDTREE_OPS_VERIFY_TOKENS_PER_REQ=8 there would
+    make the plugin size DDTree verify graphs at 8 (the tensor 8 vs 33 crash) — refused."""
+    hostvars["ddtree_service"] = {**hostvars.get("ddtree_service", {}), "env": {"DDTREE_OPS_VERIFY_TOKENS_PER_REQ": "8"}}
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_service.env" and "derived from the validated config" in f.rule
+
+
 def test_silent_rewrites_are_warnings(hostvars):
     hostvars.update(ddtree_speculative={"algorithm": "EAGLE", "draft_model_path": "d/e", "num_steps": 3, "topk": 1,
                                         "num_draft_tokens": 6},

@@ -393,6 +393,10 @@ class Service(_Model):
                 raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
+            if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these
+                raise _fail(f"{key} is derived from the validated config (the SGLang plugin checks the server's "
+                            "graph sizes against it; an override defeats that guard)",
+                            "remove it; change ddtree_speculative (block_size, budget) instead")
         return v
 
     @property
