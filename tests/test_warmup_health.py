@@ -377,6 +377,37 @@ def test_odd_server_answers_are_check_results_not_crashes(info, metrics, failed,
         assert not by_name[failed].ok and words in by_name[failed].detail, checks
 
 
+@pytest.mark.parametrize("answer, rc, words", [
+    (b"[1, 2]", 1, "no meta_info object"),
+    (b'{"text": "x", "meta_info": 5}', 1, "no meta_info object"),
+    (b'{"text": "x", "meta_info": {"completion_tokens": "x", "spec_accept_length": "y"}}', 0, "2 steps"),
+])
+def test_warmup_against_a_server_that_is_not_sglang(answer, rc, words, capsys):
+    """/generate answers without a meta_info object fail the warmup (a JSON list used to pass it);
+    non-numeric meta_info values are skipped, not an AttributeError/ValueError exit 2."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert main(["warmup", f"http://127.0.0.1:{srv.server_address[1]}", "--batch-sizes", "1,2", "--json"]) == rc
+    finally:
+        srv.shutdown()
+    out = capsys.readouterr().out
+    assert words in json.loads(out)["checks"][0]["detail"], out
+
+
 def test_drift_that_compared_nothing_fails(deployed):
     """A /server_info with none of the deployed settings (no model_path, no tp_size) is not
     'running settings match'."""
