@@ -205,7 +205,7 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
         except (OSError, ValueError, TypeError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc}); "
                                      "use the host's /etc/ddtree-ops/<name>/plan.json") from None
-        return doc, doc.get("url")
+        return doc, str(doc.get("url"))
     if inventory is not None:
         from .render.files import plan_document
 
@@ -240,7 +240,11 @@ def _target(url: str | None, default: str | None) -> str:
     if url is None:
         if default is None:
             raise typer.BadParameter("give the server URL, or --plan / --inventory to take it from the deployment")
-        url = default
+        try:
+            return _url(default)
+        except typer.BadParameter:
+            raise typer.BadParameter(f"the deployment's url = {default!r} is not http(s)://HOST:PORT. Fix: re-render "
+                                     "plan.json, or give the server URL") from None
     return _url(url)
 
 

@@ -328,6 +328,19 @@ def test_warmup_refuses_plan_model_values_before_any_request(model, words, capsy
     assert words in err and "Error:" not in err, err
 
 
+@pytest.mark.parametrize("cmd", ["health", "warmup"])
+@pytest.mark.parametrize("url", [None, "garbage"])
+def test_bad_url_in_plan_is_named(cmd, url, capsys, tmp_path):
+    """A plan.json without a usable url: the message says it is the deployment's url (a missing one
+    used to ask for '--plan / --inventory', which were given)."""
+    doc = plan_document(_validated(vision=False))
+    doc["url"] = url
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main([cmd, "--plan", str(plan)]) == 2
+    assert f"the deployment's url = {str(url)!r}" in capsys.readouterr().err
+
+
 class _OddServer:
     """A loopback HTTP server answering /health 200 and fixed bodies for /server_info and /metrics."""
 
