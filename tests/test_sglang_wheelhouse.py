@@ -179,6 +179,13 @@ def test_fields_of_another_source_refused():
                     "version (+ optional requirements)). Fix: remove it, or set source to the kind of pin it belongs to"]
 
 
+def test_simulated_build_only_with_the_simulator():
+    """An inventory copied from a test host and switched to git keeps simulated_build: refused, not
+    silently ignored."""
+    msgs = errors(pin_vars(source="git", repo="https://example.org/sglang.git", commit="a" * 40, simulated_build="ddtree"))
+    assert any(m.startswith("h1: ddtree_sglang.simulated_build = 'ddtree': does not apply to source git") for m in msgs)
+
+
 def test_patches_and_lock_accepted():
     hv = pin_vars(source="git", repo="https://github.com/sgl-project/sglang.git", commit="b" * 40,
                   patches=[{"path": "patches/0001.patch", "sha256": "c" * 64}],

@@ -318,8 +318,9 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
     commit SHA (and checksummed patches); fields of another source are refused."""
     pin = d.sglang
     _required, allowed = _PIN_FIELDS[pin.source]
-    allowed = allowed | {"version", "requirements"} | ({"install_release"} if pin.source == "simulator" else set())
-    given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements")
+    allowed = allowed | {"version", "requirements"} | ({"install_release", "simulated_build"} if pin.source == "simulator"
+                                                       else set())
+    given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements", "simulated_build")
              if getattr(pin, f) is not None} | ({"patches"} if pin.patches else set()) | (
         {"install_release"} if pin.install_release else set())
     for f in sorted(given - allowed):
