@@ -143,7 +143,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
 
 
 @app.command()
-def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")],
+def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory to write into.")],
            inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None) -> None:
     """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
     alert rules, Grafana dashboard).
@@ -152,8 +152,9 @@ def render(out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory 
     """
     from .render import render_host, render_prometheus
 
-    if not str(out_dir).strip():
+    if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
+    out_dir = Path(out_dir)
     validated = _require_valid(inventory, limit)
     writes = [(out_dir / v.deployment.host / f.path.lstrip("/"), f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
@@ -204,7 +205,7 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
         except (OSError, ValueError, TypeError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc}); "
                                      "use the host's /etc/ddtree-ops/<name>/plan.json") from None
-        return doc, doc.get("url")
+        return doc, str(doc.get("url"))
     if inventory is not None:
         from .render.files import plan_document
 
@@ -217,11 +218,33 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
     return None, None
 
 
+def _plan_ops(doc: dict | None, key: str, default: float, kind: type = float) -> float:
+    """``deployment.ops.<key>`` of a plan document as ``kind`` (``default`` when absent).
+
+    Raises ``typer.BadParameter`` (exit 2) naming the key and value when it is not a number.
+    """
+    ops = (doc or {}).get("deployment", {}).get("ops") or {}
+    value = ops.get(key, default) if isinstance(ops, dict) else ops
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        where = f"deployment.ops.{key}" if isinstance(ops, dict) else "deployment.ops"
+        what = "a number" if isinstance(ops, dict) else "an object"
+        raise typer.BadParameter(f"--plan: {where} = {value!r} is not {what}. Fix: re-render plan.json "
+                                 "(ddtree-ops render / deploy.yml), or pass the option explicitly") from None
+
+
 def _target(url: str | None, default: str | None) -> str:
     if url is None:
         if default is None:
             raise typer.BadParameter("give the server URL, or --plan / --inventory to take it from the deployment")
-        url = default
+        try:
+            return _url(default)
+        except typer.BadParameter:
+            raise typer.BadParameter(f"the deployment's url = {default!r} is not http(s)://HOST:PORT. Fix: re-render "
+                                     "plan.json, or give the server URL") from None
     return _url(url)
 
 
@@ -249,9 +272,8 @@ def health(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit)
     target = _target(url, default_url)
-    ops = (doc or {}).get("deployment", {}).get("ops", {}) if doc else {}
-    timeout = _positive("--timeout", timeout if timeout is not None else float(ops.get("health_timeout_s", 5.0)), 300)
-    failures = failures if failures is not None else int(ops.get("health_failures", 3))
+    timeout = _positive("--timeout", timeout if timeout is not None else _plan_ops(doc, "health_timeout_s", 5.0), 300)
+    failures = failures if failures is not None else int(_plan_ops(doc, "health_failures", 3, int))
     if not 1 <= failures <= 1000:
         raise typer.BadParameter(f"--failures {failures}: must be 1..1000")
     _positive("--interval", interval, 3600, zero_ok=True)
@@ -281,8 +303,7 @@ def warmup(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit)
     target = _target(url, default_url)
-    ops = doc["deployment"].get("ops", {}) if doc else {}
-    deadline = _positive("--deadline", deadline if deadline is not None else float(ops.get("warmup_deadline_s", 600)))
+    deadline = _positive("--deadline", deadline if deadline is not None else _plan_ops(doc, "warmup_deadline_s", 600.0))
     if not 1 <= max_new_tokens <= 1 << 20:
         raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
     if not 1 <= long_prompt_words <= 1 << 20:
@@ -393,10 +414,16 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
         raise typer.BadParameter(f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered") from None
     if upstream is not None:
         _url(upstream)
+    else:
+        try:
+            _url(str(doc.get("url")))
+        except typer.BadParameter:
+            raise typer.BadParameter(f"--plan {plan_file}: url = {doc.get('url')!r} is not http(s)://HOST:PORT. Fix: "
+                                     "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
         listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', 9400)}"
     host, _, port_s = listen.rpartition(":")
-    if not host or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
+    if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
         raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
     exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout)
     try:
@@ -404,7 +431,7 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     except OSError as exc:
         raise typer.BadParameter(f"--listen {listen}: cannot bind: {exc.strerror or exc}") from None
     exp.start()
-    say(err, "exporter", "green", f"serving http://{listen}/metrics for {exp.upstream}")
+    say(err, "exporter", "green", f"serving http://{host}:{server.server_port}/metrics for {exp.upstream}")
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

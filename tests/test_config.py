@@ -205,6 +205,28 @@ def test_health_timeout_floor(hostvars):
     assert f.field == "ddtree_ops.health_timeout_s" and "3 s" in f.rule
 
 
+def test_health_timeout_ceiling_matches_the_cli(hostvars):
+    """A health_timeout_s the CLI refuses (> 300) would make every start of the unit fail in
+    ExecStartPost (`ddtree-ops health --timeout 600.0` exits 2); the validator refuses it."""
+    from ddtree_ops.cli import main
+
+    hostvars["ddtree_ops"] = {"health_timeout_s": 600}
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_ops.health_timeout_s" and "at most 300 s" in f.rule
+    hostvars["ddtree_ops"] = {"health_timeout_s": 300}
+    v = validate_hostvars("h1", hostvars)
+    assert main(["health", "http://127.0.0.1:9", "--timeout", str(v.deployment.ops.health_timeout_s),
+                 "--failures", "1"]) == 1  # accepted by the CLI (the check fails: nothing listens)
+
+
+def test_service_env_cannot_override_the_plugin_sizes(hostvars):
+    """ddtree_service.env wins over the rendered env; DDTREE_OPS_VERIFY_TOKENS_PER_REQ=8 there would
+    make the plugin size DDTree verify graphs at 8 (the tensor 8 vs 33 crash) — refused."""
+    hostvars["ddtree_service"] = {**hostvars.get("ddtree_service", {}), "env": {"DDTREE_OPS_VERIFY_TOKENS_PER_REQ": "8"}}
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_service.env" and "derived from the validated config" in f.rule
+
+
 def test_silent_rewrites_are_warnings(hostvars):
     hostvars.update(ddtree_speculative={"algorithm": "EAGLE", "draft_model_path": "d/e", "num_steps": 3, "topk": 1,
                                         "num_draft_tokens": 6},

@@ -212,6 +212,34 @@ def test_scrape_fast_when_upstream_down_or_hanging(sim, upstream) -> None:
             hang.close()
 
 
+def test_drift_absent_when_server_info_reports_nothing_to_compare(sim) -> None:
+    """An upstream whose /server_info holds none of the deployed settings is 'drift unknown'
+    (absent), not ddtree_config_drift 0."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = b"sglang:num_running_reqs 0\n" if self.path == "/metrics" else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    up = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    reg = CollectorRegistry()
+    exp = Exporter(sim.plan_doc, registry=reg, upstream=f"http://127.0.0.1:{up.server_address[1]}")
+    try:
+        assert exp.poll_once().up
+        assert value(reg, "ddtree_up") == 1 and value(reg, "ddtree_config_drift") is None
+    finally:
+        exp.stop(join_timeout=0)
+        up.shutdown()
+
+
 def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
     bad = tmp_path / "plan.json"
     bad.write_text('{"host": "x"}')
@@ -221,6 +249,51 @@ def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
     assert main(["exporter", "--plan", str(tmp_path / "missing.json")]) == 2
     with pytest.raises(PlanError):
         Exporter({"deployment": {}}, registry=CollectorRegistry())
+
+
+@pytest.mark.parametrize("url", ["garbage", None, "http://[::1"])
+def test_cli_exporter_bad_plan_url_is_refused(url, tmp_path, capsys) -> None:
+    """Without --upstream the plan's url is the upstream: a bad one is exit 2 naming it (it used to
+    serve ddtree_up 0 forever, or end in a bare InvalidURL)."""
+    doc = plan_document(sim_deployment()[0])
+    doc["url"] = url
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main(["exporter", "--plan", str(plan), "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert f"url = {url!r}" in err and "--upstream" in err and "InvalidURL" not in err, err
+
+
+def test_cli_exporter_refuses_non_ascii_port_and_list_plan(tmp_path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_document(sim_deployment()[0])))
+    assert main(["exporter", "--plan", str(plan), "--listen", "127.0.0.1:\u0661\u0662"]) == 2
+    assert "--listen" in capsys.readouterr().err
+    plan.write_text("[1, 2]")
+    assert main(["exporter", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "not a plan.json" in err and "missing or bad list indices" not in err, err
+
+
+def test_cli_exporter_port_0_prints_the_bound_port(sim, tmp_path) -> None:
+    """--listen HOST:0 binds a free port; the startup line names it (it printed ':0')."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(sim.plan_doc))
+    p = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan), "--upstream", sim.base,
+                          "--listen", "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
+        assert m and m.group(1) != "0", line
+        assert "ddtree_deployment_info" in httpx.get(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=5).text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=10)
 
 
 def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:

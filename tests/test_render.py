@@ -186,6 +186,15 @@ def test_cli_render_writes_tree(tmp_path):
     assert (tmp_path / "prometheus/prometheus.yml").is_file()
 
 
+@pytest.mark.parametrize("out", ["", "  "])
+def test_cli_render_empty_out_refused_not_the_cwd(out, tmp_path, monkeypatch, capsys):
+    """--out '' used to become Path('') == '.', writing the tree into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["render", "--out", out, "-i", str(REPO / "inventory/example")]) == 2
+    assert "--out must name a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_console_script_no_traceback():
     r = subprocess.run([str(REPO / ".venv/bin/ddtree-ops"), "health", "http://127.0.0.1:9", "--timeout", "1", "--json"],
                        capture_output=True, text=True)

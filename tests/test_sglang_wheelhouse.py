@@ -8,6 +8,7 @@ cache as it was. (pypi with a real lock is proven by the role test on the test h
 from __future__ import annotations
 
 import copy
+import json
 import zipfile
 from pathlib import Path
 
@@ -102,6 +103,46 @@ def test_wheel_source_sha256(built, tmp_path):
     assert listing(out) == before
 
 
+def test_changed_or_missing_patch_refused_even_on_a_cache_hit(built, src, tmp_path):
+    """The pin's patch files are verified before the cache is looked up: an edited patch whose
+    sha256 was not re-pinned (or a vanished one) is refused as on a clean controller, not served
+    from the old wheelhouse."""
+    out, pin, _ = built
+    before = listing(out)
+    edited = tmp_path / "0001-ddtree-flag.patch"
+    edited.write_text(src.good_patch.read_text() + "\n")
+    with pytest.raises(WheelhouseError, match=r"patches\[0\].path = .*SHA-256 is [0-9a-f]{64}, not the pinned"):
+        build({**pin, "patches": [{**pin["patches"][0], "path": str(edited)}]}, out)
+    with pytest.raises(WheelhouseError, match=r"patches\[0\].path = .*no such file on the controller"):
+        build({**pin, "patches": [{**pin["patches"][0], "path": str(tmp_path / "gone.patch")}]}, out)
+    assert listing(out) == before
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"patches": [{"path": "p.patch"}]}, "ddtree_sglang.patches.0.sha256 = None: this setting is required"),
+    ({"patches": "p.patch"}, "ddtree_sglang.patches = 'p.patch'"),
+    ({"source": "conda"}, "ddtree_sglang.source = 'conda'"),
+    ({"commit": 123}, "ddtree_sglang.commit = 123"),
+    ({"repo": "--upload-pack=touch /tmp/x"}, "ddtree_sglang.repo = '--upload-pack=touch /tmp/x': must be a git URL"),
+])
+def test_hand_written_pin_gets_the_model_rules(built, bad, words, tmp_path, capsys):
+    """``--pin`` written by hand (not the role's validated dump): one-line refusal, exit 2, never a
+    KeyError/TypeError traceback; a repo starting with '-' never reaches git as an option."""
+    from ddtree_ops.sglang.wheelhouse import main
+
+    _out, pin, _ = built
+    out = tmp_path / "wh"
+    assert main(["--pin", json.dumps({**pin, **bad}), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert words in json.loads(captured.out)["error"] and "Traceback" not in captured.err, captured
+    assert not out.exists() or listing(out) == []
+
+
+def test_upper_case_commit_named_as_such():
+    hv = pin_vars(source="git", repo="https://example.org/sglang.git", commit="ABCDEF0123" * 4)
+    assert any("upper-case hex" in e for e in errors(hv))
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -136,6 +177,13 @@ def test_fields_of_another_source_refused():
     msgs = errors(pin_vars(source="pypi", version="0.5.23", commit="a" * 40))
     assert msgs == ["h1: ddtree_sglang.commit = '" + "a" * 40 + "': does not apply to source pypi (a PyPI release: "
                     "version (+ optional requirements)). Fix: remove it, or set source to the kind of pin it belongs to"]
+
+
+def test_simulated_build_only_with_the_simulator():
+    """An inventory copied from a test host and switched to git keeps simulated_build: refused, not
+    silently ignored."""
+    msgs = errors(pin_vars(source="git", repo="https://example.org/sglang.git", commit="a" * 40, simulated_build="ddtree"))
+    assert any(m.startswith("h1: ddtree_sglang.simulated_build = 'ddtree': does not apply to source git") for m in msgs)
 
 
 def test_patches_and_lock_accepted():

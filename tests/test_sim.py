@@ -268,6 +268,23 @@ def test_generate_single_and_batch(ddtree_sim: Sim) -> None:
     assert http("POST", ddtree_sim.base + "/flush_cache")[0] == 200
 
 
+@pytest.mark.parametrize("path, raw", [
+    ("/generate", b"[1, 2]"), ("/generate", b'{"text": 5}'), ("/generate", b'{"text": ["a", 5]}'),
+    ("/generate", b'{"text": "a", "sampling_params": "x"}'), ("/v1/chat/completions", b'{"messages": [5]}'),
+    ("/v1/completions", b'{"prompt": {"a": 1}}'), ("/v1/completions", b'{"prompt": 5}'),
+    ("/_sim/fault", b'{"health_503": 1e400}'), ("/_sim/fault", b"[1]"),
+])
+def test_odd_request_bodies_get_400_not_a_dropped_connection(ddtree_sim: Sim, path: str, raw: bytes) -> None:
+    """Non-object bodies and wrongly typed fields answer 400 with a message; the handler thread
+    used to die with AttributeError/OverflowError (connection closed, traceback in the log)."""
+    req = urllib.request.Request(ddtree_sim.base + path, data=raw, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400 and "message" in json.loads(exc.value.read())["error"]
+    assert "Traceback" not in ddtree_sim.output()
+
+
 def test_metrics_are_real_sglang_names(ddtree_sim: Sim) -> None:
     post_json(ddtree_sim.base + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8}})
     status, raw = http("GET", ddtree_sim.base + "/metrics")

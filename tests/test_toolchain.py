@@ -312,3 +312,19 @@ def test_triton_override_and_silent_fallback(triton_python, real_ptxas, monkeypa
     assert not res["ok"] and "fell back" in res["checks"][0]["detail"]
     monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", real_ptxas["13.0"])
     assert ptxas_mod.check(a.target, a.ptx_version, python=triton_python)["ok"]
+
+
+@pytest.mark.parametrize("python", ["/bin/true", "/bin/echo"])
+def test_python_that_prints_no_triton_choice_is_a_usage_error(python, tmp_path):
+    """An interpreter that exits 0 without Triton's answer (nothing, or not JSON) is exit 2 with
+    a one-line message, never IndexError/TypeError — also in the standalone script the role runs."""
+    with pytest.raises(ptxas_mod.PtxasUsageError, match="could not be read"):
+        ptxas_mod.check("sm_103a", "8.8", python=python)
+    script = tmp_path / "check.py"
+    script.write_text(Path(ptxas_mod.__file__).read_text())
+    r = subprocess.run([sys.executable, "-I", str(script), "--target", "sm_103a", "--ptx-version", "8.8",
+                        "--python", python, "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "could not be read" in json.loads(r.stdout)["checks"][0]["detail"], r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "ddtree_ops", "check-ptxas", "--arch", "sm_103", "--python", python],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "could not be read" in r.stderr and "Error:" not in r.stderr, r.stderr

@@ -290,6 +290,147 @@ def test_health_usage_errors_exit_2(capsys, tmp_path):
     assert "not a plan.json rendered by ddtree-ops" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("ops, key", [(None, None), ({"health_timeout_s": "abc"}, "health_timeout_s"),
+                                      ({"health_failures": "x"}, "health_failures"),
+                                      ({"health_timeout_s": None}, "health_timeout_s"),
+                                      ({"warmup_deadline_s": "10m"}, "warmup_deadline_s"), ([1], "ops")])
+def test_plan_with_non_numeric_ops_is_a_usage_error_naming_the_key(ops, key, capsys, tmp_path):
+    """A hand-edited plan.json whose deployment.ops values are not numbers is exit 2 naming the key
+    (was ``AttributeError: 'NoneType' ...`` / ``ValueError: could not convert ...``); ops: null means defaults."""
+    doc = plan_document(_validated(vision=False))
+    doc["deployment"]["ops"] = ops
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    cmd = "warmup" if key == "warmup_deadline_s" else "health"
+    rc = main([cmd, "http://127.0.0.1:9", "--plan", str(plan), "--batch-sizes", "1"] if cmd == "warmup"
+              else [cmd, "http://127.0.0.1:9", "--plan", str(plan), "--failures", "1", "--timeout", "1"]
+              if key is None else [cmd, "http://127.0.0.1:9", "--plan", str(plan)])
+    err = capsys.readouterr().err
+    if key is None:  # defaults apply; the server is down, so the check (not the plan) fails
+        assert rc == 1 and "Error:" not in err, err
+        return
+    assert rc == 2 and f"{key} = {(ops if key == 'ops' else ops[key])!r}" in err, err
+    assert "Error:" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, words", [({"context_length": "abc"}, "context_length = 'abc'"),
+                                          ({"vision": True, "vision_min_pixels": 10 ** 12}, "vision_min_pixels = 10000"),
+                                          ({"vision": True, "vision_min_pixels": -1}, "vision_min_pixels = -1")])
+def test_warmup_refuses_plan_model_values_before_any_request(model, words, capsys, tmp_path):
+    """Out-of-bounds context_length / vision_min_pixels in plan.json are exit 2 up front — they used
+    to end the run with TypeError, or ValueError after every text step (minutes on a real host)."""
+    doc = plan_document(_validated(vision=False))
+    doc["deployment"]["model"].update(model)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main(["warmup", "http://127.0.0.1:9", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Error:" not in err, err
+
+
+@pytest.mark.parametrize("cmd", ["health", "warmup"])
+@pytest.mark.parametrize("url", [None, "garbage"])
+def test_bad_url_in_plan_is_named(cmd, url, capsys, tmp_path):
+    """A plan.json without a usable url: the message says it is the deployment's url (a missing one
+    used to ask for '--plan / --inventory', which were given)."""
+    doc = plan_document(_validated(vision=False))
+    doc["url"] = url
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    assert main([cmd, "--plan", str(plan)]) == 2
+    assert f"the deployment's url = {str(url)!r}" in capsys.readouterr().err
+
+
+class _OddServer:
+    """A loopback HTTP server answering /health 200 and fixed bodies for /server_info and /metrics."""
+
+    def __init__(self, server_info: bytes, metrics: bytes) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = {"/health": b"", "/server_info": server_info, "/metrics": metrics}
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = bodies.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("info, metrics, failed, words", [
+    (b"[1, 2]", b"", "accept_length", "answered JSON list, not an object"),
+    (b'{"internal_states": [null, 5, {"avg_spec_accept_length": "x"}]}', b"sglang:num_running_reqs 0\n", None, None),
+    (b'{"model_path": "m", "tp_size": 8, "internal_states": 5}',
+     b"sglang:num_running_reqs 1\nsglang:generation_tokens_total notanumber\n", "progress", "not Prometheus text"),
+])
+def test_odd_server_answers_are_check_results_not_crashes(info, metrics, failed, words):
+    """/server_info that is not an object, non-numeric accept lengths and unparseable /metrics are
+    failed checks (exit 1) — they used to escape as AttributeError/ValueError (exit 2, no checks)."""
+    with _OddServer(info, metrics) as srv:
+        checks = check_health(srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0, progress_window_s=0.1))
+    by_name = {c.name: c for c in checks}
+    assert by_name["reachable"].ok and by_name["ready"].ok
+    if failed is None:
+        assert by_name["accept_length"].ok and by_name["accept_length"].detail == "no verify pass yet"
+    else:
+        assert not by_name[failed].ok and words in by_name[failed].detail, checks
+
+
+@pytest.mark.parametrize("answer, rc, words", [
+    (b"[1, 2]", 1, "no meta_info object"),
+    (b'{"text": "x", "meta_info": 5}', 1, "no meta_info object"),
+    (b'{"text": "x", "meta_info": {"completion_tokens": "x", "spec_accept_length": "y"}}', 0, "2 steps"),
+])
+def test_warmup_against_a_server_that_is_not_sglang(answer, rc, words, capsys):
+    """/generate answers without a meta_info object fail the warmup (a JSON list used to pass it);
+    non-numeric meta_info values are skipped, not an AttributeError/ValueError exit 2."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert main(["warmup", f"http://127.0.0.1:{srv.server_address[1]}", "--batch-sizes", "1,2", "--json"]) == rc
+    finally:
+        srv.shutdown()
+    out = capsys.readouterr().out
+    assert words in json.loads(out)["checks"][0]["detail"], out
+
+
+def test_drift_that_compared_nothing_fails(deployed):
+    """A /server_info with none of the deployed settings (no model_path, no tp_size) is not
+    'running settings match'."""
+    with _OddServer(b'{"internal_states": []}', b"") as srv:
+        checks = check_health(srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0,
+                                                             plan_doc=deployed["doc"]))
+    drift = next(c for c in checks if c.name == "drift")
+    assert not drift.ok and "reports none of the deployed settings" in drift.detail
+
+
 def test_unit_is_active_only_after_health_and_warmup():
     v = _validated(vision=False)
     unit = next(f.content for f in render_host(v) if f.path.endswith(".service"))

@@ -195,6 +195,7 @@ class SGLangPin(_Model):
     def _commit(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[0-9a-f]{40}", v):
             what = ("an abbreviated SHA" if re.fullmatch(r"[0-9a-fA-F]{4,39}", v)
+                    else "upper-case hex (write it as git prints it, in lower case)" if re.fullmatch(r"[0-9a-fA-F]{40}", v)
                     else "a branch or tag name, which can move under you")
             raise _fail(f"must be a full 40-hex commit SHA, not {what}",
                         f"pin the commit itself: git rev-parse {v if _SAFE_ARG.fullmatch(v) else 'REF'} in the repository")
@@ -392,6 +393,10 @@ class Service(_Model):
                 raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
+            if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these
+                raise _fail(f"{key} is derived from the validated config (the SGLang plugin checks the server's "
+                            "graph sizes against it; an override defeats that guard)",
+                            "remove it; change ddtree_speculative (block_size, budget) instead")
         return v
 
     @property

@@ -244,6 +244,11 @@ def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
         yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
                    "health probes under 3 s flap (SGLang's /health runs a 1-token generation, ~1 s at best)",
                    "use at least 3 (default 5)", "sglang/srt/entrypoints/http_server.py health_generate")
+    if d.ops.health_timeout_s > 300:  # the unit's ExecStartPost passes it as `ddtree-ops health --timeout`
+        yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
+                   "the unit's readiness check runs `ddtree-ops health --timeout` with it, which accepts at most "
+                   "300 s (SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)",
+                   "use 3..300 (default 5)", "ddtree_ops/cli.py health")
 
 
 def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -323,8 +328,9 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
     commit SHA (and checksummed patches); fields of another source are refused."""
     pin = d.sglang
     _required, allowed = _PIN_FIELDS[pin.source]
-    allowed = allowed | {"version", "requirements"} | ({"install_release"} if pin.source == "simulator" else set())
-    given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements")
+    allowed = allowed | {"version", "requirements"} | ({"install_release", "simulated_build"} if pin.source == "simulator"
+                                                       else set())
+    given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements", "simulated_build")
              if getattr(pin, f) is not None} | ({"patches"} if pin.patches else set()) | (
         {"install_release"} if pin.install_release else set())
     for f in sorted(given - allowed):

@@ -129,7 +129,8 @@ def identity_from_plan(doc: dict[str, Any]) -> Identity:
                         floor=float(ops.get("accept_length_floor", 1.5)), speculative=p["algorithm"] != "none",
                         url=str(doc["url"]), health_timeout_s=float(ops.get("health_timeout_s", 5.0)))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise PlanError(f"not a plan.json rendered by ddtree-ops (missing or bad {exc})") from None
+        raise PlanError(f"not a plan.json rendered by ddtree-ops (missing or bad {exc})" if isinstance(exc, KeyError)
+                        else f"not a plan.json rendered by ddtree-ops ({type(exc).__name__}: {exc})") from None
 
 
 @dataclass
@@ -370,6 +371,8 @@ class _Collector(Collector):
                 drifts, missing = find_drift(e.plan_doc, server_info)
             except (KeyError, TypeError):
                 drifts, missing = None, []
+            if drifts is not None and "model_path" in missing and "tp_size" in missing:
+                drifts = None  # every SGLang reports both: nothing was compared, drift unknown (absent)
             if drifts is not None:
                 drift.add_metric(lv, 1.0 if drifts else 0.0)
                 names = {d.name for d in drifts}

@@ -145,6 +145,9 @@ def _drift(info: dict[str, Any], plan_doc: dict[str, Any]) -> Check:
     if drifts:
         return Check("drift", False, "running server differs from the deployed config: "
                      + "; ".join(str(d) for d in drifts) + ". Fix: redeploy, or restart the unit")
+    if "model_path" in missing and "tp_size" in missing:  # every SGLang reports both: nothing was compared
+        return Check("drift", False, f"/server_info reports none of the deployed settings ({', '.join(missing)}): "
+                     "not an SGLang server_info? Fix: check that the URL is the SGLang server of this deployment")
     tail = f" (not reported by this build: {', '.join(missing)})" if missing else ""
     return Check("drift", True, "running settings match the deployed config" + tail)
 
@@ -167,6 +170,13 @@ def _sample(c: SGLangClient) -> tuple[float, float, float] | None:
 
 
 def _progress(c: SGLangClient, o: HealthOptions) -> Check:
+    try:
+        return _progress_of(c, o)
+    except ValueError as exc:  # prometheus_client's parser
+        return Check("progress", False, f"/metrics is not Prometheus text ({exc}): not an SGLang server?")
+
+
+def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
     first = _sample(c)
     if first is None:
         return Check("progress", True, "not measured: /metrics unavailable (start SGLang with --enable-metrics)")

@@ -135,7 +135,15 @@ def triton_ptxas(python: str, arch_number: int, timeout: float = 300.0) -> dict:
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise PtxasUsageError(f"{python}: Triton's ptxas choice could not be read ({last})")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    try:
+        pick = json.loads((r.stdout.strip().splitlines() or [""])[-1])
+        if not isinstance(pick, dict) or not isinstance(pick.get("path"), str) or not pick["path"]:
+            raise ValueError("no ptxas path")
+    except ValueError:
+        raise PtxasUsageError(f"{python}: Triton's ptxas choice could not be read (the interpreter printed "
+                              f"{r.stdout.strip()[-200:]!r}, not Triton's choice); give the service venv's "
+                              "python, e.g. /opt/ddtree-ops/venv/bin/python") from None
+    return pick
 
 
 def check(target: str, ptx_version: str, ptxas: str | None = None, python: str | None = None) -> dict:

@@ -147,11 +147,18 @@ def warmup_plan(plan_doc: dict[str, Any]) -> WarmupPlan:
 
     Raises:
         KeyError, TypeError: not a plan document (``deployment`` and ``plan`` objects).
+        ValueError: ``context_length`` or ``vision_min_pixels`` out of the model's bounds (checked
+            before any request, not after the text steps).
     """
     plan, model = plan_doc["plan"], plan_doc["deployment"]["model"]
     sizes, source = warmup_batch_sizes(plan)
     min_px = model.get("vision_min_pixels") if model.get("vision") else None
-    return WarmupPlan(sizes, source, int(min_px) if min_px else None, model.get("context_length"))
+    ctx = model.get("context_length")
+    if ctx is not None and (type(ctx) is not int or ctx < 1):
+        raise ValueError(f"deployment.model.context_length = {ctx!r}: must be a positive number of tokens")
+    if min_px is not None and (type(min_px) is not int or not 1 <= min_px <= 1 << 26):  # ModelSpec's bounds
+        raise ValueError(f"deployment.model.vision_min_pixels = {min_px!r}: must be an integer 1..{1 << 26}")
+    return WarmupPlan(sizes, source, min_px, ctx)
 
 
 # ---------------------------------------------------------------- images
@@ -214,6 +221,20 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str) ->
         raise WarmupError(f"{where}: {path} answered non-JSON: {r.text[:200]}") from None
 
 
+def _meta(out: Any, where: str, path: str = "/generate") -> dict:
+    """``meta_info`` of one ``/generate`` answer (SGLang always sends it); WarmupError if absent."""
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    if not isinstance(meta, dict):
+        raise WarmupError(f"{where}: {path} answered {json.dumps(out)[:200]} (no meta_info object): "
+                          "not SGLang's /generate")
+    return meta
+
+
+def _num(value: Any) -> float | None:
+    """A JSON number as float; None for anything else (absent, null, strings, booleans)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 async def _gather(jobs: list) -> list[dict]:
     outs = await asyncio.gather(*jobs, return_exceptions=True)
     for o in outs:
@@ -236,13 +257,13 @@ async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, l
         }, where) for i in range(bs)]
         outs = await _gather(jobs)
         rounds[name] = round(time.monotonic() - tr, 4)
-        metas += [o.get("meta_info", {}) if isinstance(o, dict) else {} for o in outs]
-    als = [float(m["spec_accept_length"]) for m in metas if m.get("spec_accept_length") is not None]
+        metas += [_meta(o, where) for o in outs]
+    als = [x for x in (_num(m.get("spec_accept_length")) for m in metas) if x is not None]
     return BatchResult(
         batch_size=bs, kind="text", requests=len(metas), latency_s=round(time.monotonic() - t0, 4),
         round_latency_s=rounds,
-        prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in metas),
-        completion_tokens=sum(int(m.get("completion_tokens", 0)) for m in metas),
+        prompt_tokens=sum(int(_num(m.get("prompt_tokens")) or 0) for m in metas),
+        completion_tokens=sum(int(_num(m.get("completion_tokens")) or 0) for m in metas),
         accept_length=round(sum(als) / len(als), 3) if als else None,
     )
 
@@ -258,10 +279,13 @@ async def _vision(client: httpx.AsyncClient, min_pixels: int, max_new_tokens: in
         "max_tokens": max_new_tokens, "temperature": 0.0,
     }, f"vision ({w}x{h} image)")
     lat = round(time.monotonic() - t0, 4)
-    usage = out.get("usage") or {}
+    if not isinstance(out, dict) or not isinstance(out.get("choices"), list):
+        raise WarmupError(f"vision ({w}x{h} image): /v1/chat/completions answered {json.dumps(out)[:200]} "
+                          "(no choices list): not an OpenAI-compatible chat completion")
+    usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
     return BatchResult(batch_size=1, kind="vision", requests=1, latency_s=lat, round_latency_s={"vision": lat},
-                       prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                       completion_tokens=int(usage.get("completion_tokens", 0)), accept_length=None)
+                       prompt_tokens=int(_num(usage.get("prompt_tokens")) or 0),
+                       completion_tokens=int(_num(usage.get("completion_tokens")) or 0), accept_length=None)
 
 
 async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int, long_prompt_words: int,

@@ -56,7 +56,11 @@ class SGLangClient:
             except httpx.HTTPError as exc:
                 raise SGLangError(f"{self.base_url}{path}: {exc}") from exc
             if r.status_code == 200:
-                return r.json()
+                info = r.json()
+                if not isinstance(info, dict):
+                    raise SGLangError(f"{self.base_url}{path}: answered JSON {type(info).__name__}, not an object "
+                                      "(not an SGLang server?)")
+                return info
             if r.status_code != 404:
                 raise SGLangError(f"{self.base_url}{path}: HTTP {r.status_code}")
         raise SGLangError(f"{self.base_url}: no /server_info or /get_server_info")
@@ -72,9 +76,11 @@ class SGLangClient:
 def accept_length(server_info: dict[str, Any]) -> float | None:
     """Mean ``avg_spec_accept_length`` over DP ranks of ``/server_info``, or None before
     the first verify pass (tokens accepted per verify pass, bonus token included)."""
-    values = [
+    states = server_info.get("internal_states")
+    values = [  # a value that is not a number (a broken or foreign server) counts as not reported
         float(s["avg_spec_accept_length"])
-        for s in server_info.get("internal_states") or []
-        if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
+        for s in (states if isinstance(states, list) else [])
+        if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), (int, float))
+        and not isinstance(s["avg_spec_accept_length"], bool)
     ]
     return sum(values) / len(values) if values else None

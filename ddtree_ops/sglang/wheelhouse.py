@@ -104,6 +104,15 @@ def _pip(python: str) -> list[str]:
 
 
 def _check_pin(pin: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+
+    from ..config.errors import findings_from_validation_error
+    from ..config.models import SGLangPin
+
+    try:  # the role passes a validated dump; a hand-written --pin gets the same field rules
+        SGLangPin.model_validate(pin)
+    except ValidationError as exc:
+        raise WheelhouseError(f"ddtree_sglang.{findings_from_validation_error(exc, '', {})[0].message()}") from None
     src = pin.get("source")
     if src == "simulator":
         if not pin.get("install_release"):
@@ -151,8 +160,8 @@ def _fetch_wheel(pin: dict[str, Any], root: Path, dest: Path) -> Path:
     return target
 
 
-def _build_git(pin: dict[str, Any], root: Path, dest: Path, work: Path, python: str) -> Path:
-    repo, commit = pin["repo"], pin["commit"]
+def _patch_files(pin: dict[str, Any], root: Path) -> list[Path]:
+    """The pin's patch files, each verified against its pinned sha256 (WheelhouseError if not)."""
     patches = []
     for i, p in enumerate(pin.get("patches") or []):
         f = _need_file(f"patches[{i}].path", p["path"], root)
@@ -161,9 +170,15 @@ def _build_git(pin: dict[str, Any], root: Path, dest: Path, work: Path, python: 
             raise WheelhouseError(f"ddtree_sglang.patches[{i}].path = {p['path']!r}: SHA-256 is {got}, not the pinned "
                                   f"{p['sha256']}. Fix: restore the reviewed patch, or pin the new file's sha256")
         patches.append(f)
+    return patches
+
+
+def _build_git(pin: dict[str, Any], root: Path, dest: Path, work: Path, python: str) -> Path:
+    repo, commit = pin["repo"], pin["commit"]
+    patches = _patch_files(pin, root)
     src = work / "src"
     repo_arg = str(_resolve(repo, root)) if repo.startswith("/") else repo
-    _run(["git", "clone", "--quiet", "--no-checkout", repo_arg, str(src)], f"ddtree_sglang.repo = {repo!r}: git clone")
+    _run(["git", "clone", "--quiet", "--no-checkout", "--", repo_arg, str(src)], f"ddtree_sglang.repo = {repo!r}: git clone")
     kind = subprocess.run(["git", "-C", str(src), "cat-file", "-t", commit], capture_output=True, text=True)
     if kind.returncode != 0 or kind.stdout.strip() != "commit":
         raise WheelhouseError(f"ddtree_sglang.commit = {commit!r}: no such commit in {repo}. Fix: pin a commit that "
@@ -216,6 +231,8 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
             is left as it was.
     """
     _check_pin(pin)
+    if pin["source"] == "git":
+        _patch_files(pin, root)  # also on a cache hit: a patch file that changed or vanished is refused
     tag = _run([python, "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
                "reading the Python tag").strip()
     wid = wheelhouse_id(pin, root, tag)

@@ -257,7 +257,10 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if not raw:
             return {}
-        return json.loads(raw)
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise ValueError(f"the request body must be a JSON object, not {type(body).__name__}")
+        return body
 
     def _start_stream(self) -> None:
         self.send_response(200)
@@ -332,8 +335,11 @@ class Handler(BaseHTTPRequestHandler):
                 if path == "/flush_cache":
                     return self._flush_cache()
             return self._send(404, b'{"detail":"Not Found"}')
-        except (ValueError, TypeError, KeyError) as exc:
-            return self._error(400, f"{type(exc).__name__}: {exc}")
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            try:
+                return self._error(400, f"{type(exc).__name__}: {exc}")
+            except (BrokenPipeError, ConnectionResetError):
+                return None
         except (BrokenPipeError, ConnectionResetError):
             return None
 
@@ -381,11 +387,16 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, body: dict[str, Any]) -> None:
         app = self.app
         params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise ValueError("sampling_params must be an object")
         max_new = int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
         text = body.get("text")
         ids = body.get("input_ids")
         if text is None and ids is None:
             raise ValueError("Either text or input_ids should be provided.")
+        if text is not None and not (isinstance(text, str) or isinstance(text, list)
+                                     and all(isinstance(t, str) for t in text)):
+            raise ValueError("text must be a string or a list of strings")
         batch = isinstance(text, list) or (ids is not None and ids and isinstance(ids[0], list))
         n = len(text) if isinstance(text, list) else len(ids) if batch else 1
         images = _images_per_prompt(body.get("image_data"), n, batch)
@@ -426,6 +437,8 @@ class Handler(BaseHTTPRequestHandler):
             parts = []
             images: list[Any] = []
             for m in msgs:
+                if not isinstance(m, dict):
+                    raise ValueError("each message must be an object with role and content")
                 c = m.get("content")
                 if isinstance(c, list):
                     for p in c:
@@ -440,6 +453,8 @@ class Handler(BaseHTTPRequestHandler):
             prompt = body.get("prompt")
             if isinstance(prompt, list):
                 prompt = " ".join(map(str, prompt))
+            if prompt is not None and not isinstance(prompt, str):
+                raise ValueError("prompt must be a string or a list")
             if not prompt:
                 raise ValueError("prompt is required")
             image_tokens = 0
