@@ -387,6 +387,8 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
             for c in result["checks"]:
                 say(err, "error:", "red", f"{c['name']}: {c['detail']}")
         raise typer.Exit(2)
+    if not as_json:
+        say(err, "info:", "cyan", f"plugin: {result.get('plugin', {}).get('summary', 'unknown')}")
     _print_checks(result["checks"], as_json, {k: val for k, val in result.items() if k not in ("ok", "checks")}
                   | {"host": v.deployment.host})
 

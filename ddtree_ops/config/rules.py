@@ -336,7 +336,7 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
     for f in sorted(given - allowed):
         yield _err(f"ddtree_sglang.{f}", getattr(pin, f) if f != "patches" else [x.path for x in pin.patches],
                    f"does not apply to source {pin.source} ({_PIN_HOW[pin.source]})",
-                   f"remove it, or set source to the kind of pin it belongs to")
+                   "remove it, or set source to the kind of pin it belongs to")
     if pin.source == "wheel":
         if (pin.url is None) == (pin.path is None):
             yield _err("ddtree_sglang.url", pin.url, "source wheel needs exactly one of url and path",

@@ -267,11 +267,6 @@ def build_facts(version: str, ddtree_source: str | None = None) -> BuildFacts:
                       rel.speculative_algorithms if rel else None, (), None, f"https://pypi.org/project/sglang/{info.version}/")
 
 
-def ddtree_flags() -> frozenset[str]:
-    """Every flag some DDTree source adds (absent from every release's parser)."""
-    return frozenset(f for s in DDTREE_SOURCES.values() for f in s.adds_flags)
-
-
 def sources_sizing_verify_correctly() -> list[str]:
     """DDTree source keys whose builds size target-verify graphs at ``budget + 1``."""
     return sorted(k for k, s in DDTREE_SOURCES.items() if s.sizes_verify_at_budget_plus_one)

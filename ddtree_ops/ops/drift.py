@@ -78,10 +78,6 @@ class _Setting:
     normalize: Callable[[Any], Any] = lambda v: v
 
 
-def _spec(plan: dict) -> bool:
-    return plan.get("algorithm", "none") != "none"
-
-
 _SETTINGS: tuple[_Setting, ...] = (
     _Setting("algorithm", ("speculative_algorithm",), lambda d, p: p["algorithm"], _algorithm),
     _Setting("block_size", ("speculative_dflash_block_size", "speculative_num_draft_tokens"),

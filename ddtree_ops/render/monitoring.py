@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import yaml
 
@@ -251,8 +251,3 @@ def render_dashboard() -> str:
         "panels": dashboard_panels(),
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
-
-
-def settings_dict(settings: AlertSettings) -> dict:
-    """Plain dict of the settings (for logs and the Ansible play)."""
-    return asdict(settings)

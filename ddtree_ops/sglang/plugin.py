@@ -342,7 +342,7 @@ def describe() -> dict[str, Any]:
         return out
     out["layout"], out["targets"] = layout, targets
     if not installed:
-        out["detail"] = f"entry point not installed: SGLang will not load it (install ddtree-ops into this venv)"
+        out["detail"] = "entry point not installed: SGLang will not load it (install ddtree-ops into this venv)"
     elif not targets:
         out["detail"] = "installed, but this environment has no SGLang width function to hook"
     else:

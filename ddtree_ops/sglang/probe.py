@@ -18,7 +18,9 @@ Request (JSON object)::
      "fix": {"ddtree": "...", "flags": "...", "sizing": "...", "version": "..."}}
 
 Checks (stable names, each ``{name, ok, detail}``): ``sglang-version``,
-``speculative-algorithms``, ``argv-parses``, ``verify-graph-sizing``, ``plugin``.
+``speculative-algorithms``, ``argv-parses``, ``verify-graph-sizing``. The plugin's state
+(:func:`ddtree_ops.sglang.plugin.describe` plus a one-line ``summary``) is reported under
+``plugin``, informational: whether it is needed is the ``verify-graph-sizing`` check.
 Exit codes: 0 every check ok, 1 a check failed, 2 bad request or SGLang not importable.
 """
 
@@ -224,9 +226,9 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
                   "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
                   f"plugin is not active ({plugin.get('detail')}). Fix: {fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}")
     checks.append(_check("verify-graph-sizing", ok, detail))
-    checks.append(_check("plugin", True, ("installed" if plugin.get("installed") else "not installed")
+    plugin["summary"] = (("installed" if plugin.get("installed") else "not installed")
                          + (f", active={plugin.get('active')}" if plugin.get("installed") else "")
-                         + (f": {plugin.get('detail')}" if plugin.get("detail") else "")))
+                         + (f": {plugin.get('detail')}" if plugin.get("detail") else ""))
     return {"ok": all(c["ok"] for c in checks), "checks": checks, "version": version,
             "algorithms": algos, "plugin": plugin}
 
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for c in result["checks"]:
             print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}")
+        print(f"info plugin: {result['plugin']['summary']}")
     return 0 if result["ok"] else 1
 
 

@@ -28,7 +28,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess

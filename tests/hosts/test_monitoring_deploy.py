@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
 import urllib.parse
 

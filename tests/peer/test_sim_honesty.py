@@ -21,7 +21,6 @@ A drift fails the tier; the fix belongs in the simulator.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 
