@@ -138,6 +138,13 @@ def test_unpatched_ddtree_build_with_graphs_needs_the_plugin(hostvars):
     v = validate_hostvars("h1", hostvars)
     [w] = [w for w in v.warnings if w.field == "ddtree_sglang.ddtree_source"]
     assert "size of tensor a (8)" in w.rule and "(33)" in w.rule and "plugin" in w.rule
+    # an SGLANG_PLUGINS whitelist without our plugin would switch the guard off: refused
+    hostvars["ddtree_service"] = {"env": {"SGLANG_PLUGINS": "other_plugin"}}
+    [f] = errors_of(hostvars)
+    assert f.field == "ddtree_service.env.SGLANG_PLUGINS" and "ddtree_ops_verify_graph" in f.fix
+    hostvars["ddtree_service"] = {"env": {"SGLANG_PLUGINS": "other_plugin,ddtree_ops_verify_graph"}}
+    validate_hostvars("h1", hostvars)
+    del hostvars["ddtree_service"]
     hostvars["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-27509",
                                  "simulated_build": "ddtree-unpatched"}
     [f] = errors_of(hostvars)

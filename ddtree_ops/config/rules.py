@@ -122,6 +122,14 @@ def rule_draft_window(d: Deployment, p: Plan) -> Iterator[Finding]:
                    f"set it to at least {p.block_size} or remove it", "sglang/srt/server_args.py")
 
 
+def _sglang_plugin_whitelist(d: Deployment) -> set[str]:
+    """Plugins SGLang will load: every installed one, unless ``SGLANG_PLUGINS`` (a
+    comma-separated whitelist read by ``sglang.srt.plugins.load_plugins``) names a subset."""
+    if not d.service.env.get("SGLANG_PLUGINS", "").strip():   # unset or empty: no whitelist
+        return {"ddtree_ops_verify_graph"}
+    return {x.strip() for x in d.service.env["SGLANG_PLUGINS"].split(",") if x.strip()}
+
+
 def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
     """DDTree is in no release: the pin must name a DDTree source. With graphs on, a source
     that sizes target-verify graphs from block_size (sglang-pr-27509) runs only with the
@@ -150,6 +158,12 @@ def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
             # The simulator loads no SGLang plugins: nothing would correct the width.
             yield _err("ddtree_sglang.ddtree_source", pin.ddtree_source, crash,
                        "pin sglang-pr-29907 (DFlashWorkerV2, sized correctly), or set ddtree_server.cuda_graph: false",
+                       src.reference)
+        elif "ddtree_ops_verify_graph" not in _sglang_plugin_whitelist(d):
+            yield _err("ddtree_service.env.SGLANG_PLUGINS", d.service.env["SGLANG_PLUGINS"],
+                       crash + "; SGLANG_PLUGINS (SGLang's plugin whitelist) leaves out the ddtree-ops plugin "
+                       "that would resize them",
+                       "add ddtree_ops_verify_graph to SGLANG_PLUGINS (comma-separated), or remove the variable",
                        src.reference)
         else:
             yield _warn("ddtree_sglang.ddtree_source", pin.ddtree_source,
