@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The SGLang wheelhouse is content-keyed: share it across checkouts (~540 MiB download once).
+export DDTREE_SGLANG_WHEELHOUSE=${DDTREE_SGLANG_WHEELHOUSE:-/var/cache/ddtree-ops/sglang-wheelhouse}
 # Peer tier (tests/peer, real released SGLang): build/reuse its cached venvs and make a
 # missing one a failure. DDTREE_PEER=0 scripts/test.sh leaves the tier to skip instead.
 if [[ ${DDTREE_PEER:-1} == 1 ]]; then
