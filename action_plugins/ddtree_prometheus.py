@@ -24,7 +24,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError, validate_hostvars
-        from ddtree_ops.config.models import INVENTORY_VARS, is_deployment_var
+        from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_prometheus
         from ddtree_ops.render.monitoring import AlertSettings, AlertSettingsError, render_dashboard, render_rules
 
@@ -37,9 +37,7 @@ class ActionModule(ActionBase):
             return result
         validated, findings = [], []
         for host in sorted(servers):
-            hv_all = task_vars["hostvars"][host]
-            hostvars = {k: self._templar.template(hv_all[k]) for k in hv_all
-                        if k in INVENTORY_VARS.values() or is_deployment_var(k)}
+            hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template)
             try:
                 validated.append(validate_hostvars(host, hostvars))
             except ConfigError as exc:

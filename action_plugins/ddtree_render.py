@@ -25,7 +25,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError, validate_hostvars
-        from ddtree_ops.config.models import INVENTORY_VARS, is_deployment_var
+        from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_host
         from ddtree_ops.render.files import plan_document, service_env
         from ddtree_ops.sglang.expect import probe_request
@@ -34,8 +34,7 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         want_secrets = bool(self._task.args.get("secrets", False))
         host = task_vars["inventory_hostname"]
-        hostvars = {k: self._templar.template(task_vars[k]) for k in task_vars
-                    if k in INVENTORY_VARS.values() or is_deployment_var(k)}
+        hostvars = deployment_vars(task_vars, self._templar.template)
         try:
             validated = validate_hostvars(host, hostvars)
         except ConfigError as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Finding
-from .models import INVENTORY_VARS, is_deployment_var
+from .models import deployment_vars
 
 SERVER_GROUP = "sglang_servers"
 """Inventory group whose hosts run an SGLang instance (``deploy.yml`` targets it)."""
@@ -60,7 +60,5 @@ def _load(path: Path, limit: str | None) -> dict[str, dict[str, Any]]:
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
-        out[host.name] = {
-            k: templar.template(all_vars[k]) for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)
-        }
+        out[host.name] = deployment_vars(all_vars, templar.template)
     return out

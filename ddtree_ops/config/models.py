@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -563,3 +564,9 @@ ROLE_VAR_PREFIXES = ("ddtree_service_", "ddtree_exporter_")
 def is_deployment_var(name: str) -> bool:
     """Variables the config loader looks at: every ``ddtree_*`` except role variables."""
     return name.startswith("ddtree_") and not name.startswith(ROLE_VAR_PREFIXES)
+
+
+def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any]) -> dict[str, Any]:
+    """The variables of one host the config loader reads (:data:`INVENTORY_VARS` and every
+    ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar)."""
+    return {k: template(all_vars[k]) for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hostutil import KEY, up_hosts
+from hostutil import HOST, KEY, deploy, up_hosts
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +21,15 @@ def hosts() -> dict[str, str]:
             pytest.fail(f"DDTREE_TESTHOSTS=1 but {reason}", pytrace=False)
         pytest.skip(reason)
     return found
+
+
+@pytest.fixture(scope="session")
+def deployed(hosts):
+    """deploy.yml run twice on ddt-th1 (inventory/test), once per session: shared by
+    test_deploy.py and test_monitoring_deploy.py, which run first (alphabetical order)."""
+    assert HOST in hosts, f"{HOST} is not up: {hosts}"
+    first, t1 = deploy()
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-2000:]
+    second, t2 = deploy()
+    print(f"\ndeploy: first run {t1:.1f} s, second run {t2:.1f} s")
+    return {"address": hosts[HOST], "first": first, "second": second}

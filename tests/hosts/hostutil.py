@@ -6,7 +6,9 @@ and ``testhost-standins.sh up``), and then fail when the hosts are down; otherwi
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,3 +50,19 @@ def ssh(address: str, command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+TEST_INVENTORY = REPO_ROOT / "inventory" / "test"
+HOST = "ddt-th1"
+
+
+def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-l", limit, "deploy.yml"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    return r, time.monotonic() - t0
+
+
+def recap(output: str, host: str = HOST) -> dict[str, int]:
+    m = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.M)
+    assert m, output[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}

@@ -8,45 +8,15 @@ installed is byte-identical to ``ddtree-ops render``, every rendered unit passes
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from hostutil import REPO_ROOT, ssh, ssh_options
+from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, VENV_BIN, deploy, recap, ssh, ssh_options
 
 pytestmark = pytest.mark.hosts
-
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
-TEST_INVENTORY = REPO_ROOT / "inventory" / "test"
-HOST = "ddt-th1"
-
-
-def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST) -> tuple[subprocess.CompletedProcess[str], float]:
-    t0 = time.monotonic()
-    r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-l", limit, "deploy.yml"],
-                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-    return r, time.monotonic() - t0
-
-
-def recap(output: str, host: str = HOST) -> dict[str, int]:
-    m = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.M)
-    assert m, output[-3000:]
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
-
-
-@pytest.fixture(scope="module")
-def deployed(hosts):
-    assert HOST in hosts, f"{HOST} is not up: {hosts}"
-    first, t1 = deploy()
-    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-2000:]
-    second, t2 = deploy()
-    print(f"\ndeploy: first run {t1:.1f} s, second run {t2:.1f} s")
-    return {"address": hosts[HOST], "first": first, "second": second}
-
 
 def test_second_run_changes_nothing(deployed):
     r = recap(deployed["second"].stdout)

@@ -1,7 +1,7 @@
 """End to end on the booted test host: deploy.yml installs the exporter next to the SGLang
 (simulator) unit and a real Prometheus (Debian's package) on the monitoring host, which is
 the same machine ``ddt-th1``; Prometheus scrapes both targets, evaluates the rules, and
-``ddtree_accept_length`` is visible through its query API. A second run changes nothing.
+``ddtree_accept_length`` is visible through its query API. A second run changes nothing (the session's shared ``deployed`` fixture).
 """
 
 from __future__ import annotations
@@ -13,20 +13,10 @@ import urllib.parse
 
 import pytest
 from hostutil import ssh
-from test_deploy import HOST, deploy, recap
+from hostutil import HOST, recap
 
 pytestmark = pytest.mark.hosts
 EXPORTER_UNIT = "ddtree-sglang-exporter.service"
-
-
-@pytest.fixture(scope="module")
-def deployed(hosts):
-    assert HOST in hosts, f"{HOST} is not up: {hosts}"
-    first, t1 = deploy()
-    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-2000:]
-    second, t2 = deploy()
-    print(f"\ndeploy with exporter + monitoring: first run {t1:.1f} s, second run {t2:.1f} s")
-    return {"address": hosts[HOST], "first": first, "second": second}
 
 
 def _get(addr: str, url: str) -> dict:

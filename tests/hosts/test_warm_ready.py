@@ -15,7 +15,7 @@ import time
 
 import pytest
 from hostutil import ssh
-from test_deploy import HOST, VENV_BIN, deploy
+from hostutil import HOST, VENV_BIN, deploy
 
 pytestmark = pytest.mark.hosts
 
