@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The SGLang wheelhouse is content-keyed: share it across checkouts (as test.sh does).
+export DDTREE_SGLANG_WHEELHOUSE=${DDTREE_SGLANG_WHEELHOUSE:-/var/cache/ddtree-ops/sglang-wheelhouse}
 bash scripts/testhost.sh up
 bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 export PATH="$PWD/.venv/bin:$PATH"
