@@ -32,6 +32,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ddtree_ops.sglang.wheelhouse import sha256_file  # the project venv has ddtree-ops
+
 CACHE = Path(os.environ.get("DDTREE_CUDA_APT_CACHE", "/var/cache/ddtree-ops/cuda-apt"))
 WHEELS = Path(os.environ.get("DDTREE_PTXAS_WHEELS", "/var/cache/ddtree-ops/ptxas-wheels"))
 REPO_PATH = "debian12/x86_64"
@@ -59,14 +61,6 @@ def run(*argv: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), check=True, **kw)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def wheel(version: str) -> Path:
     """The sha256-checked wheel of one toolkit (downloaded once into WHEELS)."""
     req, name, digest, _, _ = TOOLKITS[version]
@@ -76,7 +70,7 @@ def wheel(version: str) -> Path:
         run(sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
             "--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--platform", "manylinux2010_x86_64",
             "--python-version", "3.11", req, "-d", str(WHEELS))
-    if sha256(path) != digest:
+    if sha256_file(path) != digest:
         raise SystemExit(f"cuda-apt-standin: {path} sha256 mismatch (expected {digest}); delete it and retry")
     return path
 
