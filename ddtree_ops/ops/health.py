@@ -16,25 +16,26 @@ A check that cannot run because an earlier one failed (no ``ready`` when not rea
 no deep checks when not ready) is left out, never reported as passing.
 
 Flapping: SGLang's ``/health`` is a 1-token generation that answers 503 after 20 s under a
-long prefill (``../shared/DESIGN.md`` §2). ``ready`` fails only after ``failures``
+long prefill (SGLang ``srt/entrypoints/http_server.py``, ``health_generate``). ``ready`` fails only after ``failures``
 (``ddtree_ops.health_failures``) consecutive failed probes ``interval_s`` apart; the
 ``progress`` check likewise fails only when counters stay frozen over ``failures``
-consecutive windows. Every probe has ``timeout`` seconds, so one call is bounded by
-:func:`bound_s`.
+consecutive windows. Every request has a total deadline of ``timeout`` seconds (connect to
+last byte) and a size cap (:mod:`ddtree_ops.sglang.client`), so one call is bounded by
+:func:`bound_s`, whatever the server does. A server that answers garbage, too much, too
+slowly or non-finite numbers fails the check that asked, naming what it did.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
-from ..sglang.client import SGLangClient, SGLangError, accept_length
+from ..sglang.client import (SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples,
+                             sum_lowest_rank)
 from .drift import find_drift
 
 CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")
@@ -50,9 +51,44 @@ PROGRESS_COUNTERS = (
 )
 """Counters that move while the scheduler makes progress (any of them moving is progress).
 ``generation_tokens_total`` alone moves only when a request finishes; the scheduler-side
-``realtime_tokens_total``/``spec_verify_calls_total`` move every forward pass."""
+``realtime_tokens_total``/``spec_verify_calls_total`` move every forward pass. Shared by the
+``progress`` check and the exporter's ``ddtree_scheduler_stuck``."""
 
 LOAD_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+"""SGLang's scheduler load gauges (per TP rank with ``--enable-metrics-for-all-schedulers``)."""
+
+MARKER_CAP = 1 << 20
+"""Largest warm marker read (bytes); the report of 4096 batch sizes is ~1 MB less than this."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """What ``/metrics`` says about progress: requests ``running`` and ``queued`` (lowest
+    TP rank), ``progress`` (sum over every series of :data:`PROGRESS_COUNTERS`; only its
+    movement matters), ``has_progress`` (any progress counter exposed)."""
+
+    running: float
+    queued: float
+    progress: float
+    has_progress: bool
+
+    @property
+    def busy(self) -> bool:
+        return self.running + self.queued > 0
+
+
+def load_of(found: dict[str, list[tuple[dict[str, str], float]]]) -> Load | None:
+    """:class:`Load` from :func:`ddtree_ops.sglang.client.select_samples` over
+    :data:`LOAD_GAUGES` + :data:`PROGRESS_COUNTERS`; None when neither load gauge is
+    exposed (not SGLang's metrics)."""
+    running, queued = (sum_lowest_rank(found.get(n, [])) for n in LOAD_GAUGES)
+    if running is None and queued is None:
+        return None
+    series = [v for n in PROGRESS_COUNTERS for _, v in found.get(n, [])]
+    total = sum(series)
+    if not math.isfinite(total) or not math.isfinite((running or 0.0) + (queued or 0.0)):
+        raise SGLangError("/metrics: progress counters or load gauges sum beyond the float range (a broken server)")
+    return Load(running or 0.0, queued or 0.0, total, bool(series))
 
 
 @dataclass(frozen=True)
@@ -89,13 +125,30 @@ class HealthOptions:
 
 
 def bound_s(o: HealthOptions) -> float:
-    """Upper bound (seconds) of one :func:`check_health` call, before scheduling slack:
-    ``failures`` probes of ``timeout`` + ``interval`` for ``ready``, one ``timeout`` for
-    ``/server_info``, ``failures`` windows of ``progress_window_s`` + ``timeout``."""
-    return o.failures * (o.timeout + o.interval_s) + o.timeout + o.timeout + o.failures * (o.progress_window_s + o.timeout)
+    """Upper bound (seconds) of one :func:`check_health` call: every request it can make
+    has a total deadline of ``timeout`` (:func:`ddtree_ops.sglang.client.fetch`), so the
+    bound counts requests and sleeps, check by check:
+
+    * ``reachable``/``ready``: ``failures`` ``/health`` probes, ``interval_s`` apart;
+    * ``drift``/``accept_length``: ``/server_info`` then the ``/get_server_info`` fallback
+      (:data:`~ddtree_ops.sglang.client.SERVER_INFO_REQUESTS` requests);
+    * ``progress``: one ``/metrics`` sample, then up to ``failures`` windows of a
+      ``progress_window_s`` sleep and one ``/metrics`` sample.
+
+    Local work (parsing capped bodies, reading a capped warm marker) is milliseconds and
+    covered by :data:`LOCAL_SLACK_S`.
+    """
+    ready = o.failures * o.timeout + (o.failures - 1) * o.interval_s
+    info = SERVER_INFO_REQUESTS * o.timeout
+    progress = o.timeout + o.failures * (o.progress_window_s + o.timeout)
+    return ready + info + progress + LOCAL_SLACK_S
 
 
-def _probe_ready(c: SGLangClient, o: HealthOptions) -> tuple[Check, Check]:
+LOCAL_SLACK_S = 0.5
+"""Seconds :func:`bound_s` allows for local work (parsing at most a few MiB with one regex)."""
+
+
+def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None) -> tuple[Check, Check]:
     """``reachable`` and ``ready`` from up to ``failures`` consecutive ``/health`` probes."""
     seen: list[str] = []
     reachable = False
@@ -103,16 +156,10 @@ def _probe_ready(c: SGLangClient, o: HealthOptions) -> tuple[Check, Check]:
         if i:
             time.sleep(o.interval_s)
         try:
-            status = c.health()
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            seen.append(f"{type(exc).__name__} (loading weights or down)")
-            continue
-        except httpx.TimeoutException:
-            reachable = True
-            seen.append(f"timed out after {o.timeout:g} s")
-            continue
-        except httpx.TransportError as exc:
-            seen.append(f"{type(exc).__name__}")
+            status = c.health(timeout)
+        except SGLangError as exc:
+            reachable = reachable or exc.reachable
+            seen.append(exc.what)
             continue
         reachable = True
         if status == 200:
@@ -120,7 +167,7 @@ def _probe_ready(c: SGLangClient, o: HealthOptions) -> tuple[Check, Check]:
             return Check("reachable", True, "port open"), Check("ready", True, f"/health answered 200{before}")
         seen.append(f"answered {status}" + (" (starting, or its 1-token generation took > 20 s)" if status == 503 else ""))
     detail = f"/health failed {o.failures} consecutive probe(s), {o.interval_s:g} s apart: {'; '.join(seen)}"
-    return (Check("reachable", reachable, "port open" if reachable else f"{c.base_url}: {seen[-1]}"),
+    return (Check("reachable", reachable, "port open" if reachable else f"{c.base_url}/health: {seen[-1]}"),
             Check("ready", False, detail))
 
 
@@ -128,13 +175,22 @@ def _warm(o: HealthOptions) -> Check:
     path = o.warm_marker
     assert path is not None
     try:
-        report = json.loads(path.read_text())
+        if not path.is_file():  # a FIFO or device would block or never end
+            if path.exists():
+                return Check("warm", False, f"warm marker {path} is not a regular file")
+            raise FileNotFoundError(path)
+        with path.open("rb") as f:
+            raw = f.read(MARKER_CAP + 1)
+        if len(raw) > MARKER_CAP:
+            return Check("warm", False, f"warm marker {path} is larger than {MARKER_CAP} bytes: not a warm marker")
+        report = json.loads(raw)
         sizes = report["batch_sizes"]
     except FileNotFoundError:
         return Check("warm", False, f"no warm marker {path}: warmup has not finished since the last (re)start")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return Check("warm", False, f"warm marker {path} unreadable: {exc}")
-    return Check("warm", True, f"warmed over batch sizes {sizes} in {report.get('elapsed_s', '?')} s")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        return Check("warm", False, f"warm marker {path} unreadable: {preview(str(exc), 120)}")
+    return Check("warm", True, f"warmed over batch sizes {preview(str(sizes))} in "
+                               f"{preview(str(report.get('elapsed_s', '?')), 40)} s")
 
 
 def _drift(info: dict[str, Any], plan_doc: dict[str, Any]) -> Check:
@@ -144,7 +200,7 @@ def _drift(info: dict[str, Any], plan_doc: dict[str, Any]) -> Check:
         return Check("drift", False, f"the deployed plan is not a plan.json document ({exc})")
     if drifts:
         return Check("drift", False, "running server differs from the deployed config: "
-                     + "; ".join(str(d) for d in drifts) + ". Fix: redeploy, or restart the unit")
+                     + "; ".join(preview(str(d)) for d in drifts) + ". Fix: redeploy, or restart the unit")
     if "model_path" in missing and "tp_size" in missing:  # every SGLang reports both: nothing was compared
         return Check("drift", False, f"/server_info reports none of the deployed settings ({', '.join(missing)}): "
                      "not an SGLang server_info? Fix: check that the URL is the SGLang server of this deployment")
@@ -152,51 +208,73 @@ def _drift(info: dict[str, Any], plan_doc: dict[str, Any]) -> Check:
     return Check("drift", True, "running settings match the deployed config" + tail)
 
 
-def _sample(c: SGLangClient) -> tuple[float, float, float] | None:
-    """(running, queued, sum of progress counters) from ``/metrics``; None without metrics."""
-    try:
-        text = c.metrics()
-    except (SGLangError, httpx.HTTPError):
-        return None
-    load = dict.fromkeys(LOAD_GAUGES, 0.0)
-    progress = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name in load:
-                load[s.name] += s.value
-            elif s.name in PROGRESS_COUNTERS:
-                progress += s.value
-    return load[LOAD_GAUGES[0]], load[LOAD_GAUGES[1]], progress
+class _NoMetrics(Exception):
+    """``/metrics`` is not served (metrics disabled): progress is not measured."""
+
+
+def sample_load(c: SGLangClient, timeout: float | None = None) -> Load:
+    """One ``/metrics`` sample as a :class:`Load`.
+
+    Raises:
+        _NoMetrics: ``/metrics`` answered a status other than 200 (SGLang without
+            ``--enable-metrics``): progress is not measured.
+        SGLangError: no complete answer in time, over the cap, not HTTP, or 200 with
+            something that is not SGLang's metrics (the ``progress`` check fails).
+    """
+    r = c.get("/metrics", timeout)
+    if r.status != 200:
+        raise _NoMetrics(f"HTTP {r.status}")
+    text = r.text()
+    load = load_of(select_samples(text, LOAD_GAUGES + PROGRESS_COUNTERS))
+    if load is None:
+        raise SGLangError(f"/metrics answered 200 without {' or '.join(LOAD_GAUGES)}: not SGLang's metrics "
+                          f"({preview(text, 80)!r})")
+    return load
 
 
 def _progress(c: SGLangClient, o: HealthOptions) -> Check:
     try:
         return _progress_of(c, o)
-    except ValueError as exc:  # prometheus_client's parser
-        return Check("progress", False, f"/metrics is not Prometheus text ({exc}): not an SGLang server?")
+    except _NoMetrics as exc:
+        return Check("progress", True, f"not measured: /metrics unavailable ({exc}); start SGLang with --enable-metrics")
+    except SGLangError as exc:
+        return Check("progress", False, f"/metrics did not give SGLang's Prometheus text: {exc}")
 
 
 def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
-    first = _sample(c)
-    if first is None:
-        return Check("progress", True, "not measured: /metrics unavailable (start SGLang with --enable-metrics)")
-    running, queued, start = first
-    if running + queued == 0:
+    first = sample_load(c, o.timeout)
+    if not first.busy:
         return Check("progress", True, "idle: no running or queued requests")
+    last = first
     for _ in range(o.failures):
         time.sleep(o.progress_window_s)
-        now = _sample(c)
-        if now is None:
-            return Check("progress", True, "not measured: /metrics stopped answering")
-        r2, q2, value = now
-        if value > start:
-            return Check("progress", True, f"{int(r2)} running, {int(q2)} queued; counters moved by {value - start:g}")
-        if r2 + q2 == 0:
+        now = sample_load(c, o.timeout)
+        if now.progress > first.progress:
+            return Check("progress", True, f"{now.running:g} running, {now.queued:g} queued; "
+                                           f"counters moved by {now.progress - first.progress:g}")
+        if not now.busy:
             return Check("progress", True, "idle: the requests finished")
-        running, queued = r2, q2
+        last = now
     return Check("progress", False,
-                 f"{int(running)} running, {int(queued)} queued, but no generation counter moved in "
+                 f"{last.running:g} running, {last.queued:g} queued, but no generation counter moved in "
                  f"{o.failures} x {o.progress_window_s:g} s ({', '.join(PROGRESS_COUNTERS[:3])}): the scheduler is stuck")
+
+
+def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given: bool) -> list[Check]:
+    """After ``ready``: warm, drift, progress, accept_length."""
+    if o.warm_marker is not None:
+        checks.append(_warm(o))
+    try:
+        info = c.server_info(o.timeout)
+    except SGLangError as exc:
+        return checks + [Check("drift" if o.plan_doc is not None else "accept_length", False, str(exc))]
+    if o.plan_doc is not None:
+        checks.append(_drift(info, o.plan_doc))
+    if options_given:
+        checks.append(_progress(c, o))
+    al = accept_length(info)
+    checks.append(Check("accept_length", True, "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass"))
+    return checks
 
 
 def check_health(url: str, timeout: float = 5.0, options: HealthOptions | None = None) -> list[Check]:
@@ -204,52 +282,47 @@ def check_health(url: str, timeout: float = 5.0, options: HealthOptions | None =
 
     Args:
         url: server base URL.
-        timeout: seconds per HTTP request when ``options`` is None (then one probe, no deep checks).
+        timeout: total deadline per HTTP request when ``options`` is None (then one probe, no deep checks).
         options: probes, windows, deployed plan and warm marker.
 
     Returns:
-        The checks that ran; all ``ok`` means healthy. Never raises for server faults.
+        The checks that ran; all ``ok`` means healthy. Never raises for server faults;
+        finishes within :func:`bound_s` seconds.
     """
     o = options or HealthOptions(timeout=timeout, failures=1)
     with SGLangClient(url, timeout=o.timeout) as c:
-        reachable, ready = _probe_ready(c, o)
-        if not reachable.ok:
-            return [reachable]
-        checks = [reachable, ready]
-        if not ready.ok:
-            return checks
-        if o.warm_marker is not None:
-            checks.append(_warm(o))
-        try:
-            info = c.server_info()
-        except (SGLangError, ValueError) as exc:
-            return checks + [Check("drift" if o.plan_doc is not None else "accept_length", False, str(exc))]
-        if o.plan_doc is not None:
-            checks.append(_drift(info, o.plan_doc))
-        if options is not None:
-            checks.append(_progress(c, o))
-        al = accept_length(info)
-        checks.append(Check("accept_length", True, "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass"))
-        return checks
+        return _check(c, o, options is not None)
+
+
+def _check(c: SGLangClient, o: HealthOptions, options_given: bool) -> list[Check]:
+    reachable, ready = _probe_ready(c, o)
+    if not reachable.ok:
+        return [reachable]
+    if not ready.ok:
+        return [reachable, ready]
+    return _deep(c, o, [reachable, ready], options_given)
 
 
 def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: float = 1.0,
                options: HealthOptions | None = None) -> list[Check]:
     """Poll until ``reachable`` and ``ready`` pass or ``deadline_s`` seconds pass, then run
-    the deep checks once (drift does not heal by waiting).
+    one full round of checks (drift does not heal by waiting).
+
+    Every probe's deadline is cut to the time left, so the whole call finishes within
+    ``deadline_s + bound_s(options)`` seconds.
 
     Returns:
         The last round of checks (all ok, or the failing round at the deadline).
     """
     o = options or HealthOptions(timeout=timeout, failures=1, interval_s=interval_s)
     end = time.monotonic() + deadline_s
-    probe = HealthOptions(timeout=o.timeout, failures=1, interval_s=o.interval_s)
-    while True:
-        t = min(o.timeout, max(0.5, end - time.monotonic()))
-        with SGLangClient(url, timeout=t) as c:
-            reachable, ready = _probe_ready(c, HealthOptions(timeout=t, failures=1))
-        if reachable.ok and ready.ok:
-            return check_health(url, options=o) if options is not None else check_health(url, timeout=o.timeout)
-        if time.monotonic() + probe.interval_s > end:
-            return [reachable, ready] if reachable.ok else [reachable]
-        time.sleep(probe.interval_s)
+    one = HealthOptions(timeout=o.timeout, failures=1)
+    with SGLangClient(url, timeout=o.timeout) as c:
+        while True:
+            left = end - time.monotonic()
+            reachable, ready = _probe_ready(c, one, timeout=max(0.0, min(o.timeout, left)))
+            if reachable.ok and ready.ok:
+                return _check(c, o, options is not None)
+            if time.monotonic() + o.interval_s >= end:
+                return [reachable, ready] if reachable.ok else [reachable]
+            time.sleep(o.interval_s)
