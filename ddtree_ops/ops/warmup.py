@@ -18,9 +18,12 @@ What runs (``ddtree-ops warmup``, and the unit's ``ExecStartPost`` before it is 
 
 The report records, per batch size, wall latency (seconds, both rounds), generated
 tokens and the mean ``meta_info.spec_accept_length`` (tokens per verify pass, bonus
-included; ``None`` without speculation). Everything is bounded by one deadline; any
-failed request (connection lost, server crashed, HTTP error) stops the warmup with a
-:class:`WarmupError` naming the batch size and round.
+included; ``None`` without speculation). Everything is bounded by one deadline (each
+request's total deadline is the time left, :func:`ddtree_ops.sglang.client.fetch`) and
+every answer by a size cap (:func:`ddtree_ops.sglang.client.generate_cap`); any failed
+request (connection lost, server crashed, HTTP error, an answer too large, not strict JSON,
+non-finite or negative counts) stops the warmup with a :class:`WarmupError` naming the
+batch size and round.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from ..sglang.client import SGLangError, async_client, fetch, generate_cap, preview
 
 SHORT_PROMPT = "Explain speculative decoding in one paragraph."
 LONG_PARAGRAPH = (
@@ -207,32 +212,65 @@ def long_prompt(words: int) -> str:
     return " ".join(base[i % len(base)] for i in range(max(1, words)))
 
 
-async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str) -> dict:
+async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str, deadline_s: float, cap: int) -> Any:
+    """POST ``body`` as JSON; the parsed strict-JSON answer (any JSON value).
+
+    Raises:
+        WarmupError: no complete answer within ``deadline_s`` (total), over ``cap`` bytes,
+            not HTTP 200, or not strict JSON (non-finite numbers count as malformed).
+    """
     try:
-        r = await client.post(path, json=body)
-    except httpx.HTTPError as exc:
-        raise WarmupError(f"{where}: {path} failed: {type(exc).__name__}: {exc or 'connection lost'} "
-                          "(server crashed, restarted or unreachable)") from exc
-    if r.status_code != 200:
-        raise WarmupError(f"{where}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
+        r = await fetch(client, "POST", path, deadline_s, cap, json_body=body)
+    except SGLangError as exc:
+        raise WarmupError(f"{where}: {path} failed: {exc.what} (server crashed, restarted, unreachable or "
+                          "misbehaving)") from None
+    if r.status != 200:
+        raise WarmupError(f"{where}: {path} answered HTTP {r.status}: {preview(r.body)}")
     try:
         return r.json()
-    except ValueError:
-        raise WarmupError(f"{where}: {path} answered non-JSON: {r.text[:200]}") from None
+    except SGLangError as exc:
+        raise WarmupError(f"{where}: {path} answered non-JSON or malformed JSON: {exc.what}") from None
 
 
 def _meta(out: Any, where: str, path: str = "/generate") -> dict:
     """``meta_info`` of one ``/generate`` answer (SGLang always sends it); WarmupError if absent."""
     meta = out.get("meta_info") if isinstance(out, dict) else None
     if not isinstance(meta, dict):
-        raise WarmupError(f"{where}: {path} answered {json.dumps(out)[:200]} (no meta_info object): "
-                          "not SGLang's /generate")
+        shown = f"a JSON {type(out).__name__}" if not isinstance(out, dict) else \
+            f"an object with keys {preview(', '.join(map(str, list(out)[:10])), 120)}"
+        raise WarmupError(f"{where}: {path} answered {shown} (no meta_info object): not SGLang's /generate")
     return meta
 
 
+MAX_COUNT = 1 << 53
+"""Largest token count accepted from the server (beyond it a float loses integers)."""
+
+
 def _num(value: Any) -> float | None:
-    """A JSON number as float; None for anything else (absent, null, strings, booleans)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A JSON number as float; None for anything else (absent, null, strings, booleans).
+    Strict JSON (:func:`ddtree_ops.sglang.client.loads_json`) already refused non-finite numbers."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _count(meta: dict, key: str, where: str) -> int:
+    """A token count of ``meta_info`` (0 when not reported). WarmupError when it is negative,
+    fractional or beyond :data:`MAX_COUNT`: not a count, a broken server."""
+    v = _num(meta.get(key))
+    if v is None:
+        return 0
+    if not (0 <= v <= MAX_COUNT and v == int(v)):
+        raise WarmupError(f"{where}: meta_info.{key} = {preview(repr(meta.get(key)), 40)}: a token count must be "
+                          f"an integer 0..{MAX_COUNT} (a broken server)")
+    return int(v)
+
+
+def _accept(meta: dict, where: str) -> float | None:
+    """``meta_info.spec_accept_length`` (None when not reported); WarmupError when negative."""
+    v = _num(meta.get("spec_accept_length"))
+    if v is not None and not 0 <= v <= MAX_COUNT:
+        raise WarmupError(f"{where}: meta_info.spec_accept_length = {preview(repr(v), 40)}: must be 0..{MAX_COUNT} "
+                          "tokens per verify pass (a broken server)")
+    return v
 
 
 async def _gather(jobs: list) -> list[dict]:
@@ -243,10 +281,12 @@ async def _gather(jobs: list) -> list[dict]:
     return outs  # type: ignore[return-value]
 
 
-async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, long_text: str) -> BatchResult:
+async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, long_text: str,
+                      end: float) -> BatchResult:
     t0 = time.monotonic()
     metas: list[dict] = []
     rounds: dict[str, float] = {}
+    cap = generate_cap(max_new_tokens)
     for r_i, (name, temp) in enumerate(TEMPERATURES):
         where = f"batch size {bs} ({name} round)"
         tr = time.monotonic()
@@ -254,38 +294,39 @@ async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, l
             "text": long_text if (i + r_i) % 2 else SHORT_PROMPT,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temp,
                                 "ignore_eos": True},
-        }, where) for i in range(bs)]
+        }, where, end - time.monotonic(), cap) for i in range(bs)]
         outs = await _gather(jobs)
         rounds[name] = round(time.monotonic() - tr, 4)
-        metas += [_meta(o, where) for o in outs]
-    als = [x for x in (_num(m.get("spec_accept_length")) for m in metas) if x is not None]
+        metas += [(_meta(o, where), where) for o in outs]
+    als = [x for x in (_accept(m, w) for m, w in metas) if x is not None]
     return BatchResult(
         batch_size=bs, kind="text", requests=len(metas), latency_s=round(time.monotonic() - t0, 4),
         round_latency_s=rounds,
-        prompt_tokens=sum(int(_num(m.get("prompt_tokens")) or 0) for m in metas),
-        completion_tokens=sum(int(_num(m.get("completion_tokens")) or 0) for m in metas),
-        accept_length=round(sum(als) / len(als), 3) if als else None,
+        prompt_tokens=sum(_count(m, "prompt_tokens", w) for m, w in metas),
+        completion_tokens=sum(_count(m, "completion_tokens", w) for m, w in metas),
+        accept_length=round(sum(x / len(als) for x in als), 3) if als else None,
     )
 
 
-async def _vision(client: httpx.AsyncClient, min_pixels: int, max_new_tokens: int) -> BatchResult:
+async def _vision(client: httpx.AsyncClient, min_pixels: int, max_new_tokens: int, end: float) -> BatchResult:
     url, w, h = image_data_url(min_pixels)
     t0 = time.monotonic()
+    where = f"vision ({w}x{h} image)"
     out = await _post(client, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": "Describe this image in one sentence."},
         ]}],
         "max_tokens": max_new_tokens, "temperature": 0.0,
-    }, f"vision ({w}x{h} image)")
+    }, where, end - time.monotonic(), generate_cap(max_new_tokens))
     lat = round(time.monotonic() - t0, 4)
     if not isinstance(out, dict) or not isinstance(out.get("choices"), list):
-        raise WarmupError(f"vision ({w}x{h} image): /v1/chat/completions answered {json.dumps(out)[:200]} "
-                          "(no choices list): not an OpenAI-compatible chat completion")
+        raise WarmupError(f"{where}: /v1/chat/completions answered {preview(type(out).__name__)} without a choices "
+                          "list: not an OpenAI-compatible chat completion")
     usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
     return BatchResult(batch_size=1, kind="vision", requests=1, latency_s=lat, round_latency_s={"vision": lat},
-                       prompt_tokens=int(_num(usage.get("prompt_tokens")) or 0),
-                       completion_tokens=int(_num(usage.get("completion_tokens")) or 0), accept_length=None)
+                       prompt_tokens=_count(usage, "prompt_tokens", where),
+                       completion_tokens=_count(usage, "completion_tokens", where), accept_length=None)
 
 
 async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int, long_prompt_words: int,
@@ -296,18 +337,18 @@ async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int,
     if wp.context_length:  # leave room for the answer (words ~ tokens, conservatively)
         words = max(1, min(words, (wp.context_length - max_new_tokens) // 2))
     long_text = long_prompt(words)
-    limits = httpx.Limits(max_connections=max(wp.batch_sizes or [1]) + 4)
+    end = t0 + deadline_s
     steps: list[tuple[str, int]] = [("text", bs) for bs in wp.batch_sizes]
     if wp.vision_min_pixels:
         steps.append(("vision", 1))
-    async with httpx.AsyncClient(base_url=url, timeout=deadline_s, limits=limits) as client:
+    async with async_client(url, max_connections=max(wp.batch_sizes or [1]) + 4) as client:
         for kind, bs in steps:
             left = deadline_s - (time.monotonic() - t0)
             what = f"batch size {bs}" if kind == "text" else "the vision request"
             if left <= 0:
                 raise WarmupError(f"deadline of {deadline_s:g} s passed before {what}")
-            coro = (_text_batch(client, bs, max_new_tokens, long_text) if kind == "text"
-                    else _vision(client, wp.vision_min_pixels or 1, max_new_tokens))
+            coro = (_text_batch(client, bs, max_new_tokens, long_text, end) if kind == "text"
+                    else _vision(client, wp.vision_min_pixels or 1, max_new_tokens, end))
             try:
                 res = await asyncio.wait_for(coro, timeout=left)
             except asyncio.TimeoutError:
