@@ -177,7 +177,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:
     ok = all(c["ok"] for c in checks)
     if as_json:
-        print(json.dumps({"ok": ok, "checks": checks, **(extra or {})}, indent=2))
+        print(json.dumps({"ok": ok, "checks": checks, **(extra or {})}, indent=2, allow_nan=False))
     else:
         for c in checks:
             say(out, "ok  " if c["ok"] else "FAIL", "green" if c["ok"] else "red", f"{c['name']}: {c['detail']}")
@@ -400,7 +400,8 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
                                                         "(default: 0.0.0.0:<ddtree_ops.exporter_port>).")] = None,
              poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
              window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
-             timeout: Annotated[float, typer.Option(help="Seconds per upstream request.")] = 3.0) -> None:
+             timeout: Annotated[float, typer.Option(help="Total seconds per upstream request (deadline, not per read).")] = 3.0,
+             stuck_after: Annotated[float | None, typer.Option("--stuck-after", help="Seconds of busy polls with frozen progress counters before ddtree_scheduler_stuck is 1 (default: --window).")] = None) -> None:
     """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server."""
     import signal
     import threading
@@ -410,6 +411,8 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     _positive("--poll-interval", poll_interval, 3600)
     _positive("--window", window)
     _positive("--timeout", timeout, 300)
+    if stuck_after is not None:
+        _positive("--stuck-after", stuck_after)
     try:
         doc = load_plan(str(plan_file))
     except PlanError as exc:
@@ -427,7 +430,8 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
         raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
-    exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout)
+    exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout,
+                   stuck_after_s=stuck_after)
     try:
         server, _thread = serve(exp, host.strip("[]"), int(port_s))
     except OSError as exc:
@@ -438,7 +442,7 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
-    exp.stop(join_timeout=timeout + 1)
+    exp.stop(join_timeout=exp.poll_bound_s + 1)
     server.shutdown()
 
 

@@ -137,8 +137,10 @@ def test_parse_upstream_real_label_shapes() -> None:
         *[f'sglang:spec_accept_length{{model_name="m",tp_rank="{r}"}} 5.0' for r in range(8)],
         "",
     ])
-    assert parse_upstream(text) == (400.0, 80.0, 5.0)
-    assert parse_upstream("# TYPE x gauge\nx 1\n") == (None, None, None)
+    p = parse_upstream(text)
+    assert (p.gen_tokens, p.verify_calls, p.accept_length, p.load) == (400.0, 80.0, 5.0, None)
+    p = parse_upstream("# TYPE x gauge\nx 1\n")
+    assert (p.gen_tokens, p.verify_calls, p.accept_length, p.load) == (None, None, None, None)
 
 
 def test_counter_reset_restarts_the_window(sim) -> None:

@@ -1,16 +1,22 @@
 """``ddtree-ops exporter``: speculative-decoding health as Prometheus metrics.
 
 A background thread polls one SGLang server (``/metrics``, ``/server_info``, ``/health``)
-with bounded timeouts and keeps the last sample; a scrape of the exporter's own
-``/metrics`` only reads that cached sample, so a slow or dead SGLang never blocks a
-scrape: it answers at once with ``ddtree_up 0`` and ``ddtree_upstream_staleness_seconds``.
+and keeps the last sample; a scrape of the exporter's own ``/metrics`` only reads that
+cached sample, so a slow or dead SGLang never blocks a scrape. Every upstream request has a
+total deadline and a size cap (:func:`ddtree_ops.sglang.client.fetch`), so one poll takes
+at most :attr:`Exporter.poll_bound_s`. A sample older than :attr:`Exporter.stale_after_s`
+(3 poll intervals plus one poll's bound) counts as no sample: ``ddtree_up 0`` and
+``ddtree_ready 0``, whatever the poller is doing (a trickling server on SGLang's port, a
+poller stuck for any reason). Answers that are not valid SGLang metrics (non-finite or
+non-numeric values in the families read, over the cap, not HTTP) make ``ddtree_up 0``.
 
 Metric names are a contract (alert rules, dashboard, tests rely on them); every series
 carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``:
 
 =========================================  =====================================================
-``ddtree_up``                              1 if SGLang's ``/metrics`` answered at the last poll
-``ddtree_ready``                           1 if ``/health`` answered 200 at the last poll
+``ddtree_up``                              1 if SGLang's ``/metrics`` answered valid metrics at the
+                                           last poll, and that poll is fresh
+``ddtree_ready``                           1 if ``/health`` answered 200 at the last poll (fresh)
 ``ddtree_config_drift``                    1 if ``/server_info`` differs from plan.json
 ``ddtree_config_drift_settings{setting}``  per compared setting (``ops.drift``), 0/1
 ``ddtree_accept_length``                   tokens per verify pass over the window (see below)
@@ -19,6 +25,11 @@ carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.js
 ``ddtree_speculative_enabled``             1 if the server runs speculative decoding
 ``ddtree_generation_tokens_per_second``    generation tokens per second over the window
 ``ddtree_upstream_staleness_seconds``      age of the last good upstream sample
+``ddtree_scheduler_stuck``                 1 if requests were running or queued at every poll of
+                                           the last ``stuck_after_s`` seconds and no counter of
+                                           ``ops.health.PROGRESS_COUNTERS`` moved; else 0; absent
+                                           while the upstream is down or before
+                                           ``stuck_after_s`` of consecutive good polls
 ``ddtree_deployment_info{...}``            1, labels: algorithm, budget, block_size,
                                            verify_tokens_per_req, draft_tokens_per_req,
                                            tp_size, sglang_version
@@ -40,7 +51,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -48,12 +58,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..sglang.client import SERVER_INFO_PATHS, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, select_samples, \
+    sum_lowest_rank
 from .drift import compared_settings, find_drift
+from .health import LOAD_GAUGES, PROGRESS_COUNTERS, Load, load_of
 
 log = logging.getLogger("ddtree_ops.exporter")
 
@@ -66,6 +78,7 @@ METRIC_NAMES = (
     "ddtree_up", "ddtree_ready", "ddtree_config_drift", "ddtree_config_drift_settings", "ddtree_accept_length",
     "ddtree_accept_length_sglang", "ddtree_accept_length_floor", "ddtree_speculative_enabled",
     "ddtree_generation_tokens_per_second", "ddtree_upstream_staleness_seconds", "ddtree_deployment_info",
+    "ddtree_scheduler_stuck",
 )
 
 GEN_TOKENS = "sglang:generation_tokens_total"
@@ -135,7 +148,14 @@ def identity_from_plan(doc: dict[str, Any]) -> Identity:
 
 @dataclass
 class Sample:
-    """One upstream poll (all times from ``time.monotonic()``)."""
+    """One upstream poll (times from the exporter's clock, ``time.monotonic()`` by default).
+
+    Attributes:
+        t: when ``/metrics`` answered (the moment the counters describe).
+        done_t: when the poll finished (freshness); ``t`` when not set.
+        load: running/queued requests and the progress counters' sum (None: not exposed).
+        error: why the poll is not ``up`` (one line, server text escaped), else ``""``.
+    """
 
     t: float
     up: bool = False
@@ -144,6 +164,9 @@ class Sample:
     verify_calls: float | None = None
     sglang_accept_length: float | None = None
     server_info: dict[str, Any] | None = None
+    load: Load | None = None
+    done_t: float | None = None
+    error: str = ""
 
 
 @dataclass
@@ -151,45 +174,49 @@ class _State:
     last: Sample | None = None
     last_good_t: float | None = None
     window: deque = field(default_factory=deque)  # (t, gen_tokens, verify_calls)
+    good_since: float | None = None  # t of the first sample of the current run of good polls
+    frozen_since: tuple[float, float] | None = None  # (t, progress) of the first busy sample with these counters
 
 
-def _sum_lowest_rank(samples: list[tuple[dict[str, str], float]]) -> float | None:
-    """Sum of the series of the lowest ``tp_rank`` (all series when there is no tp_rank).
+@dataclass(frozen=True)
+class Upstream:
+    """What the exporter reads from SGLang's ``/metrics`` (None: not exposed).
 
-    SGLang exports scheduler metrics per TP rank with ``--enable-metrics-for-all-schedulers``;
-    each rank counts the same passes, so summing ranks would multiply them.
+    Attributes:
+        gen_tokens: sum of ``sglang:generation_tokens_total`` (tokenizer side: one series per ``is_streaming``).
+        verify_calls: ``sglang:spec_verify_calls_total`` of the lowest TP rank.
+        accept_length: mean of ``sglang:spec_accept_length`` over its series.
+        load: :class:`ddtree_ops.ops.health.Load` (running, queued, progress counters).
     """
-    if not samples:
-        return None
-    ranks = {lab.get("tp_rank", "") for lab, _ in samples}
-    lowest = min(ranks, key=lambda r: (int(r) if r.isdigit() else -1, r))
-    return sum(v for lab, v in samples if lab.get("tp_rank", "") == lowest)
+
+    gen_tokens: float | None
+    verify_calls: float | None
+    accept_length: float | None
+    load: Load | None
 
 
-_SAMPLE = re.compile(
-    r'^(sglang:(?:generation_tokens_total|spec_verify_calls_total|spec_accept_length))'
-    r'(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)', re.M)
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+UPSTREAM_FAMILIES = (GEN_TOKENS, VERIFY_CALLS, SGLANG_ACCEPT, *LOAD_GAUGES, *PROGRESS_COUNTERS)
+"""The series :func:`parse_upstream` selects (everything else in SGLang's text is skipped)."""
 
 
-def parse_upstream(text: str) -> tuple[float | None, float | None, float | None]:
-    """``(generation_tokens_total, spec_verify_calls_total, spec_accept_length)`` of an
-    SGLang ``/metrics`` text (Prometheus text format); None for what is not exposed.
+def parse_upstream(text: str) -> Upstream:
+    """The exporter's figures from an SGLang ``/metrics`` text (Prometheus text format).
 
-    Only the three families are read, with one compiled regular expression over the text
-    (a full parse of 8 TP ranks of SGLang's families costs ~100 ms of CPU per poll).
+    Only :data:`UPSTREAM_FAMILIES` are read, with one compiled regular expression over the
+    text (:func:`ddtree_ops.sglang.client.select_samples`; a full parse of 8 TP ranks of
+    SGLang's families costs ~100 ms of CPU per poll).
 
     Raises:
-        ValueError: a matched sample's value is not a number.
+        SGLangError: a selected sample's value is not a finite number.
     """
-    found: dict[str, list[tuple[dict[str, str], float]]] = {GEN_TOKENS: [], VERIFY_CALLS: [], SGLANG_ACCEPT: []}
-    for m in _SAMPLE.finditer(text):
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        found[m.group(1)].append((labels, float(m.group(3))))
-    gen, verify, accept = found[GEN_TOKENS], found[VERIFY_CALLS], found[SGLANG_ACCEPT]
-    g = sum(v for _, v in gen) if gen else None  # tokenizer side: one series per is_streaming
-    acc = [v for _, v in accept if not math.isnan(v)]
-    return g, _sum_lowest_rank(verify), (sum(acc) / len(acc) if acc else None)
+    found = select_samples(text, UPSTREAM_FAMILIES)
+    gen, accept = found[GEN_TOKENS], found[SGLANG_ACCEPT]
+    g = sum(v for _, v in gen) if gen else None
+    acc = sum(v / len(accept) for _, v in accept) if accept else None
+    up = Upstream(g, sum_lowest_rank(found[VERIFY_CALLS]), acc, load_of(found))
+    if not all(math.isfinite(x) for x in (up.gen_tokens, up.verify_calls, up.accept_length) if x is not None):
+        raise SGLangError("/metrics: counters sum beyond the float range (a broken server)")
+    return up
 
 
 class Exporter:
@@ -202,80 +229,118 @@ class Exporter:
         upstream: SGLang base URL (default: plan.json's ``url``).
         poll_interval_s: seconds between polls.
         window_s: seconds of the acceptance-length / token-rate window.
-        timeout_s: per-request timeout for ``/metrics`` and ``/server_info``; ``/health``
-            uses ``max(timeout_s, health_timeout_s)`` (SGLang's /health generates a token).
+        timeout_s: total deadline (seconds) of each ``/metrics`` and ``/server_info``
+            request; ``/health`` gets ``max(timeout_s, health_timeout_s)`` (SGLang's
+            /health generates a token).
+        stuck_after_s: seconds of busy polls with frozen progress counters before
+            ``ddtree_scheduler_stuck`` is 1 (default: ``window_s``).
         clock: monotonic clock (seconds), injectable for tests.
+
+    Attributes:
+        poll_bound_s: upper bound of one poll: ``/metrics``, ``/server_info`` and its
+            ``/get_server_info`` fallback, ``/health``, each with its total deadline.
+        stale_after_s: a sample older than this is no sample (``ddtree_up 0``):
+            3 poll intervals plus :attr:`poll_bound_s`.
 
     Raises:
         PlanError: plan_doc is not a plan document.
     """
 
+    STALE_POLLS = 3
+    """Poll intervals (plus one poll's bound) after which the last sample counts as none."""
+
     def __init__(self, plan_doc: dict[str, Any], registry: CollectorRegistry | None = None, upstream: str | None = None,
                  poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.plan_doc = plan_doc
         self.identity = identity_from_plan(plan_doc)
         self.upstream = (upstream or self.identity.url).rstrip("/")
         self.poll_interval_s = poll_interval_s
         self.window_s = window_s
+        self.stuck_after_s = window_s if stuck_after_s is None else stuck_after_s
         self.timeout_s = timeout_s
         self.health_timeout_s = max(timeout_s, self.identity.health_timeout_s)
+        self.poll_bound_s = (1 + SERVER_INFO_REQUESTS) * timeout_s + self.health_timeout_s
+        self.stale_after_s = self.STALE_POLLS * poll_interval_s + self.poll_bound_s
         self.clock = clock
         self.started = clock()
         self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()  # one poll at a time on the client's event loop
         self._state = _State()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._http = httpx.Client(base_url=self.upstream, timeout=httpx.Timeout(timeout_s))
+        self._http = SGLangClient(self.upstream, timeout=timeout_s)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
     # ---- polling ---------------------------------------------------------------------
     def poll_once(self) -> Sample:
-        """Poll the upstream once (blocking, bounded by the timeouts) and record the sample."""
-        s = Sample(t=self.clock())
+        """Poll the upstream once (blocking, at most :attr:`poll_bound_s`) and record the sample.
+        Never raises for upstream faults: they make the sample not ``up`` (``Sample.error``)."""
+        with self._poll_lock:
+            s = self._poll()
+        self._record(s)
+        return s
+
+    def _poll(self) -> Sample:
+        c = self._http
         try:
-            r = self._http.get("/metrics")
-            if r.status_code == 200:
-                s.gen_tokens, s.verify_calls, s.sglang_accept_length = parse_upstream(r.text)
+            r = c.get("/metrics")
+            s = Sample(t=self.clock())
+            if r.status != 200:
+                s.error = f"/metrics answered HTTP {r.status}"
+            else:
+                u = parse_upstream(r.text())
+                s.gen_tokens, s.verify_calls, s.sglang_accept_length, s.load = (u.gen_tokens, u.verify_calls,
+                                                                                u.accept_length, u.load)
                 s.up = True
-        except (httpx.HTTPError, ValueError) as exc:
-            log.debug("upstream /metrics: %s", exc)
+        except SGLangError as exc:
+            s = Sample(t=self.clock(), error=str(exc))
         if s.up:
-            for path in ("/server_info", "/get_server_info"):
+            for path in SERVER_INFO_PATHS:
                 try:
-                    r = self._http.get(path)
-                except httpx.HTTPError:
+                    r = c.get(path)
+                except SGLangError:
                     break
-                if r.status_code == 200:
+                if r.status == 200:
                     try:
                         info = r.json()
                         s.server_info = info if isinstance(info, dict) else None
-                    except ValueError:
+                    except SGLangError:
                         pass
                     break
-                if r.status_code != 404:
+                if r.status != 404:
                     break
             try:
-                s.ready = self._http.get("/health", timeout=self.health_timeout_s).status_code == 200
-            except httpx.HTTPError:
+                s.ready = c.get("/health", timeout=self.health_timeout_s).status == 200
+            except SGLangError:
                 s.ready = False
-        self._record(s)
+        else:
+            log.debug("upstream not up: %s", s.error)
+        s.done_t = self.clock()
         return s
 
     def _record(self, s: Sample) -> None:
         with self._lock:
             st = self._state
             st.last = s
-            if s.up:
-                st.last_good_t = s.t
-                if s.gen_tokens is not None and s.verify_calls is not None:
-                    if st.window and (s.gen_tokens < st.window[-1][1] or s.verify_calls < st.window[-1][2]):
-                        st.window.clear()  # counter reset: SGLang restarted
-                    st.window.append((s.t, s.gen_tokens, s.verify_calls))
-                    # keep one sample at or before the window start as the baseline
-                    while len(st.window) >= 2 and st.window[1][0] <= s.t - self.window_s:
-                        st.window.popleft()
+            if not s.up:
+                st.good_since = st.frozen_since = None
+                return
+            st.last_good_t = s.done_t if s.done_t is not None else s.t
+            if st.good_since is None:
+                st.good_since = s.t
+            if s.load is None or not s.load.has_progress or not s.load.busy:
+                st.frozen_since = None
+            elif st.frozen_since is None or s.load.progress != st.frozen_since[1]:
+                st.frozen_since = (s.t, s.load.progress)  # busy, and the counters moved (or first busy poll)
+            if s.gen_tokens is not None and s.verify_calls is not None:
+                if st.window and (s.gen_tokens < st.window[-1][1] or s.verify_calls < st.window[-1][2]):
+                    st.window.clear()  # counter reset: SGLang restarted
+                st.window.append((s.t, s.gen_tokens, s.verify_calls))
+                # keep one sample at or before the window start as the baseline
+                while len(st.window) >= 2 and st.window[1][0] <= s.t - self.window_s:
+                    st.window.popleft()
 
     def start(self) -> Exporter:
         """Start the background polling thread (daemon). Returns self."""
@@ -294,11 +359,16 @@ class Exporter:
             self._stop.wait(max(0.0, self.poll_interval_s - (self.clock() - t0)))
 
     def stop(self, join_timeout: float | None = None) -> None:
-        """Stop polling (waits up to ``join_timeout`` seconds for the thread)."""
+        """Stop polling (waits up to ``join_timeout`` seconds for the thread). The client
+        is closed once no poll runs (a poll still running past the join is left to finish
+        within its bound; the thread is a daemon)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(join_timeout)
-        self._http.close()
+            if self._thread.is_alive():
+                return
+        with self._poll_lock:
+            self._http.close()
 
     # ---- derived figures -------------------------------------------------------------
     def window_rates(self) -> tuple[float | None, float | None]:
@@ -314,9 +384,27 @@ class Exporter:
         tps = dg / dt if dt > 0 else None
         return accept, tps
 
+    def scheduler_stuck(self) -> float | None:
+        """``ddtree_scheduler_stuck``: 1.0 when every good poll of the last
+        :attr:`stuck_after_s` seconds saw requests running or queued and the same progress
+        counters; 0.0 otherwise; None while the last sample is not up or fewer than
+        :attr:`stuck_after_s` seconds of consecutive good polls exist."""
+        with self._lock:
+            st = self._state
+            last, good_since, frozen = st.last, st.good_since, st.frozen_since
+        if last is None or not last.up or good_since is None or last.t - good_since < self.stuck_after_s:
+            return None
+        return 1.0 if frozen is not None and last.t - frozen[0] >= self.stuck_after_s else 0.0
+
     def snapshot(self) -> tuple[Sample | None, float | None]:
         with self._lock:
             return self._state.last, self._state.last_good_t
+
+    def fresh(self, now: float | None = None) -> bool:
+        """The last sample is good and younger than :attr:`stale_after_s`."""
+        last, last_good = self.snapshot()
+        now = self.clock() if now is None else now
+        return bool(last and last.up and last_good is not None and now - last_good <= self.stale_after_s)
 
 
 class _Collector(Collector):
@@ -342,10 +430,11 @@ class _Collector(Collector):
                 g.add_metric([*lv, *extra_values], value)
             return g
 
-        up = bool(last and last.up)
-        yield gauge("ddtree_up", "1 if SGLang's /metrics answered at the last poll.", 1.0 if up else 0.0)
-        yield gauge("ddtree_ready", "1 if SGLang's /health answered 200 at the last poll.",
-                    1.0 if (last and last.ready) else 0.0)
+        up = e.fresh(now)  # a sample older than stale_after_s is no sample, whatever the poller does
+        yield gauge("ddtree_up", "1 if SGLang's /metrics answered valid metrics at the last poll, and it is fresh.",
+                    1.0 if up else 0.0)
+        yield gauge("ddtree_ready", "1 if SGLang's /health answered 200 at the last poll, and it is fresh.",
+                    1.0 if (up and last and last.ready) else 0.0)
         yield gauge("ddtree_upstream_staleness_seconds",
                     "Seconds since the last good upstream sample (since exporter start when none yet).",
                     max(0.0, now - (last_good if last_good is not None else e.started)))
@@ -356,7 +445,7 @@ class _Collector(Collector):
         info.add_metric([*lv, *ident.info], 1.0)
         yield info
 
-        server_info = last.server_info if (last and last.up) else None
+        server_info = last.server_info if (up and last) else None
         spec = ident.speculative
         if server_info is not None and "speculative_algorithm" in server_info:
             spec = server_info["speculative_algorithm"] not in (None, "", "NONE", "none")
@@ -390,6 +479,10 @@ class _Collector(Collector):
                     last.sglang_accept_length if up and last else None)
         yield gauge("ddtree_generation_tokens_per_second",
                     f"Generation tokens per second over the last {e.window_s:g} s (finished requests).", tps)
+        yield gauge("ddtree_scheduler_stuck",
+                    f"1 if requests were running or queued at every poll of the last {e.stuck_after_s:g} s and no "
+                    "progress counter moved (absent: upstream down or not enough history).",
+                    e.scheduler_stuck() if up else None)
 
 
 def load_plan(path: str) -> dict[str, Any]:
