@@ -291,6 +291,8 @@ class Exporter:
                 s.error = f"/metrics answered HTTP {r.status}"
             else:
                 u = parse_upstream(r.text())
+                if u.load is None:
+                    raise SGLangError(f"/metrics answered 200 without {' or '.join(LOAD_GAUGES)}: not SGLang's metrics")
                 s.gen_tokens, s.verify_calls, s.sglang_accept_length, s.load = (u.gen_tokens, u.verify_calls,
                                                                                 u.accept_length, u.load)
                 s.up = True

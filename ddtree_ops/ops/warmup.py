@@ -222,14 +222,14 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str, de
     try:
         r = await fetch(client, "POST", path, deadline_s, cap, json_body=body)
     except SGLangError as exc:
-        raise WarmupError(f"{where}: {path} failed: {exc.what} (server crashed, restarted, unreachable or "
-                          "misbehaving)") from None
+        hint = "" if exc.reachable else " (server crashed, restarted or unreachable)"
+        raise WarmupError(f"{where}: {path} failed: {exc.what}{hint}") from None
     if r.status != 200:
         raise WarmupError(f"{where}: {path} answered HTTP {r.status}: {preview(r.body)}")
     try:
         return r.json()
     except SGLangError as exc:
-        raise WarmupError(f"{where}: {path} answered non-JSON or malformed JSON: {exc.what}") from None
+        raise WarmupError(f"{where}: {path} {exc.what}") from None
 
 
 def _meta(out: Any, where: str, path: str = "/generate") -> dict:

@@ -140,15 +140,15 @@ def loads_json(body: bytes | str, where: str) -> Any:
     try:
         doc = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except RecursionError:
-        raise SGLangError(f"{where}: answered JSON nested too deeply (limit {MAX_JSON_DEPTH})") from None
+        raise _error(where, f"answered JSON nested too deeply (limit {MAX_JSON_DEPTH})") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise SGLangError(f"{where}: answered malformed JSON ({preview(str(exc), 120)}): "
-                          f"{preview(body if isinstance(body, bytes) else body.encode(), 80)}") from None
+        raise _error(where, f"answered malformed JSON ({preview(str(exc), 120)}): "
+                            f"{preview(body if isinstance(body, bytes) else body.encode(), 80)}") from None
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise SGLangError(f"{where}: answered JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            raise _error(where, f"answered JSON nested deeper than {MAX_JSON_DEPTH} levels")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
     return doc
@@ -241,10 +241,15 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
                 connected = True
                 decoder = _Decoder(r.headers.get("content-encoding", ""), where)
                 body = bytearray()
-                async for raw in r.aiter_raw():
-                    body += decoder.feed(raw, cap - len(body))
-                    if len(body) > cap:
-                        raise _error(where, f"answer exceeds the {cap} byte cap (HTTP {r.status_code}); stopped reading")
+                chunks = r.aiter_raw()
+                try:
+                    async for raw in chunks:
+                        body += decoder.feed(raw, cap - len(body))
+                        if len(body) > cap:
+                            raise _error(where, f"answer exceeds the {cap} byte cap (HTTP {r.status_code}); "
+                                                "stopped reading")
+                finally:
+                    await chunks.aclose()  # type: ignore[attr-defined]
                 body += decoder.finish(cap - len(body))
                 if len(body) > cap:
                     raise _error(where, f"answer exceeds the {cap} byte cap (HTTP {r.status_code}); stopped reading")
@@ -282,6 +287,7 @@ class SGLangClient:
         """Close the connections and the event loop (not while a request runs in another thread)."""
         if not self._loop.is_closed():
             self._loop.run_until_complete(self._http.aclose())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 
     def __enter__(self) -> SGLangClient:
