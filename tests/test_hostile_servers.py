@@ -257,6 +257,11 @@ CASES = [
     ("words-as-value", metrics_with(b"sglang:num_requests_total many"), METRICS, "not a number", None, True),
     ("not-prometheus", fixed(200, "text/html", b"<html><body>hello</body></html>"), METRICS,
      "not SGLang's metrics", None, True),
+    ("too-many-samples", fixed(200, "text/plain", b"".join(b'sglang:num_running_reqs{i="%d"} 0\n' % i
+                                                          for i in range(10_001))), METRICS,
+     "more than 10000 samples", None, True),
+    ("unterminated-label-8mib", fixed(200, "text/plain", b'sglang:num_running_reqs{a="' + b"x" * ((8 << 20) - 100) + b"\n"),
+     METRICS, "not SGLang's metrics", None, True),
     ("json-list", fixed(200, "application/json", b"[1, 2]"), INFO | GEN, "not an object", "no meta_info object", False),
     ("json-string", fixed(200, "application/json", b'"hello"'), INFO | GEN, "not an object", "no meta_info object",
      False),
@@ -524,3 +529,24 @@ def test_gzip_answers_within_the_cap_are_decoded() -> None:
             assert c.metrics() == GOOD["/metrics"][2].decode()
     finally:
         srv.close()
+
+
+def test_parse_upstream_selects_load_gauges_and_progress_counters() -> None:
+    """The exporter's one-regex pre-selection reads the load gauges (lowest TP rank) and every
+    progress counter of ops.health (summed), and nothing else."""
+    from ddtree_ops.ops.exporter import parse_upstream
+    from ddtree_ops.ops.health import PROGRESS_COUNTERS
+
+    text = "\n".join([
+        "# TYPE sglang:num_running_reqs gauge",
+        'sglang:num_running_reqs{tp_rank="1",model_name="m"} 7',
+        'sglang:num_running_reqs{tp_rank="0",model_name="m"} 5',
+        'sglang:num_queue_reqs{tp_rank="0",model_name="m"} 2',
+        'sglang:num_queue_reqs_other{tp_rank="0"} 99',
+        *(f'{name}{{tp_rank="0"}} {i + 1}' for i, name in enumerate(PROGRESS_COUNTERS)),
+        'sglang:cache_hit_rate{tp_rank="0"} NaN',  # not selected: not read, not judged
+    ]) + "\n"
+    load = parse_upstream(text).load
+    assert load is not None
+    assert (load.running, load.queued, load.has_progress) == (5.0, 2.0, True)
+    assert load.progress == sum(range(1, len(PROGRESS_COUNTERS) + 1))

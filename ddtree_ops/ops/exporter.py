@@ -62,7 +62,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..sglang.client import SERVER_INFO_PATHS, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, select_samples, \
+from ..sglang.client import LOCAL_WORK_S, SERVER_INFO_PATHS, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, select_samples, \
     sum_lowest_rank
 from .drift import compared_settings, find_drift
 from .health import LOAD_GAUGES, PROGRESS_COUNTERS, Load, load_of
@@ -238,7 +238,8 @@ class Exporter:
 
     Attributes:
         poll_bound_s: upper bound of one poll: ``/metrics``, ``/server_info`` and its
-            ``/get_server_info`` fallback, ``/health``, each with its total deadline.
+            ``/get_server_info`` fallback, ``/health``, each with its total deadline and
+            :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S` to parse its answer.
         stale_after_s: a sample older than this is no sample (``ddtree_up 0``):
             3 poll intervals plus :attr:`poll_bound_s`.
 
@@ -260,7 +261,8 @@ class Exporter:
         self.stuck_after_s = window_s if stuck_after_s is None else stuck_after_s
         self.timeout_s = timeout_s
         self.health_timeout_s = max(timeout_s, self.identity.health_timeout_s)
-        self.poll_bound_s = (1 + SERVER_INFO_REQUESTS) * timeout_s + self.health_timeout_s
+        self.poll_bound_s = (1 + SERVER_INFO_REQUESTS) * timeout_s + self.health_timeout_s + \
+            (2 + SERVER_INFO_REQUESTS) * LOCAL_WORK_S
         self.stale_after_s = self.STALE_POLLS * poll_interval_s + self.poll_bound_s
         self.clock = clock
         self.started = clock()
@@ -384,18 +386,22 @@ class Exporter:
         dt, dg, dv = t1 - t0, g1 - g0, v1 - v0
         accept = dg / dv if dv > 0 else None
         tps = dg / dt if dt > 0 else None
-        return accept, tps
+        finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731 (absurd counters)
+        return finite(accept), finite(tps)
 
     def scheduler_stuck(self) -> float | None:
         """``ddtree_scheduler_stuck``: 1.0 when every good poll of the last
         :attr:`stuck_after_s` seconds saw requests running or queued and the same progress
         counters; 0.0 otherwise; None while the last sample is not up or fewer than
-        :attr:`stuck_after_s` seconds of consecutive good polls exist."""
+        :attr:`stuck_after_s` seconds of consecutive good polls exist, or when the server
+        exposes none of :data:`~ddtree_ops.ops.health.PROGRESS_COUNTERS`."""
         with self._lock:
             st = self._state
             last, good_since, frozen = st.last, st.good_since, st.frozen_since
         if last is None or not last.up or good_since is None or last.t - good_since < self.stuck_after_s:
             return None
+        if last.load is None or not last.load.has_progress:
+            return None  # no progress counter exposed: cannot judge
         return 1.0 if frozen is not None and last.t - frozen[0] >= self.stuck_after_s else 0.0
 
     def snapshot(self) -> tuple[Sample | None, float | None]:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sglang.client import (SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples,
+from ..sglang.client import (LOCAL_WORK_S, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples,
                              sum_lowest_rank)
 from .drift import find_drift
 
@@ -126,7 +126,8 @@ class HealthOptions:
 
 def bound_s(o: HealthOptions) -> float:
     """Upper bound (seconds) of one :func:`check_health` call: every request it can make
-    has a total deadline of ``timeout`` (:func:`ddtree_ops.sglang.client.fetch`), so the
+    has a total deadline of ``timeout`` (:func:`ddtree_ops.sglang.client.fetch`) plus
+    :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S` to parse its capped answer, so the
     bound counts requests and sleeps, check by check:
 
     * ``reachable``/``ready``: ``failures`` ``/health`` probes, ``interval_s`` apart;
@@ -135,17 +136,12 @@ def bound_s(o: HealthOptions) -> float:
     * ``progress``: one ``/metrics`` sample, then up to ``failures`` windows of a
       ``progress_window_s`` sleep and one ``/metrics`` sample.
 
-    Local work (parsing capped bodies, reading a capped warm marker) is milliseconds and
-    covered by :data:`LOCAL_SLACK_S`.
+    ``warm`` reads a local file of at most :data:`MARKER_CAP` bytes (covered by the same
+    per-request allowance).
     """
-    ready = o.failures * o.timeout + (o.failures - 1) * o.interval_s
-    info = SERVER_INFO_REQUESTS * o.timeout
-    progress = o.timeout + o.failures * (o.progress_window_s + o.timeout)
-    return ready + info + progress + LOCAL_SLACK_S
-
-
-LOCAL_SLACK_S = 0.5
-"""Seconds :func:`bound_s` allows for local work (parsing at most a few MiB with one regex)."""
+    requests = o.failures + SERVER_INFO_REQUESTS + 1 + o.failures
+    sleeps = (o.failures - 1) * o.interval_s + o.failures * o.progress_window_s
+    return requests * (o.timeout + LOCAL_WORK_S) + sleeps
 
 
 def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None) -> tuple[Check, Check]:

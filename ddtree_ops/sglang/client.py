@@ -47,6 +47,15 @@ CAPS = {
 ``/server_info``: the server args plus one ``internal_states`` object per DP rank, a few
 KB in practice; 1 MiB. ``/health``: an empty body; 64 KiB."""
 
+LOCAL_WORK_S = 0.25
+"""Seconds of local work one answer can cost after its deadline: decoding and parsing a
+capped body (worst case measured: ~0.2 s for 8 MiB of pathological Prometheus text on 2
+shared cores; real SGLang answers take milliseconds). Time bounds add it per request."""
+
+MAX_SAMPLES = 10_000
+"""Most samples :func:`select_samples` accepts (SGLang exposes the selected families with a
+few series per TP rank: hundreds at most)."""
+
 DEFAULT_CAP = 1 * MIB
 """Cap (bytes) for any endpoint not in :data:`CAPS`."""
 
@@ -338,6 +347,9 @@ SERVER_INFO_REQUESTS = len(SERVER_INFO_PATHS)
 
 
 # ---------------------------------------------------------------- Prometheus text
+MAX_LABEL_ITEMS = 1024
+"""Longest label set read (characters outside quotes, and characters of one quoted value);
+SGLang's label sets (model_name, engine_type, tp_rank, ...) are a few hundred characters."""
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:Inf|inf|NaN|nan)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -345,7 +357,9 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 @lru_cache(maxsize=16)
 def _sample_re(names: tuple[str, ...]) -> re.Pattern[str]:
     alts = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    return re.compile(r'^(' + alts + r')(\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?[ \t]+(\S+)', re.M)
+    # label sets of at most MAX_LABEL_ITEMS items (characters or quoted values): bounded work per line start
+    return re.compile(r'^(' + alts + r')(\{(?:[^"}\n]|"(?:[^"\\\n]|\\.){0,%d}"){0,%d}\})?[ \t]+(\S+)'
+                      % (MAX_LABEL_ITEMS, MAX_LABEL_ITEMS), re.M)
 
 
 def select_samples(text: str, names: Iterable[str]) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -358,11 +372,15 @@ def select_samples(text: str, names: Iterable[str]) -> dict[str, list[tuple[dict
 
     Raises:
         SGLangError: a selected sample's value is not a number, or not finite
-            (``+Inf``/``NaN``/``1e999``: counters and gauges of SGLang are finite).
+            (``+Inf``/``NaN``/``1e999``: counters and gauges of SGLang are finite), or more
+            than :data:`MAX_SAMPLES` samples.
     """
     wanted = tuple(dict.fromkeys(names))
     found: dict[str, list[tuple[dict[str, str], float]]] = {n: [] for n in wanted}
-    for m in _sample_re(wanted).finditer(text):
+    for i, m in enumerate(_sample_re(wanted).finditer(text)):
+        if i >= MAX_SAMPLES:
+            raise SGLangError(f"/metrics: more than {MAX_SAMPLES} samples of {len(wanted)} families "
+                              "(not SGLang's metrics?)")
         raw = m.group(3)
         if not _NUMBER.fullmatch(raw):
             raise SGLangError(f"/metrics: {m.group(1)} has value {preview(raw, 40)!r}, not a number "
