@@ -163,7 +163,7 @@ def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None
             return Check("reachable", True, "port open"), Check("ready", True, f"/health answered 200{before}")
         seen.append(f"answered {status}" + (" (starting, or its 1-token generation took > 20 s)" if status == 503 else ""))
     detail = f"/health failed {o.failures} consecutive probe(s), {o.interval_s:g} s apart: {'; '.join(seen)}"
-    return (Check("reachable", reachable, "port open" if reachable else f"{c.base_url}/health: {seen[-1]}"),
+    return (Check("reachable", reachable, "port open" if reachable else f"{c.name}/health: {seen[-1]}"),
             Check("ready", False, detail))
 
 

@@ -203,7 +203,7 @@ class _Decoder:
 def _ssl_context(url: str) -> ssl.SSLContext | bool:
     """``True`` (httpx loads the CA bundle, ~50 ms of CPU) only for https; for http an
     empty client context that is never used (and would fail closed: it trusts no CA)."""
-    return True if url.startswith("https:") else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    return True if httpx.URL(url).scheme == "https" else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 def async_client(base_url: str, max_connections: int = 4) -> httpx.AsyncClient:
@@ -236,7 +236,8 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
             accepted the connection.
     """
     cap = cap if cap is not None else CAPS.get(path, DEFAULT_CAP)
-    where = f"{client.base_url.copy_with(path=path, query=None)}"
+    u = client.base_url  # named without user info (netloc is host:port): no credentials in messages
+    where = f"{u.scheme}://{u.netloc.decode('ascii')}{u.path.rstrip('/')}{path}"
     connected = False
 
     async def trace(event: str, info: dict) -> None:
@@ -284,10 +285,15 @@ class SGLangClient:
     Args:
         base_url: e.g. ``http://127.0.0.1:30000``.
         timeout: default total deadline per request, seconds.
+
+    Attributes:
+        name: the base URL for messages, without user info (credentials never reach output).
     """
 
     def __init__(self, base_url: str, timeout: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
+        u = httpx.URL(self.base_url)
+        self.name = f"{u.scheme}://{u.netloc.decode('ascii')}{u.path.rstrip('/')}"
         self.timeout = timeout
         self._loop = asyncio.new_event_loop()
         self._http = async_client(self.base_url)
@@ -326,18 +332,18 @@ class SGLangClient:
             if r.status == 200:
                 info = r.json()
                 if not isinstance(info, dict):
-                    raise SGLangError(f"{self.base_url}{path}: answered JSON {type(info).__name__}, not an object "
+                    raise SGLangError(f"{self.name}{path}: answered JSON {type(info).__name__}, not an object "
                                       "(not an SGLang server?)")
                 return info
             if r.status != 404:
-                raise SGLangError(f"{self.base_url}{path}: HTTP {r.status}: {preview(r.body, 80)}")
-        raise SGLangError(f"{self.base_url}: no /server_info or /get_server_info")
+                raise SGLangError(f"{self.name}{path}: HTTP {r.status}: {preview(r.body, 80)}")
+        raise SGLangError(f"{self.name}: no /server_info or /get_server_info")
 
     def metrics(self, timeout: float | None = None) -> str:
         """Prometheus text of ``/metrics`` (needs ``--enable-metrics``). Raises :class:`SGLangError`."""
         r = self.get("/metrics", timeout)
         if r.status != 200:
-            raise SGLangError(f"{self.base_url}/metrics: HTTP {r.status}")
+            raise SGLangError(f"{self.name}/metrics: HTTP {r.status}")
         return r.text()
 
 
