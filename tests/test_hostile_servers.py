@@ -254,6 +254,8 @@ CASES = [
     ("inf-gauge", metrics_with(b"sglang:num_queue_reqs{tp_rank=\"0\"} +Inf"), METRICS, "not finite", None, True),
     ("nan-counter", metrics_with(b"sglang:generation_tokens_total NaN"), METRICS, "not finite", None, True),
     ("1e999-counter", metrics_with(b"sglang:spec_verify_calls_total 1e999"), METRICS, "not finite", None, True),
+    ("negative-load", fixed(200, "text/plain", b"sglang:num_running_reqs -3\nsglang:num_queue_reqs 0\n"), METRICS,
+     "negative request counts", None, True),
     ("words-as-value", metrics_with(b"sglang:num_requests_total many"), METRICS, "not a number", None, True),
     ("not-prometheus", fixed(200, "text/html", b"<html><body>hello</body></html>"), METRICS,
      "not SGLang's metrics", None, True),
@@ -550,3 +552,24 @@ def test_parse_upstream_selects_load_gauges_and_progress_counters() -> None:
     assert load is not None
     assert (load.running, load.queued, load.has_progress) == (5.0, 2.0, True)
     assert load.progress == sum(range(1, len(PROGRESS_COUNTERS) + 1))
+
+
+def test_busy_without_progress_counters_is_not_judged(plan_doc, capsys) -> None:
+    """Load gauges but none of PROGRESS_COUNTERS: health says 'not measured' (it used to call the
+    scheduler stuck), the exporter leaves ddtree_scheduler_stuck absent."""
+    srv = Hostile(fixed(200, "text/plain", b"sglang:num_running_reqs 2\nsglang:num_queue_reqs 0\n"), METRICS)
+    now = [0.0]
+    reg = CollectorRegistry()
+    exp = Exporter(plan_doc, registry=reg, upstream=srv.url, timeout_s=TIMEOUT, stuck_after_s=1, clock=lambda: now[0])
+    try:
+        assert main(["health", srv.url, *HEALTH]) == 0
+        progress = [c for c in no_nan_json(capsys.readouterr().out)["checks"] if c["name"] == "progress"][0]
+        assert progress["ok"] and progress["detail"].startswith("not measured: 2 running"), progress
+        for t in (0, 1, 2):
+            now[0] = t
+            assert exp.poll_once().up
+        assert reg.get_sample_value("ddtree_up", _labels(exp)) == 1
+        assert reg.get_sample_value("ddtree_scheduler_stuck", _labels(exp)) is None
+    finally:
+        exp.stop(join_timeout=0)
+        srv.close()

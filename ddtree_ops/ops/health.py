@@ -84,6 +84,9 @@ def load_of(found: dict[str, list[tuple[dict[str, str], float]]]) -> Load | None
     running, queued = (sum_lowest_rank(found.get(n, [])) for n in LOAD_GAUGES)
     if running is None and queued is None:
         return None
+    if (running or 0.0) < 0 or (queued or 0.0) < 0:
+        raise SGLangError(f"/metrics: negative request counts ({LOAD_GAUGES[0]} {running}, {LOAD_GAUGES[1]} {queued}): "
+                          "a broken server")
     series = [v for n in PROGRESS_COUNTERS for _, v in found.get(n, [])]
     total = sum(series)
     if not math.isfinite(total) or not math.isfinite((running or 0.0) + (queued or 0.0)):
@@ -241,6 +244,9 @@ def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
     first = sample_load(c, o.timeout)
     if not first.busy:
         return Check("progress", True, "idle: no running or queued requests")
+    if not first.has_progress:
+        return Check("progress", True, f"not measured: {first.running:g} running, {first.queued:g} queued, but "
+                                       f"/metrics exposes none of {', '.join(PROGRESS_COUNTERS[:3])}, ...")
     last = first
     for _ in range(o.failures):
         time.sleep(o.progress_window_s)

@@ -236,6 +236,7 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
             accepted the connection.
     """
     cap = cap if cap is not None else CAPS.get(path, DEFAULT_CAP)
+    deadline_s = max(0.0, deadline_s)
     u = client.base_url  # named without user info (netloc is host:port): no credentials in messages
     where = f"{u.scheme}://{u.netloc.decode('ascii')}{u.path.rstrip('/')}{path}"
     connected = False
@@ -246,7 +247,7 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
             connected = True  # the second one also fires on a pooled (kept-alive) connection
 
     try:
-        async with asyncio.timeout(max(0.0, deadline_s)):
+        async with asyncio.timeout(deadline_s):
             async with client.stream(method, path, json=json_body, extensions={"trace": trace}) as r:
                 connected = True
                 decoder = _Decoder(r.headers.get("content-encoding", ""), where)
