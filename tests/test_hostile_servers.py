@@ -534,7 +534,7 @@ def test_gzip_answers_within_the_cap_are_decoded() -> None:
 
 
 def test_parse_upstream_selects_load_gauges_and_progress_counters() -> None:
-    """The exporter's one-regex pre-selection reads the load gauges (lowest TP rank) and every
+    """The exporter's one-regex pre-selection reads the load gauges (summed) and every
     progress counter of ops.health (summed), and nothing else."""
     from ddtree_ops.ops.exporter import parse_upstream
     from ddtree_ops.ops.health import PROGRESS_COUNTERS
@@ -550,7 +550,7 @@ def test_parse_upstream_selects_load_gauges_and_progress_counters() -> None:
     ]) + "\n"
     load = parse_upstream(text).load
     assert load is not None
-    assert (load.running, load.queued, load.has_progress) == (5.0, 2.0, True)
+    assert (load.running, load.queued, load.has_progress) == (12.0, 2.0, True)  # every series: any busy rank counts
     assert load.progress == sum(range(1, len(PROGRESS_COUNTERS) + 1))
 
 

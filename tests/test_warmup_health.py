@@ -222,7 +222,15 @@ def test_200_while_counters_frozen_and_requests_queue_is_unhealthy(deployed, sim
     threads = [threading.Thread(target=client) for _ in range(20)]  # 16 run, 4 queue
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    from ddtree_ops.sglang.client import select_samples
+
+    deadline = time.monotonic() + 10  # all 20 admitted (on 2 busy cores 0.5 s was not always enough)
+    while time.monotonic() < deadline:
+        found = select_samples(httpx.get(sim.base + "/metrics", timeout=5).text,
+                               ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
+        if sum(v for series in found.values() for _, v in series) >= 20:
+            break
+        time.sleep(0.05)
     assert http("GET", sim.base + "/health")[0] == 200
     rc = main(["health", sim.base, "--plan", str(deployed["plan_json"]), "--failures", "2",
                "--progress-window", "0.5", "--json"])

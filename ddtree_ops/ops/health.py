@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sglang.client import (LOCAL_WORK_S, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples,
-                             sum_lowest_rank)
+from ..sglang.client import LOCAL_WORK_S, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples
 from .drift import find_drift
 
 CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")
@@ -63,8 +62,9 @@ MARKER_CAP = 1 << 20
 
 @dataclass(frozen=True)
 class Load:
-    """What ``/metrics`` says about progress: requests ``running`` and ``queued`` (lowest
-    TP rank), ``progress`` (sum over every series of :data:`PROGRESS_COUNTERS`; only its
+    """What ``/metrics`` says about progress: requests ``running`` and ``queued`` (summed over
+    every series: with per-rank metrics each TP rank reports its batch, so a request may be
+    counted once per rank, but any busy DP rank makes the sum > 0), ``progress`` (sum over every series of :data:`PROGRESS_COUNTERS`; only its
     movement matters), ``has_progress`` (any progress counter exposed)."""
 
     running: float
@@ -81,7 +81,7 @@ def load_of(found: dict[str, list[tuple[dict[str, str], float]]]) -> Load | None
     """:class:`Load` from :func:`ddtree_ops.sglang.client.select_samples` over
     :data:`LOAD_GAUGES` + :data:`PROGRESS_COUNTERS`; None when neither load gauge is
     exposed (not SGLang's metrics)."""
-    running, queued = (sum_lowest_rank(found.get(n, [])) for n in LOAD_GAUGES)
+    running, queued = (sum(v for _, v in found[n]) if found.get(n) else None for n in LOAD_GAUGES)
     if running is None and queued is None:
         return None
     if (running or 0.0) < 0 or (queued or 0.0) < 0:
@@ -211,7 +211,7 @@ class _NoMetrics(Exception):
     """``/metrics`` is not served (metrics disabled): progress is not measured."""
 
 
-def sample_load(c: SGLangClient, timeout: float | None = None) -> Load:
+def _sample_load(c: SGLangClient, timeout: float | None = None) -> Load:
     """One ``/metrics`` sample as a :class:`Load`.
 
     Raises:
@@ -241,7 +241,7 @@ def _progress(c: SGLangClient, o: HealthOptions) -> Check:
 
 
 def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
-    first = sample_load(c, o.timeout)
+    first = _sample_load(c, o.timeout)
     if not first.busy:
         return Check("progress", True, "idle: no running or queued requests")
     if not first.has_progress:
@@ -250,7 +250,7 @@ def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
     last = first
     for _ in range(o.failures):
         time.sleep(o.progress_window_s)
-        now = sample_load(c, o.timeout)
+        now = _sample_load(c, o.timeout)
         if now.progress > first.progress:
             return Check("progress", True, f"{now.running:g} running, {now.queued:g} queued; "
                                            f"counters moved by {now.progress - first.progress:g}")

@@ -387,7 +387,7 @@ def write_marker(path: Path, report: WarmupReport) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".warm-")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(report.as_dict(), f)
+            json.dump(report.as_dict(), f, allow_nan=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
