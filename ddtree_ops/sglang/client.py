@@ -246,12 +246,12 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
         if event in ("connection.connect_tcp.complete", "http11.send_request_headers.started"):
             connected = True  # the second one also fires on a pooled (kept-alive) connection
 
+    body = bytearray()
     try:
         async with asyncio.timeout(deadline_s):
             async with client.stream(method, path, json=json_body, extensions={"trace": trace}) as r:
                 connected = True
                 decoder = _Decoder(r.headers.get("content-encoding", ""), where)
-                body = bytearray()
                 chunks = r.aiter_raw()
                 try:
                     async for raw in chunks:
@@ -276,6 +276,8 @@ async def fetch(client: httpx.AsyncClient, method: str, path: str, deadline_s: f
     except httpx.HTTPError as exc:  # not HTTP, closed mid-answer, oversized headers, ...
         raise _error(where, f"{type(exc).__name__}: {preview(str(exc) or 'connection lost', 120)}",
                      reachable=False) from None
+    finally:
+        body.clear()  # an error's traceback keeps this frame (and a cap's worth of bytes) until the next GC
 
 
 class SGLangClient:
