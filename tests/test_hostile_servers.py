@@ -573,3 +573,30 @@ def test_busy_without_progress_counters_is_not_judged(plan_doc, capsys) -> None:
     finally:
         exp.stop(join_timeout=0)
         srv.close()
+
+
+def test_failed_requests_do_not_keep_their_bodies() -> None:
+    """An error's traceback references fetch's frame; the body buffer is emptied on every exit,
+    so failed requests against a huge body do not pile up a cap's worth of bytes each until
+    the next garbage collection (measured before: +8.5 MiB retained per failed /metrics)."""
+    import gc
+    import tracemalloc
+
+    from ddtree_ops.sglang.client import SGLangClient, SGLangError
+
+    srv = Hostile(huge_body)
+    gc.disable()
+    tracemalloc.start()
+    try:
+        with SGLangClient(srv.url, timeout=5) as c:
+            errors = []
+            for _ in range(3):
+                with pytest.raises(SGLangError, match="8388608 byte cap") as info:
+                    c.get("/metrics")
+                errors.append(info.value)  # keep the errors (and their tracebacks) alive
+            current, _peak = tracemalloc.get_traced_memory()
+        assert current < 4 << 20, f"{current / 2 ** 20:.1f} MiB still allocated after 3 failed requests"
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+        srv.close()
