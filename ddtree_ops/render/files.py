@@ -16,6 +16,7 @@ import jinja2
 
 from ..config.hosts import HOST_CLASSES
 from ..config.load import Validated
+from ..config.sandbox import unit_sandbox
 from .argv import build_argv
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -178,7 +179,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
     """All files of one host's deployment, in install order.
 
     Returns:
-        Unit file, env file, plan.json, the exporter unit (``component="exporter"``), and
+        Unit file, env file, plan.json, the exporter unit (``component="exporter"``), the
+        host's NVIDIA device-node unit (``component="devices"``, :func:`devices_unit`) and
         (only with ``ddtree_hf_token``) the 0600 secrets file.
     """
     d, p = v.deployment, v.plan
@@ -203,6 +205,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
         "exec_ready": [systemd_exec(c) for c in ready_commands(v)],
         "timeout_start_s": timeout_start_s(v),
         "runtime_dir": svc.runtime_path.removeprefix("/run/"),
+        "sandbox": unit_sandbox(d),
+        "devices_unit": DEVICES_UNIT,
     }
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
@@ -210,6 +214,7 @@ def render_host(v: Validated) -> list[RenderedFile]:
         RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
     ]
     files.append(exporter_unit(v))
+    files.append(devices_unit(v))
     if d.hf_token is not None:
         secrets = {"HF_TOKEN": d.hf_token.get_secret_value()}
         files.append(RenderedFile(secrets_file, jenv.get_template("secrets.env.j2").render(ctx, secrets=secrets),
@@ -233,6 +238,37 @@ def exporter_unit(v: Validated) -> RenderedFile:
            "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv)}
     return RenderedFile(f"/etc/systemd/system/{exporter_unit_name(v)}",
                         _env().get_template("exporter.service.j2").render(ctx), component="exporter")
+
+
+DEVICES_UNIT = "ddtree-nvidia-devices.service"
+"""One per host: creates the NVIDIA device nodes before any SGLang unit starts."""
+NVIDIA_MODPROBE = "/usr/bin/nvidia-modprobe"
+"""Where the NVIDIA driver packages install ``nvidia-modprobe`` (Debian/Ubuntu and NVIDIA's repos)."""
+MIG_CAPABILITIES = ("/proc/driver/nvidia/capabilities/mig/config", "/proc/driver/nvidia/capabilities/mig/monitor")
+"""Capabilities whose ``/dev/nvidia-caps/nvidia-cap*`` nodes ``nvidia-modprobe -f`` creates
+(NVIDIA MIG user guide, "Device nodes (devfs)")."""
+
+
+def devices_commands(v: Validated) -> list[list[str]]:
+    """The device unit's ``ExecStart`` argvs, run in order (systemd.service(5): a oneshot
+    runs every ``ExecStart``): ``nvidia-modprobe -u -c=0`` loads nvidia-uvm and creates
+    ``/dev/nvidia-uvm`` + ``/dev/nvidia0`` + ``/dev/nvidiactl``; ``-c=N`` the node of every
+    further GPU of the host class; ``-f <proc capability>`` the ``/dev/nvidia-caps`` nodes.
+    Source: ``nvidia-modprobe --help`` (NVIDIA/nvidia-modprobe)."""
+    n = HOST_CLASSES[v.deployment.host_class].gpu_count
+    return ([[NVIDIA_MODPROBE, "-u", "-c=0"]] + [[NVIDIA_MODPROBE, f"-c={i}"] for i in range(1, n)]
+            + [[NVIDIA_MODPROBE, "-f", cap] for cap in MIG_CAPABILITIES])
+
+
+def devices_unit(v: Validated) -> RenderedFile:
+    """``ddtree-nvidia-devices.service`` (:data:`DEVICES_UNIT`): ``Type=oneshot``,
+    ``RemainAfterExit=yes``, ordered before the host's SGLang unit (which ``Wants=`` and is
+    ``After=`` it). Installed and enabled by the ``cuda_toolkit`` role."""
+    d = v.deployment
+    ctx = {"managed": MANAGED, "host": d.host, "host_class": HOST_CLASSES[d.host_class],
+           "exec_start": [systemd_exec(c) for c in devices_commands(v)]}
+    return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",
+                        _env().get_template("nvidia-devices.service.j2").render(ctx), component="devices")
 
 
 def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
