@@ -55,7 +55,7 @@ class ActionModule(ActionBase):
         result.update(
             changed=False,
             prometheus_yml=render_prometheus(validated, rule_files=[str(args["rules_path"])], **kw),
-            rules=render_rules(settings),
+            rules=render_rules(settings, validated),
             dashboard=render_dashboard(),
             targets=[v.deployment.host for v in validated],
         )

@@ -6,12 +6,14 @@ Runs on the controller only. Options:
 * ``secrets`` (bool, default false): return only the secret files (run the task with
   ``no_log: true``); otherwise return every non-secret file.
 * ``component`` (str, default ``service``): which files: ``service`` (SGLang unit, env,
-  plan.json, secrets) or ``exporter`` (the exporter unit, for the ddtree_exporter role).
+  plan.json, secrets), ``exporter`` (the exporter unit, for the ddtree_exporter role) or
+  ``devices`` (the host's NVIDIA device-node unit, for the cuda_toolkit role).
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
-non-secret environment). Fails with every finding (field, value, rule, fix) when the config is invalid.
+non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-node unit's
+name and the binary it runs). Fails with every finding (field, value, rule, fix) when the config is invalid.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.config import ConfigError, validate_hostvars
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_host
-        from ddtree_ops.render.files import plan_document, service_env
+        from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE, plan_document, service_env
         from ddtree_ops.sglang.expect import probe_request
 
         result = super().run(tmp, task_vars)
@@ -56,5 +58,7 @@ class ActionModule(ActionBase):
             plan_warnings=[w.message() for w in validated.warnings],
             probe_request=probe_request(validated),
             service_env=service_env(validated),
+            devices_unit=DEVICES_UNIT,
+            nvidia_modprobe=NVIDIA_MODPROBE,
         )
         return result

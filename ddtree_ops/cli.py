@@ -162,7 +162,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
     writes.append((out_dir / "prometheus" / "prometheus.yml",
                    render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
-    writes.append((out_dir / "prometheus" / RULES_FILE, render_rules(), 0o644, False))
+    writes.append((out_dir / "prometheus" / RULES_FILE, render_rules(validated=validated), 0o644, False))
     writes.append((out_dir / "prometheus" / DASHBOARD_FILE, render_dashboard(), 0o644, False))
     for target, content, mode, secret in writes:
         try:
@@ -423,10 +423,12 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
             raise typer.BadParameter(f"--plan {plan_file}: url = {doc.get('url')!r} is not http(s)://HOST:PORT. Fix: "
                                      "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
-        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', 9400)}"
+        from .config.models import Ops
+
+        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', Ops().exporter_port)}"
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
-        raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
+        raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:19400")
     exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout)
     try:
         server, _thread = serve(exp, host.strip("[]"), int(port_s))
@@ -440,6 +442,21 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     done.wait()
     exp.stop(join_timeout=timeout + 1)
     server.shutdown()
+
+
+@app.command("port-check")
+def port_check(port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
+               unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
+               as_json: JsonOpt = False) -> None:
+    """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
+    from .ops.ports import check_port
+
+    try:
+        result = check_port(port, unit)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _print_checks([{"name": "port", "ok": result.ok, "detail": result.detail}], as_json,
+                  {"holders": [h.__dict__ for h in result.holders]})
 
 
 @app.command("check-ptxas")

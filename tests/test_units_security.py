@@ -1,12 +1,15 @@
 """The rendered units' sandbox: measured exposure scores of every shipped inventory
 (``systemd-analyze security --offline=yes``), ``systemd-analyze verify``, the device ACL,
-the system-call filter CUDA needs, the NVIDIA device-node unit, and the deployments whose
-paths a sandbox directive would hide (refused or rendered with the narrow exception)."""
+the system-call filter CUDA needs, the NVIDIA device-node unit, the deployments whose
+paths a sandbox directive would hide (refused or rendered with the narrow exception), and
+the deploy-time check that a unit's port is free or its own (``ddtree-ops port-check``)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import pytest
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.sandbox import SYSCALL_ALLOW, SYSCALL_DENY
+from ddtree_ops.ops.ports import check_port, unit_of
 from ddtree_ops.render import render_host
 from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE
 
@@ -265,3 +269,57 @@ def test_paths_in_the_sandbox_default_and_custom(hostvars):
     unit = _unit(hostvars)
     assert _directives(unit, "ReadWritePaths") == ["/srv/sglang/state /data/cache"]
     assert _directives(unit, "ProtectHome") == ["yes"]
+
+
+# ------------------------------------------------------------------ deploy-time port check
+def _fake_proc(tmp_path: Path, port: int, cgroup: str, comm: str = "python3") -> Path:
+    """A /proc with one LISTEN socket on ``port`` held by pid 4242 (layout of proc(5))."""
+    proc = tmp_path / "proc"
+    (proc / "net").mkdir(parents=True)
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (proc / "net/tcp").write_text(
+        head + f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0\n"
+        f"   1: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 999 1 0\n")
+    (proc / "net/tcp6").write_text(head)
+    (proc / "4242/fd").mkdir(parents=True)
+    os.symlink("socket:[12345]", proc / "4242/fd/3")
+    os.symlink("/dev/null", proc / "4242/fd/0")
+    (proc / "4242/comm").write_text(comm + "\n")
+    (proc / "4242/cgroup").write_text(cgroup)
+    return proc
+
+
+def test_port_held_by_its_own_unit_is_fine(tmp_path):
+    proc = _fake_proc(tmp_path, 19400, "0::/system.slice/ddtree-sglang-exporter.service\n")
+    assert check_port(19400, "ddtree-sglang-exporter.service", proc).ok
+    assert check_port(19401, "ddtree-sglang-exporter.service", proc).detail == "port 19401 is free"
+    bad = check_port(19400, "ddtree-sglang.service", proc)
+    assert not bad.ok and "pid 4242 (python3, unit ddtree-sglang-exporter.service)" in bad.detail and "Fix:" in bad.detail
+
+
+def test_port_holder_unit_from_cgroup_v1_and_a_hostile_name(tmp_path):
+    proc = _fake_proc(tmp_path, 9400, "12:pids:/system.slice/dcgm-exporter.service\n"
+                                      "1:name=systemd:/system.slice/dcgm-exporter.service\n", comm="dcgm\x1b[31mexp")
+    r = check_port(9400, "ddtree-sglang-exporter.service", proc)
+    assert not r.ok and "unit dcgm-exporter.service" in r.detail and "\x1b" not in r.detail
+    assert unit_of(4242, proc) == "dcgm-exporter.service"
+
+
+def test_port_check_on_real_sockets_and_the_cli(capsys):
+    with socket.socket() as s4, socket.socket(socket.AF_INET6) as s6:
+        s4.bind(("127.0.0.1", 0))
+        s4.listen()
+        s6.bind(("::1", 0))
+        s6.listen()
+        for port in (s4.getsockname()[1], s6.getsockname()[1]):
+            r = check_port(port, "ddtree-sglang.service")
+            assert not r.ok and [h.pid for h in r.holders] == [os.getpid()], r
+        assert main(["port-check", "--port", str(s4.getsockname()[1]), "--unit", "ddtree-sglang.service"]) == 1
+        assert f"pid {os.getpid()}" in capsys.readouterr().out
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert main(["port-check", "--port", str(free), "--unit", "ddtree-sglang.service"]) == 0
+    assert main(["port-check", "--port", "0", "--unit", "ddtree-sglang.service"]) == 2
+    assert main(["port-check", "--port", "80", "--unit", "x; rm -rf /"]) == 2
+    assert "must be a systemd service name" in capsys.readouterr().err

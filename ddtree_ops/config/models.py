@@ -440,7 +440,7 @@ class Ops(_Model):
         health_failures: consecutive failed probes before "unhealthy".
         ready_timeout_s: how long a deploy waits for the service to answer 200.
         warmup_deadline_s: bound on the warmup the unit runs before it is active, seconds.
-        exporter_port: port of ``ddtree-ops exporter``.
+        exporter_port: port of ``ddtree-ops exporter`` (19400: 9400 is dcgm-exporter's default; 9100-9999 is all taken).
         scrape_host: address Prometheus uses for this host (default: ``ansible_host``, else the inventory name).
         accept_length_floor: alert when acceptance length stays below this.
     """
@@ -449,7 +449,7 @@ class Ops(_Model):
     health_failures: _bounded(1, 1000) = 3
     ready_timeout_s: _bounded(1, 86400) = 3600
     warmup_deadline_s: _bounded(10, 86400) = 600
-    exporter_port: Port = 9400
+    exporter_port: Port = 19400
     scrape_host: ArgText | None = None
     accept_length_floor: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=1024, allow_inf_nan=False)] = 1.5
 

@@ -66,6 +66,7 @@ METRIC_NAMES = (
     "ddtree_up", "ddtree_ready", "ddtree_config_drift", "ddtree_config_drift_settings", "ddtree_accept_length",
     "ddtree_accept_length_sglang", "ddtree_accept_length_floor", "ddtree_speculative_enabled",
     "ddtree_generation_tokens_per_second", "ddtree_upstream_staleness_seconds", "ddtree_deployment_info",
+    "ddtree_scheduler_stuck",
 )
 
 GEN_TOKENS = "sglang:generation_tokens_total"
