@@ -14,10 +14,13 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 
-SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECASE)
-"""A field, variable or environment name whose value is treated as a secret: it is never
-printed (the finding says ``(redacted)``). Source: the attack on task B (vaulted
-``HF_TOKEN`` / ``hf_token`` echoed by validate)."""
+SECRET_NAME = re.compile(r"[a-z0-9]*(token|key)|pass(wd|word|phrase)?[a-z0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
+                         r"|credentials?|auth[a-z0-9]*", re.IGNORECASE)
+"""One word (between ``_``, ``.``, ``-``) of a name whose value is a secret: ``*token``,
+``*key``, ``password``/``passwd``, ``*secret*``, ``credential(s)``, ``auth*``, any case
+(``HF_TOKEN``, ``hf_token``, ``WANDB_API_KEY``, ``DB_PASSWORD``, ``ddtree_secret_env``);
+``tokens`` (a count, e.g. ``draft_tokens_per_req``) is not one. Such values are never
+printed; findings say ``(redacted)``."""
 
 REDACTED = "(redacted)"
 MAX_SHOWN = 200
@@ -44,7 +47,7 @@ def scrub(text: str) -> str:
 
 def is_secret_name(name: str) -> bool:
     """True when a field path or name looks like it holds a secret (:data:`SECRET_NAME`)."""
-    return bool(SECRET_NAME.search(name))
+    return any(SECRET_NAME.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", str(name)) if w)
 
 
 def _is_vaulted(v: Any) -> bool:

@@ -46,7 +46,6 @@ from pydantic import (
 )
 
 from .errors import RULE_FIX_SEP, ConfigError, Finding, is_secret_name, register_secret
-from .hosts import HOST_CLASSES
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
@@ -106,9 +105,6 @@ def _ip_or_host(v: str) -> str:
     if getattr(ip, "scope_id", None):
         raise _fail("an IPv6 scope id cannot be used in a scrape target", "use a global or unique-local address")
     return v
-
-
-MAX_HOST_GPUS = max(h.gpu_count for h in HOST_CLASSES.values())
 
 
 def _fail(rule: str, fix: str) -> ValueError:
@@ -387,8 +383,8 @@ class Server(_Model):
             an interface name, ``[A-Za-z0-9_.-]{1,15}``: Linux ``IFNAMSIZ`` is 16 with the
             NUL) and a port 1024-65535 (:data:`Port`). :attr:`local_url` is where the host
             itself reaches it.
-        tp_size, dp_size: tensor / data parallel sizes (GPUs = tp_size * dp_size), each
-            1..8 (the most GPUs of a host class, :data:`~.hosts.HOST_CLASSES`).
+        tp_size, dp_size: tensor / data parallel sizes (GPUs = tp_size * dp_size <= the host
+            class' GPU count, :func:`~.rules.rule_tp_fits`).
         mem_fraction_static: fraction of GPU memory for weights + KV cache.
         max_running_requests: concurrent requests, 1..4096; unset under speculation means
             SGLang caps it at 48. (4096: the largest capturable batch, below.)
@@ -405,8 +401,8 @@ class Server(_Model):
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
     port: Port = 30000
-    tp_size: _bounded(1, MAX_HOST_GPUS) = 8
-    dp_size: _bounded(1, MAX_HOST_GPUS) = 1
+    tp_size: _bounded(0, 64, gt=True) = 8
+    dp_size: _bounded(0, 64, gt=True) = 1
     mem_fraction_static: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, lt=1)] | None = None
     max_running_requests: _bounded(0, 4096, gt=True) | None = None
     cuda_graph: bool = True
