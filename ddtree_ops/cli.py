@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .config import ConfigError, Validated, validate_hostvars
-from .config.errors import Finding
+from .config.errors import Finding, shorten, show_host
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
@@ -88,7 +88,7 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     ok, errors = _validate_all(inventory, limit)
     warnings = [w for v in ok for w in v.warnings]
     checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
-    checks += [{"name": f"config:{f.host}", "ok": False, "detail": f.message()} for f in errors]
+    checks += [{"name": f"config:{show_host(f.host) or f.field}", "ok": False, "detail": f.message()} for f in errors]
     if as_json:
         print(json.dumps({"ok": not errors, "checks": checks, "warnings": [w.as_dict() for w in warnings],
                           "errors": [f.as_dict() for f in errors]}, indent=2))
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc if isinstance(rc, int) else 0
     except ConfigError as exc:
         if _wants_json(argv):
-            print(json.dumps({"ok": False, "checks": [{"name": f"config:{f.host or f.field}", "ok": False,
+            print(json.dumps({"ok": False, "checks": [{"name": f"config:{show_host(f.host) or shorten(f.field)}", "ok": False,
                                                        "detail": f.message()} for f in exc.findings],
                               "errors": [f.as_dict() for f in exc.findings]}, indent=2))
         for f in exc.findings:

@@ -65,7 +65,7 @@ def _first_line(text: str) -> str:
 @contextlib.contextmanager
 def _ansible_failures(causes: list[str]) -> Iterator[None]:
     """Fail on any unparsable inventory source, and collect the parse failures Ansible
-    reports (as warnings) into ``causes``: the auto plugin's first (it names the file position)."""
+    reports (as warnings) into ``causes``: the YAML plugin's first (the one that says why)."""
     import ansible.constants as C
     from ansible.utils.display import Display
 
@@ -76,7 +76,9 @@ def _ansible_failures(causes: list[str]) -> Iterator[None]:
     def collect(msg: str = "", exception: BaseException | None = None, *args: Any, **kw: Any) -> None:
         text = _first_line(str(exception.__cause__ or exception)) if exception is not None else ""
         entry = f"{msg} {text}".strip()
-        causes.insert(0 if "'auto'" in msg else len(causes), entry)
+        if "no root 'plugin' key" in text:  # the auto plugin: "not a plugin config", never the cause
+            return
+        causes.insert(0 if "'yaml'" in msg else len(causes), entry)
 
     C.INVENTORY_ANY_UNPARSED_IS_FAILED = C.INVENTORY_UNPARSED_IS_FAILED = True
     display.error_as_warning = collect  # type: ignore[method-assign]

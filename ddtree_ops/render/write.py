@@ -16,7 +16,7 @@ import errno
 import os
 import secrets
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 
 class UnsafeOutput(Exception):
@@ -49,8 +49,8 @@ def relative_parts(rel: str) -> list[str]:
     Raises:
         UnsafeOutput: the path is empty, or holds ``..``, ``.`` or an empty component.
     """
-    parts = PurePosixPath(rel.lstrip("/")).parts if rel.strip("/") else ()
-    if not parts or any(p in ("..", ".", "") or "/" in p or "\0" in p for p in parts):
+    parts = rel.lstrip("/").split("/")
+    if not rel.strip("/") or any(p in ("..", ".", "") or "\0" in p for p in parts):
         raise UnsafeOutput(f"refusing to write {rel!r}: the path would leave the output directory")
     return list(parts)
 
