@@ -51,11 +51,18 @@ def is_secret_name(name: str) -> bool:
 
 
 def _is_vaulted(v: Any) -> bool:
+    """True for a value that came from an Ansible vault: ansible-core 2.19 tags decrypted
+    values with ``VaultedValue`` (and keeps undecrypted ones as ``EncryptedString``);
+    2.17/2.18 hand out ``AnsibleVaultEncryptedUnicode``."""
     try:
         from ansible._internal._datatag._tags import VaultedValue
         from ansible.parsing.vault import EncryptedString
-    except ImportError:  # ansible not installed (CLI used on plain data)
-        return False
+    except ImportError:  # ansible-core < 2.19, or not installed (CLI used on plain data)
+        try:
+            from ansible.parsing.yaml.objects import AnsibleVaultEncryptedUnicode
+        except ImportError:
+            return False
+        return isinstance(v, AnsibleVaultEncryptedUnicode)
     return isinstance(v, EncryptedString) or VaultedValue.is_tagged_on(v)
 
 

@@ -344,17 +344,19 @@ class Speculative(_Model):
 
     Ranges (refused outside, each with the field, value, rule and fix):
 
-    * ``block_size`` <= 64: a DFlash draft is trained for one block size (z-lab's published
-      drafts use 8, 10 and 16; SGLang reads it from the draft's config as
-      ``--speculative-num-draft-tokens``) and draft CUDA graphs hold block_size x batch
-      tokens; 1000 would plan 32,000-token draft graphs. The lower bound (>= 2) is
-      :func:`~.rules.rule_draft_model`'s.
+    * ``block_size`` <= 64: a DFlash draft is trained for one block size, which SGLang
+      takes as ``--speculative-num-draft-tokens``; public DFlash drafts and launch scripts
+      use 2-16 (``-b16`` drafts; ``--speculative-num-draft-tokens ${DFLASH_BLOCK_SIZE:-8}``),
+      and draft CUDA graphs hold block_size x batch tokens (1000 would plan 32,000-token
+      draft graphs at batch 32). 64 is this toolkit's ceiling, 4x the largest seen, not an
+      SGLang limit. The lower bound (>= 2) is :func:`~.rules.rule_draft_model`'s.
     * ``budget`` <= 512: DDTree verifies budget + 1 tokens per request in one target
-      forward (tree attention mask (budget+1)^2 per request); beyond 512 the verify graph
-      of a 16-request batch exceeds the 8,192-token prefill chunk SGLang defaults to.
+      forward, with a (budget+1)^2 tree mask per request; the shipped inventories and reported
+      DDTree runs use 16-32.
+      512 is this toolkit's ceiling (16x the largest seen), not an SGLang limit.
     * ``num_steps`` 1..32, ``topk`` 1..32, ``num_draft_tokens`` 1..1024: EAGLE draft depth,
-      branching and tree size (SGLang's EAGLE tree kernels, ``sglang/srt/speculative/``,
-      size buffers as topk x num_steps; published configs use <= 10 / <= 8 / <= 64).
+      branching and tree size; SGLang sizes the EAGLE tree buffers from topk x num_steps.
+      These are this toolkit's ceilings, well above published EAGLE/EAGLE3 configs.
     * ``draft_window_size`` <= 1 Mi tokens (>= block_size: :func:`~.rules.rule_draft_window`).
     """
 
