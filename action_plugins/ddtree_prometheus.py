@@ -37,8 +37,8 @@ class ActionModule(ActionBase):
             return result
         validated, findings = [], []
         for host in sorted(servers):
-            hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template)
             try:
+                hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template, host)
                 validated.append(validate_hostvars(host, hostvars))
             except ConfigError as exc:
                 findings.extend(exc.findings)

@@ -34,7 +34,7 @@ from test_sim import Sim, post_json
 
 pytestmark = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (scripts/setup.sh)")
 
-EXP = {"host": "h1", "host_class": "b300", "model": "m", "job": "ddtree_exporter", "instance": "h1:9400",
+EXP = {"host": "h1", "host_class": "b300", "model": "m", "job": "ddtree_exporter", "instance": "h1:19400",
        "service": "sglang", "algorithm": "DDTREE"}
 
 
@@ -57,7 +57,7 @@ def _annotations(alert: dict, labels: dict, value: float | None) -> dict:
 
 
 def _host(host: str, **extra: str) -> dict:
-    return {**EXP, "host": host, "instance": f"{host}:9400", **extra}
+    return {**EXP, "host": host, "instance": f"{host}:19400", **extra}
 
 
 def _sg(host: str, **extra: str) -> dict:

@@ -7,12 +7,14 @@ so their output is byte-identical.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from ..config.hosts import HOST_CLASSES
 from ..config.load import Validated
@@ -124,19 +126,30 @@ def service_env(v: Validated) -> dict[str, str]:
     return env
 
 
+SECRET_FIELDS = frozenset({"hf_token", "secret_env"})
+"""Deployment fields that never reach plan.json, the action result or any log."""
+
+
+def secrets_path(v: Validated) -> str:
+    """Path of the 0600 secrets file on the host (rendered only with a secret to hold)."""
+    return f"{v.deployment.service.config_path}/secrets.env"
+
+
 def plan_document(v: Validated) -> dict:
-    """What ``plan.json`` on the host holds: the deployment (no secrets) and its plan."""
+    """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
+    left out) and its plan. ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
+    ``paths.secrets`` is where the secrets file lives (present or not)."""
     d = v.deployment
     return {
         "host": d.host,
         "host_class": d.host_class,
         "unit": d.service.unit_name,
-        "url": f"http://127.0.0.1:{d.server.port}",
+        "url": d.server.local_url,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
-                  "warm_marker": d.service.warm_marker_path},
-        "deployment": d.model_dump(mode="json", exclude={"hf_token"}),
+                  "warm_marker": d.service.warm_marker_path, "secrets": secrets_path(v)},
+        "deployment": d.model_dump(mode="json", exclude=set(SECRET_FIELDS)),
         "plan": v.plan.as_dict(),
     }
 
@@ -164,7 +177,7 @@ def ready_commands(v: Validated) -> list[list[str]]:
        ``RuntimeDirectory`` when it succeeds.
     """
     d, svc = v.deployment, v.deployment.service
-    url = f"http://127.0.0.1:{d.server.port}"
+    url = d.server.local_url
     py = [f"{svc.venv}/bin/python", "-m", "ddtree_ops"]
     plan_json = f"{svc.config_path}/plan.json"
     return [
@@ -181,12 +194,13 @@ def render_host(v: Validated) -> list[RenderedFile]:
     Returns:
         Unit file, env file, plan.json, the exporter unit (``component="exporter"``), the
         host's NVIDIA device-node unit (``component="devices"``, :func:`devices_unit`) and
-        (only with ``ddtree_hf_token``) the 0600 secrets file.
+        (only with ``ddtree_hf_token`` or ``ddtree_secret_env``) the 0600 secrets file
+        (``secret=True``: ``HF_TOKEN`` and every ``ddtree_secret_env`` entry).
     """
     d, p = v.deployment, v.plan
     svc = d.service
     cfg = svc.config_path
-    env_file, secrets_file = f"{cfg}/{svc.name}.env", f"{cfg}/secrets.env"
+    env_file, secrets_file = f"{cfg}/{svc.name}.env", secrets_path(v)
     jenv = _env()
     argv = build_argv(d, p)
     ctx = {
@@ -215,8 +229,10 @@ def render_host(v: Validated) -> list[RenderedFile]:
     ]
     files.append(exporter_unit(v))
     files.append(devices_unit(v))
+    secrets = {k: s.get_secret_value() for k, s in d.secret_env.items()}
     if d.hf_token is not None:
-        secrets = {"HF_TOKEN": d.hf_token.get_secret_value()}
+        secrets["HF_TOKEN"] = d.hf_token.get_secret_value()
+    if secrets:
         files.append(RenderedFile(secrets_file, jenv.get_template("secrets.env.j2").render(ctx, secrets=secrets),
                                   mode="0600", secret=True))
     return files
@@ -229,11 +245,12 @@ def exporter_unit_name(v: Validated) -> str:
 
 def exporter_unit(v: Validated) -> RenderedFile:
     """The exporter's systemd unit: ``ddtree-ops exporter --plan plan.json`` on
-    ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server on loopback."""
+    ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server at its
+    :attr:`~ddtree_ops.config.models.Server.local_url`."""
     d = v.deployment
     svc = d.service
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",
-            "--upstream", f"http://127.0.0.1:{d.server.port}", "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
+            "--upstream", d.server.local_url, "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
     ctx = {"managed": MANAGED, "host": d.host, "service": svc, "unit_name": svc.unit_name,
            "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv)}
     return RenderedFile(f"/etc/systemd/system/{exporter_unit_name(v)}",
@@ -271,6 +288,47 @@ def devices_unit(v: Validated) -> RenderedFile:
                         _env().get_template("nvidia-devices.service.j2").render(ctx), component="devices")
 
 
+def url_host(host: str) -> str:
+    """``host`` as the host part of a URL or ``host:port`` target: IPv6 addresses bracketed."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+def scrape_address(v: Validated) -> str:
+    """Address Prometheus (and ``ddtree-ops`` run from the controller) uses for a host:
+    ``ddtree_ops.scrape_host``, else ``ansible_host``, else the inventory name (each already
+    validated as an IP address or RFC 1123 host name)."""
+    d = v.deployment
+    return url_host(d.ops.scrape_host or d.address or d.host)
+
+
+def prometheus_document(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
+                        rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> dict:
+    """``prometheus.yml`` as data (see :func:`render_prometheus`): one ``static_configs``
+    entry with one target per host and job."""
+    def static(port_of) -> list[dict]:
+        return [{"targets": [f"{scrape_address(v)}:{port_of(v)}"],
+                 "labels": {"host": v.deployment.host, "host_class": v.deployment.host_class,
+                            "model": v.deployment.model.served_model_name or v.deployment.model.path,
+                            "algorithm": v.plan.algorithm, "service": v.deployment.service.name}}
+                for v in sorted(validated, key=lambda v: v.deployment.host)]
+
+    doc: dict = {"global": {"scrape_interval": str(scrape_interval),
+                            "evaluation_interval": str(evaluation_interval or scrape_interval)}}
+    if rule_files:
+        doc["rule_files"] = [str(f) for f in rule_files]
+    doc["scrape_configs"] = [
+        {"job_name": "sglang", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+         "static_configs": static(lambda v: v.deployment.server.port)},
+        # the exporter sets host/host_class/model itself; keep its values
+        {"job_name": "ddtree_exporter", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+         "honor_labels": True, "static_configs": static(lambda v: v.deployment.ops.exporter_port)},
+    ]
+    return doc
+
+
 def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
                       rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> str:
     """A ``prometheus.yml`` scraping every SGLang instance's ``/metrics`` (job ``sglang``) and
@@ -279,21 +337,11 @@ def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", 
     Labels: host, host_class, model, algorithm, service. ``rule_files``: paths for
     ``rule_files:`` (e.g. the rules of :func:`ddtree_ops.render.monitoring.render_rules`).
     ``evaluation_interval`` defaults to ``scrape_interval``.
+
+    Injection-proof by construction: the document is built as data
+    (:func:`prometheus_document`) and emitted by ``yaml.safe_dump``; the template only adds
+    the header comment, so no value (label, address, interval) can add a key or a target.
     """
-    targets = [
-        {
-            "address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:{v.deployment.server.port}",
-            "exporter_address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:"
-                                f"{v.deployment.ops.exporter_port}",
-            "host": v.deployment.host,
-            "host_class": v.deployment.host_class,
-            "model": v.deployment.model.served_model_name or v.deployment.model.path,
-            "algorithm": v.plan.algorithm,
-            "service": v.deployment.service.name,
-        }
-        for v in sorted(validated, key=lambda v: v.deployment.host)
-    ]
-    return _env().get_template("prometheus.yml.j2").render(
-        managed=MANAGED, targets=targets, scrape_interval=scrape_interval, scrape_timeout=scrape_timeout,
-        rule_files=list(rule_files), evaluation_interval=evaluation_interval or scrape_interval,
-    )
+    doc = prometheus_document(validated, scrape_interval, scrape_timeout, rule_files, evaluation_interval)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1 << 16)
+    return _env().get_template("prometheus.yml.j2").render(managed=MANAGED, body=body)
