@@ -270,8 +270,9 @@ def devices_commands(v: Validated) -> list[list[str]]:
     """The device unit's ``ExecStart`` argvs, run in order (systemd.service(5): a oneshot
     runs every ``ExecStart``): ``nvidia-modprobe -u -c=0`` loads nvidia-uvm and creates
     ``/dev/nvidia-uvm`` + ``/dev/nvidia0`` + ``/dev/nvidiactl``; ``-c=N`` the node of every
-    further GPU of the host class; ``-f <proc capability>`` the ``/dev/nvidia-caps`` nodes.
-    Source: ``nvidia-modprobe --help`` (NVIDIA/nvidia-modprobe)."""
+    further GPU of the host class; ``-f <proc capability>`` the ``/dev/nvidia-caps`` nodes
+    (those lines run with systemd's ``-`` prefix: a driver or GPU without MIG has no such
+    capability file, which must not fail the unit). Source: ``nvidia-modprobe --help`` (NVIDIA/nvidia-modprobe)."""
     n = HOST_CLASSES[v.deployment.host_class].gpu_count
     return ([[NVIDIA_MODPROBE, "-u", "-c=0"]] + [[NVIDIA_MODPROBE, f"-c={i}"] for i in range(1, n)]
             + [[NVIDIA_MODPROBE, "-f", cap] for cap in MIG_CAPABILITIES])
@@ -283,7 +284,8 @@ def devices_unit(v: Validated) -> RenderedFile:
     ``After=`` it). Installed and enabled by the ``cuda_toolkit`` role."""
     d = v.deployment
     ctx = {"managed": MANAGED, "host": d.host, "host_class": HOST_CLASSES[d.host_class],
-           "exec_start": [systemd_exec(c) for c in devices_commands(v)]}
+           # "-": a driver without MIG capability files must not fail the unit (systemd.service(5))
+           "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
     return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",
                         _env().get_template("nvidia-devices.service.j2").render(ctx), component="devices")
 
