@@ -37,8 +37,8 @@ class ActionModule(ActionBase):
             return result
         validated, findings = [], []
         for host in sorted(servers):
-            hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template)
             try:
+                hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template, host)
                 validated.append(validate_hostvars(host, hostvars))
             except ConfigError as exc:
                 findings.extend(exc.findings)
@@ -55,7 +55,7 @@ class ActionModule(ActionBase):
         result.update(
             changed=False,
             prometheus_yml=render_prometheus(validated, rule_files=[str(args["rules_path"])], **kw),
-            rules=render_rules(settings),
+            rules=render_rules(settings, validated),
             dashboard=render_dashboard(),
             targets=[v.deployment.host for v in validated],
         )

@@ -6,12 +6,17 @@ Runs on the controller only. Options:
 * ``secrets`` (bool, default false): return only the secret files (run the task with
   ``no_log: true``); otherwise return every non-secret file.
 * ``component`` (str, default ``service``): which files: ``service`` (SGLang unit, env,
-  plan.json, secrets) or ``exporter`` (the exporter unit, for the ddtree_exporter role).
+  plan.json, secrets), ``exporter`` (the exporter unit, for the ddtree_exporter role) or
+  ``devices`` (the host's NVIDIA device-node unit, for the cuda_toolkit role).
 
-Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url``,
-``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host), ``deployment``,
+Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url`` (where
+the host reaches SGLang: ``Server.local_url``), ``exporter_url`` (the exporter, on loopback),
+``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host; ``secrets``: the
+secrets file, removed by the role when none is rendered), ``deployment`` (no secrets),
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
-non-secret environment). Fails with every finding (field, value, rule, fix) when the config is invalid.
+non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-node unit's
+name and the binary it runs). Fails with every finding (field, value, rule, fix) when the config is invalid;
+secret values never appear in ``msg`` or ``findings`` (:class:`ddtree_ops.config.errors.Finding` redacts them).
 """
 
 from __future__ import annotations
@@ -27,15 +32,15 @@ class ActionModule(ActionBase):
         from ddtree_ops.config import ConfigError, validate_hostvars
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_host
-        from ddtree_ops.render.files import plan_document, service_env
+        from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE, plan_document, service_env
         from ddtree_ops.sglang.expect import probe_request
 
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         want_secrets = bool(self._task.args.get("secrets", False))
         host = task_vars["inventory_hostname"]
-        hostvars = deployment_vars(task_vars, self._templar.template)
         try:
+            hostvars = deployment_vars(task_vars, self._templar.template, host)
             validated = validate_hostvars(host, hostvars)
         except ConfigError as exc:
             result.update(failed=True, msg="invalid deployment config:\n" + str(exc),
@@ -50,11 +55,14 @@ class ActionModule(ActionBase):
             plan=validated.plan.as_dict(),
             unit=doc["unit"],
             url=doc["url"],
+            exporter_url=f"http://127.0.0.1:{validated.deployment.ops.exporter_port}",
             exporter_unit=next((f.path.rsplit("/", 1)[1] for f in files if f.component == "exporter"), None),
             paths=doc["paths"],
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],
             probe_request=probe_request(validated),
             service_env=service_env(validated),
+            devices_unit=DEVICES_UNIT,
+            nvidia_modprobe=NVIDIA_MODPROBE,
         )
         return result

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .config import ConfigError, Validated, validate_hostvars
-from .config.errors import Finding
+from .config.errors import Finding, shorten, show_host
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
@@ -88,7 +88,7 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     ok, errors = _validate_all(inventory, limit)
     warnings = [w for v in ok for w in v.warnings]
     checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
-    checks += [{"name": f"config:{f.host}", "ok": False, "detail": f.message()} for f in errors]
+    checks += [{"name": f"config:{show_host(f.host) or f.field}", "ok": False, "detail": f.message()} for f in errors]
     if as_json:
         print(json.dumps({"ok": not errors, "checks": checks, "warnings": [w.as_dict() for w in warnings],
                           "errors": [f.as_dict() for f in errors]}, indent=2))
@@ -148,29 +148,36 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
     alert rules, Grafana dashboard).
 
-    Nothing is written unless every host validates.
+    Nothing is written unless every host validates. Files are written only under OUT, each
+    atomically with its final mode and never through a symlink (:mod:`ddtree_ops.render.write`);
+    an OUT owned by another user is refused.
     """
     from .render import render_host, render_prometheus
+    from .render.write import UnsafeOutput, check_out_dir, write_under
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
     out_dir = Path(out_dir)
+    try:
+        check_out_dir(out_dir)
+    except UnsafeOutput as exc:
+        raise typer.BadParameter(str(exc)) from None
     validated = _require_valid(inventory, limit)
-    writes = [(out_dir / v.deployment.host / f.path.lstrip("/"), f.content, int(f.mode, 8), f.secret)
+    writes = [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
     from .render.monitoring import DASHBOARD_FILE, RULES_FILE, render_dashboard, render_rules
 
-    writes.append((out_dir / "prometheus" / "prometheus.yml",
+    writes.append(("prometheus/prometheus.yml",
                    render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
-    writes.append((out_dir / "prometheus" / RULES_FILE, render_rules(), 0o644, False))
-    writes.append((out_dir / "prometheus" / DASHBOARD_FILE, render_dashboard(), 0o644, False))
-    for target, content, mode, secret in writes:
+    writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
+    writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
+    for rel, content, mode, secret in writes:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
-            target.chmod(mode)
+            target = write_under(out_dir, rel, content, mode)
+        except UnsafeOutput as exc:
+            raise typer.BadParameter(f"--out {out_dir}: {exc}") from None
         except OSError as exc:
-            raise typer.BadParameter(f"--out {out_dir}: cannot write {target}: {exc.strerror or exc}") from None
+            raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
         say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
 
 
@@ -207,14 +214,14 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
                                      "use the host's /etc/ddtree-ops/<name>/plan.json") from None
         return doc, str(doc.get("url"))
     if inventory is not None:
-        from .render.files import plan_document
+        from .render.files import plan_document, scrape_address
 
         validated = _require_valid(inventory, limit)
         if len(validated) != 1:
             names = ", ".join(v.deployment.host for v in validated) or "none"
             raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
         d = validated[0].deployment
-        return plan_document(validated[0]), f"http://{d.ops.scrape_host or d.address or d.host}:{d.server.port}"
+        return plan_document(validated[0]), f"http://{scrape_address(validated[0])}:{d.server.port}"
     return None, None
 
 
@@ -426,10 +433,12 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
             raise typer.BadParameter(f"--plan {plan_file}: url = {doc.get('url')!r} is not http(s)://HOST:PORT. Fix: "
                                      "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
-        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', 9400)}"
+        from .config.models import Ops
+
+        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', Ops().exporter_port)}"
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
-        raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:9400")
+        raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:19400")
     exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout,
                    stuck_after_s=stuck_after)
     try:
@@ -444,6 +453,21 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     done.wait()
     exp.stop(join_timeout=exp.poll_bound_s + 1)
     server.shutdown()
+
+
+@app.command("port-check")
+def port_check(port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
+               unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
+               as_json: JsonOpt = False) -> None:
+    """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
+    from .ops.ports import check_port
+
+    try:
+        result = check_port(port, unit)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _print_checks([{"name": "port", "ok": result.ok, "detail": result.detail}], as_json,
+                  {"holders": [h.__dict__ for h in result.holders]})
 
 
 @app.command("check-ptxas")
@@ -473,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc if isinstance(rc, int) else 0
     except ConfigError as exc:
         if _wants_json(argv):
-            print(json.dumps({"ok": False, "checks": [{"name": f"config:{f.host or f.field}", "ok": False,
+            print(json.dumps({"ok": False, "checks": [{"name": f"config:{show_host(f.host) or shorten(f.field)}", "ok": False,
                                                        "detail": f.message()} for f in exc.findings],
                               "errors": [f.as_dict() for f in exc.findings]}, indent=2))
         for f in exc.findings:

@@ -10,6 +10,10 @@
 #     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs.
 #     Default: driver 580.159.04 (read off a real H200 host, ../shared/fixtures/gpu) with
 #     compute capability 10.3 (B300: inventory/test deploys the b300 host class).
+#   * the driver's nvidia-modprobe -> /usr/bin/nvidia-modprobe on the host (the path
+#     ddtree-nvidia-devices.service runs), a script that only logs its arguments to the
+#     journal and exits 0: there is no driver to load and no GPU to make nodes for, but the
+#     device-node unit (and the SGLang unit that Wants= it) must start cleanly.
 #
 #   scripts/testhost-standins.sh up                       serve the repo, stand-in nvidia-smi on ddt-th1
 #   scripts/testhost-standins.sh down                     stop serving the repo
@@ -68,6 +72,21 @@ cmd_up() {
   fi
   nvidia_smi ddt-th1 "$DEFAULT_DRIVER" "$DEFAULT_CC"
   log "stand-in nvidia-smi on ddt-th1: driver $DEFAULT_DRIVER, compute capability $DEFAULT_CC"
+  nvidia_modprobe ddt-th1
+  log "stand-in nvidia-modprobe on ddt-th1 (logs only)"
+}
+
+nvidia_modprobe() {
+  local host=$1 script
+  script='#!/bin/sh
+# STAND-IN nvidia-modprobe (ddtree-ops test host; no NVIDIA driver, no GPU): logs and succeeds.
+echo "STAND-IN nvidia-modprobe (no driver on this test host), would run: nvidia-modprobe $*" >&2
+exit 0'
+  bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" \
+    "cat > /usr/bin/nvidia-modprobe <<'EOF'
+$script
+EOF
+chmod 755 /usr/bin/nvidia-modprobe"
 }
 
 cmd_down() {

@@ -197,7 +197,7 @@ def test_out_of_range_and_smuggled_values(hostvars, section, key, value):
 def test_secret_never_echoed(hostvars):
     hostvars["ddtree_hf_token"] = {"x": "hf_SECRETDICT"}
     [f] = errors_of(hostvars)
-    assert "hf_SECRETDICT" not in f.message() and f.value == "<redacted>"
+    assert "hf_SECRETDICT" not in f.message() and f.value == "(redacted)"
 
 
 def test_blank_risk_reason(hostvars):

@@ -27,12 +27,14 @@ from ddtree_ops.render.monitoring import (
     render_dashboard,
     render_rules,
 )
+from ddtree_ops.config import validate_hostvars
+from helpers import base_hostvars
 from test_exporter import fixtures_dir, generate, sim_deployment
 from test_sim import Sim, post_json
 
 pytestmark = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (scripts/setup.sh)")
 
-EXP = {"host": "h1", "host_class": "b300", "model": "m", "job": "ddtree_exporter", "instance": "h1:9400",
+EXP = {"host": "h1", "host_class": "b300", "model": "m", "job": "ddtree_exporter", "instance": "h1:19400",
        "service": "sglang", "algorithm": "DDTREE"}
 
 
@@ -48,17 +50,23 @@ def _annotations(alert: dict, labels: dict, value: float | None) -> dict:
         for lk, lv in labels.items():
             text = text.replace(f"{{{{ $labels.{lk} }}}}", lv)
         if value is not None:
-            text = text.replace('{{ $value | printf "%.2f" }}', f"{value:.2f}").replace("{{ $value }}", f"{value:g}")
+            text = (text.replace('{{ $value | printf "%.2f" }}', f"{value:.2f}").replace("{{ $value }}", f"{value:g}")
+                .replace('{{ $value | printf "%.0f" }}', f"{value:.0f}"))
         out[k] = text
     return out
 
 
 def _host(host: str, **extra: str) -> dict:
-    return {**EXP, "host": host, "instance": f"{host}:9400", **extra}
+    return {**EXP, "host": host, "instance": f"{host}:19400", **extra}
 
 
 def _sg(host: str, **extra: str) -> dict:
     return {**_host(host), "job": "sglang", "instance": f"{host}:30000", "model_name": "m", **extra}
+
+
+DEPLOYED = [validate_hostvars(h, base_hostvars()) for h in ("h1", "h2")]
+"""The fleet the per-deployment rules (absent series) are rendered for: h1 and h2, service sglang."""
+ABSENT_LABELS = {"job": "ddtree_exporter", "service": "sglang"}
 
 
 # For every alert: input series, then (eval_time, {host: expected value} of the hosts firing).
@@ -111,31 +119,58 @@ CASES = {
            for le, v in (("0.5", "0+10x30"), ("5", "0+10x30"), ("10", "0+10x30"), ("+Inf", "0+10x30"))]],
         [("8m", {}), ("20m", {"h1": TTFT_P99_SLOW})],
     ),
+    "DDTreeSGLangDown": (
+        [_series("up", _sg("h1"), "0x10"), _series("up", _sg("h2"), "1x10"),
+         _series("up", _host("h3"), "0x10")],  # the exporter job down is DDTreeExporterDown's business
+        [("1m", {}), ("5m", {"h1": 0})],
+    ),
+    # A dead node: both targets of h1 down, so its ddtree_* series are gone; h2 healthy; h3
+    # is not a deployment of this fleet (no rule for it).
+    "DDTreeExporterAbsent": (
+        [_series("up", _sg("h1"), "0x10"), _series("up", _host("h1"), "0x10"),
+         _series("ddtree_up", _host("h2"), "1x10")],
+        [("1m", {}), ("5m", {"h1": 1})],
+    ),
+    "DDTreeSchedulerStuck": (
+        [_series("ddtree_scheduler_stuck", _host("h1"), "1x10"), _series("ddtree_scheduler_stuck", _host("h2"), "0x10"),
+         _series("ddtree_scheduler_stuck", _host("h3"), "1 0 1 0 1 0 1 0 1 0")],
+        [("1m", {}), ("5m", {"h1": 1})],
+    ),
+    "DDTreeUpstreamStale": (
+        [_series("ddtree_upstream_staleness_seconds", _host("h1"), "200x10"),
+         _series("ddtree_upstream_staleness_seconds", _host("h2"), "3x10"),
+         _series("ddtree_upstream_staleness_seconds", _host("h3"), "200 200 3x8")],  # recovered
+        [("4m", {}), ("7m", {"h1": 200})],
+    ),
 }
 
 
 def test_every_alert_has_a_case_and_a_runbook() -> None:
-    rules = alert_rules()
-    assert sorted(r["alert"] for r in rules) == sorted(CASES)
+    rules = alert_rules(validated=DEPLOYED)
+    assert sorted({r["alert"] for r in rules}) == sorted(CASES)
+    assert [r["expr"] for r in rules if r["alert"] == "DDTreeExporterAbsent"] == [" or ".join(
+        f'absent(ddtree_up{{job="ddtree_exporter", host="{h}", service="sglang"}})' for h in ("h1", "h2"))]
+    assert "DDTreeExporterAbsent" not in {r["alert"] for r in alert_rules()}  # no fleet, no per-deployment rules
     assert all(r["annotations"]["runbook"].strip() and "\n" not in r["annotations"]["runbook"] for r in rules)
 
 
 def test_rules_pass_promtool_check(tmp_path) -> None:
     p = tmp_path / "rules.yml"
-    p.write_text(render_rules())
+    p.write_text(render_rules(validated=DEPLOYED))
     r = subprocess.run(["promtool", "check", "rules", str(p)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "7 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "11 rules found" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("alert", sorted(CASES))
 def test_promtool_unit_test(alert, tmp_path) -> None:
-    rule = next(r for r in alert_rules() if r["alert"] == alert)
+    rule = next(r for r in alert_rules(validated=DEPLOYED) if r["alert"] == alert)
     series, evals = CASES[alert]
-    labels_of = {}
+    labels_of = {"h1": {"host": "h1", **ABSENT_LABELS}} if alert == "DDTreeExporterAbsent" else {}
     for s in series:
         m = re.match(r"^[^{]+\{(.*)\}$", s["series"])
         lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        labels_of.setdefault(lab["host"], lab)
+        if alert != "DDTreeExporterAbsent":
+            labels_of.setdefault(lab["host"], lab)
     tests = []
     for eval_time, firing in evals:
         exp = []
@@ -148,7 +183,7 @@ def test_promtool_unit_test(alert, tmp_path) -> None:
             exp.append({"exp_labels": {**lab, **rule["labels"]}, "exp_annotations": _annotations(rule, lab, val)})
         tests.append({"eval_time": eval_time, "alertname": alert, "exp_alerts": exp})
     rules = tmp_path / "rules.yml"
-    rules.write_text(render_rules())
+    rules.write_text(render_rules(validated=DEPLOYED))
     t = tmp_path / "test.yml"
     t.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m",
                                  "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}]},
@@ -230,7 +265,7 @@ def test_dashboard_structure_and_queries(tmp_path) -> None:
 
 def test_alert_rules_reference_real_metrics() -> None:
     known = _known_metric_names()
-    for r in alert_rules():
+    for r in alert_rules(validated=DEPLOYED):
         used = {re.sub(r"_bucket$", "", n) for n in _selectors(r["expr"])} | set(
             re.findall(r"\b(ddtree_[a-z_]+)\b", re.sub(r'"[^"]*"', '""', r["expr"])))
         assert used <= known, (r["alert"], used - known)
@@ -349,12 +384,13 @@ def test_cli_render_writes_monitoring_files_and_exporter_unit(tmp_path) -> None:
     assert main(["render", "--out", str(tmp_path), "-i", str(REPO / "inventory" / "test")]) == 0
     unit = (tmp_path / "ddt-th1/etc/systemd/system/ddtree-sglang-exporter.service").read_text()
     assert ("ExecStart=/opt/ddtree-ops/venv/bin/python -m ddtree_ops exporter --plan /etc/ddtree-ops/sglang/plan.json "
-            "--upstream http://127.0.0.1:30000 --listen 0.0.0.0:9400") in unit
-    assert "User=sglang" in unit and "ProtectSystem=strict" in unit and "NoNewPrivileges=yes" in unit
+            "--upstream http://127.0.0.1:30000 --listen 0.0.0.0:19400") in unit
+    assert "\nDynamicUser=yes\n" in unit and "\nUser=" not in unit  # its own identity: cannot read SGLang's env
+    assert "ProtectSystem=strict" in unit and "NoNewPrivileges=yes" in unit
     prom = tmp_path / "prometheus"
     cfg = yaml.safe_load((prom / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert jobs["ddtree_exporter"]["static_configs"][0]["targets"] == ["10.213.1.2:9400"]
+    assert jobs["ddtree_exporter"]["static_configs"][0]["targets"] == ["10.213.1.2:19400"]
     assert jobs["sglang"]["static_configs"][0]["targets"] == ["10.213.1.2:30000"]
     assert cfg["rule_files"] == ["/etc/prometheus/ddtree-rules.yml"]
     # promtool resolves rule_files: point it at the rendered rules file
@@ -362,5 +398,5 @@ def test_cli_render_writes_monitoring_files_and_exporter_unit(tmp_path) -> None:
     local.write_text((prom / "prometheus.yml").read_text().replace("/etc/prometheus/ddtree-rules.yml",
                                                                    str(prom / "ddtree-rules.yml")))
     r = subprocess.run(["promtool", "check", "config", str(local)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "7 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "11 rules found" in r.stdout, r.stdout + r.stderr  # 10 + the fleet's absent rule
     assert json.loads((prom / "ddtree-dashboard.json").read_text())["uid"] == "ddtree-ops"

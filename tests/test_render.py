@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -132,7 +133,8 @@ def test_prometheus_config_passes_promtool(hostvars, tmp_path):
     p.write_text(render_prometheus([v]))
     r = subprocess.run(["promtool", "check", "config", str(p)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert 'host_class: "b300"' in p.read_text()
+    doc = yaml.safe_load(p.read_text())
+    assert [c["static_configs"][0]["labels"]["host_class"] for c in doc["scrape_configs"]] == ["b300", "b300"]
 
 
 def test_cli_plan_json(capsys):

@@ -7,15 +7,112 @@ rule comes from. The CLI prints them one per line; Ansible fails the play with t
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 
+SECRET_NAME = re.compile(r"[a-z0-9]*(token|key)|pass(wd|word|phrase)?[a-z0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
+                         r"|credentials?|auth[a-z0-9]*", re.IGNORECASE)
+"""One word (between ``_``, ``.``, ``-``) of a name whose value is a secret: ``*token``,
+``*key``, ``password``/``passwd``, ``*secret*``, ``credential(s)``, ``auth*``, any case
+(``HF_TOKEN``, ``hf_token``, ``WANDB_API_KEY``, ``DB_PASSWORD``, ``ddtree_secret_env``);
+``tokens`` (a count, e.g. ``draft_tokens_per_req``) is not one. Such values are never
+printed; findings say ``(redacted)``."""
+
+REDACTED = "(redacted)"
+MAX_SHOWN = 200
+"""Characters of an offending value (or host name) echoed in a message; longer ones end in ``…``."""
+
+_known_secrets: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Remember a secret string (HF token, ``ddtree_secret_env`` value, anything that came
+    from an Ansible vault) so no finding's text can ever contain it (see :func:`scrub`).
+    Strings shorter than 4 characters are not registered (they would scrub ordinary words)."""
+    if isinstance(value, str) and len(value) >= 4:
+        _known_secrets.add(str(value))
+
+
+def scrub(text: str) -> str:
+    """``text`` with every registered secret replaced by ``(redacted)``."""
+    for s in sorted(_known_secrets, key=len, reverse=True):
+        if s in text:
+            text = text.replace(s, REDACTED)
+    return text
+
+
+def is_secret_name(name: str) -> bool:
+    """True when a field path or name looks like it holds a secret (:data:`SECRET_NAME`)."""
+    return any(SECRET_NAME.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", str(name)) if w)
+
+
+def _is_vaulted(v: Any) -> bool:
+    """True for a value that came from an Ansible vault: ansible-core 2.19 tags decrypted
+    values with ``VaultedValue`` (and keeps undecrypted ones as ``EncryptedString``);
+    2.17/2.18 hand out ``AnsibleVaultEncryptedUnicode``."""
+    try:
+        from ansible._internal._datatag._tags import VaultedValue
+        from ansible.parsing.vault import EncryptedString
+    except ImportError:  # ansible-core < 2.19, or not installed (CLI used on plain data)
+        try:
+            from ansible.parsing.yaml.objects import AnsibleVaultEncryptedUnicode
+        except ImportError:
+            return False
+        return isinstance(v, AnsibleVaultEncryptedUnicode)
+    return isinstance(v, EncryptedString) or VaultedValue.is_tagged_on(v)
+
+
+def redact(value: Any, _depth: int = 0) -> Any:
+    """A copy of ``value`` safe to print: values under secret-looking keys, vaulted values
+    and registered secrets become ``(redacted)``; containers are cut at 50 items / depth 8."""
+    if _is_vaulted(value):
+        return REDACTED
+    if isinstance(value, str):
+        return scrub(value)
+    if _depth > 8:
+        return "…"
+    if isinstance(value, dict):
+        out = {}
+        for i, (k, x) in enumerate(value.items()):
+            if i >= 50:
+                out["…"] = f"{len(value) - 50} more"
+                break
+            ks = scrub(str(k))
+            out[ks] = REDACTED if is_secret_name(ks) else redact(x, _depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [redact(x, _depth + 1) for x in list(value[:50])]
+        return items + ([f"… {len(value) - 50} more"] if len(value) > 50 else [])
+    return value
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut to ``limit`` characters plus ``…``."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}")
+
+
+def show_host(host: str) -> str:
+    """A host name as messages print it: plain names as they are, anything else quoted
+    (``repr``, so a newline prints as ``\\n``) and shortened."""
+    return host if _PLAIN_HOST.fullmatch(host) else shorten(repr(scrub(host)))
+
+
 @dataclass(frozen=True)
 class Finding:
     """One rule outcome for one field.
+
+    Secrets never leave a finding: the value of a secret-looking field (:data:`SECRET_NAME`,
+    e.g. ``ddtree_hf_token``, ``ddtree_service.env.WANDB_API_KEY``), any vaulted value and
+    any registered secret string (:func:`register_secret`) is replaced by ``(redacted)`` when
+    the finding is made, and ``message()`` / ``as_dict()`` scrub registered secrets out of
+    every text field and cut echoed values to :data:`MAX_SHOWN` characters.
 
     Attributes:
         level: ``error`` stops a deployment; ``warning`` is printed and kept in the plan.
@@ -35,25 +132,43 @@ class Finding:
     source: str = ""
     host: str = ""
 
+    def __post_init__(self) -> None:
+        value = REDACTED if (is_secret_name(self.field) and self.value is not None) else redact(self.value)
+        object.__setattr__(self, "value", value)
+
+    def _shown_value(self) -> str:
+        if self.value == REDACTED:
+            return REDACTED
+        return shorten(scrub(repr(self.value)))
+
     def message(self) -> str:
-        where = f"{self.host}: " if self.host else ""
+        """One line: ``host: field = value: rule. Fix: fix [source]`` (no newline inside)."""
+        where = f"{show_host(self.host)}: " if self.host else ""
         src = f" [{self.source}]" if self.source else ""
-        return f"{where}{self.field} = {self.value!r}: {self.rule}. Fix: {self.fix}{src}"
+        text = (f"{where}{shorten(self.field, 300)} = {self._shown_value()}: {shorten(self.rule, 2000)}. "
+                f"Fix: {shorten(self.fix, 1000)}{src}")
+        return scrub(text).replace("\n", "\\n").replace("\r", "\\r")
 
     def as_dict(self) -> dict[str, Any]:
+        """The finding as JSON-safe data (value shortened, secrets scrubbed)."""
         d = asdict(self)
         d["value"] = _jsonable(self.value)
+        d["host"] = show_host(self.host) if self.host else ""
+        for k in ("field", "rule", "fix", "source"):
+            d[k] = scrub(shorten(str(d[k]), 2000))
         return d
 
 
 def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
+    if v is None or isinstance(v, (bool, int, float)):
         return v
+    if isinstance(v, str):
+        return shorten(scrub(v))
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    return repr(v)
+        return {shorten(str(k)): _jsonable(x) for k, x in v.items()}
+    return shorten(scrub(repr(v)))
 
 
 @dataclass
@@ -101,6 +216,6 @@ def findings_from_validation_error(
             rule, fix = msg, "give a value of the documented type and range"
         value = err.get("input") if err.get("type") != "missing" else None
         if path.startswith(prefix_of.get("hf_token", "hf_token")):
-            value = "<redacted>"
+            value = REDACTED
         out.append(Finding("error", path, value, rule, fix, host=host))
     return out

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
-from .models import INVENTORY_VARS, Deployment, is_deployment_var
+from .hosts import HOST_CLASSES
+from .models import GROUPS_VAR, INVENTORY_VARS, Deployment, host_name_problem, is_deployment_var
 from .plan import Plan, make_plan
 from .rules import RULES
 
@@ -34,9 +35,19 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     variable (except role variables such as ``ddtree_service_*``) is an error, so a typo
     such as ``ddtree_speculatve`` cannot silently turn speculation off.
 
+    The host name must be an RFC 1123 name (it becomes a path, a unit line, a label), and a
+    host in more than one host-class group (``b300``, ``ct200``: ``group_names``), or in one
+    that disagrees with ``ddtree_host_class``, is refused.
+
     Raises:
         ConfigError: a variable has the wrong type, range or characters.
     """
+    problem = host_name_problem(host)
+    if problem:
+        raise ConfigError([Finding("error", "inventory_hostname", host, problem,
+                                   "rename the host in the inventory (put the address in ansible_host), "
+                                   "e.g. b300-01")])
+    _check_groups(host, hostvars)
     known = set(INVENTORY_VARS.values())
     unknown = sorted(k for k in hostvars if is_deployment_var(k) and k not in known)
     if unknown:
@@ -53,6 +64,24 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
         return Deployment.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(findings_from_validation_error(exc, host, INVENTORY_VARS)) from None
+
+
+def _check_groups(host: str, hostvars: dict[str, Any]) -> None:
+    groups = hostvars.get(GROUPS_VAR)
+    if not isinstance(groups, (list, tuple)):
+        return
+    classes = sorted({g for g in groups if g in HOST_CLASSES})
+    declared = hostvars.get(INVENTORY_VARS["host_class"])
+    if len(classes) > 1:
+        raise ConfigError([Finding("error", "group_names", classes,
+                                   f"the host is in {len(classes)} host-class groups ({' and '.join(classes)}); "
+                                   f"ddtree_host_class would silently come from one of them ({declared!r})",
+                                   "list the host under exactly one host-class group", host=host)])
+    if classes and isinstance(declared, str) and declared != classes[0]:
+        raise ConfigError([Finding("error", INVENTORY_VARS["host_class"], declared,
+                                   f"disagrees with the host's group {classes[0]} (host-class groups fix the class)",
+                                   f"move the host to group {declared} or set ddtree_host_class: {classes[0]} "
+                                   "(not in host_vars)", host=host)])
 
 
 def _unknown_var(host: str, name: str, known: set[str]) -> Finding:

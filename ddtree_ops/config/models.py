@@ -15,7 +15,14 @@ inventory variable         model field                  what
 ``ddtree_accepted_risks``  :class:`RiskAcceptance` list reasoned rule overrides
 ``ddtree_toolchain``       :class:`Toolchain`           CUDA toolkit and Triton pins
 ``ddtree_hf_token``        :attr:`Deployment.hf_token`  secret (use ansible-vault)
+``ddtree_secret_env``      :attr:`Deployment.secret_env`  other secret environment
 =========================  ===========================  =========================
+
+Host names (the inventory name, ``ansible_host``, ``ddtree_ops.scrape_host``) follow
+RFC 1123 (:func:`check_host_name`); they reach file paths, unit files, labels and YAML.
+Every string and container has a size bound, and :func:`deployment_vars` refuses a host
+whose variables exceed :data:`MAX_VAR_NODES` nodes / :data:`MAX_VAR_CHARS` characters
+before anything walks them (a YAML alias bomb fails in milliseconds).
 
 Every string that reaches the SGLang argv or a unit file is checked against a safe
 character set here, so no value can inject a systemd directive or a second command.
@@ -38,14 +45,66 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import RULE_FIX_SEP
+from .errors import RULE_FIX_SEP, ConfigError, Finding, is_secret_name, register_secret
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9._/@+:=,-]+$")
 _SAFE_PATH = re.compile(r"(/[A-Za-z0-9._+-]+)+")
 _SAFE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
-_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+MAX_PATH = 4096
+"""Longest path or argv value, characters (Linux ``PATH_MAX``)."""
+MAX_NAME = 253
+"""Longest host name (RFC 1123 / RFC 1035 §2.3.4)."""
+MAX_TEXT = 1024
+"""Longest free text (risk reasons)."""
+MAX_ITEMS = 64
+"""Most entries in a list or mapping of the inventory (env, patches, accepted risks)."""
+
+
+def host_name_problem(name: object) -> str | None:
+    """Why ``name`` is not an RFC 1123 host name, or ``None`` when it is one.
+
+    Rule (RFC 1123 §2.1, RFC 1035 §2.3.4): dot-separated labels of ASCII letters, digits
+    and ``-``, each 1-63 characters, not starting or ending with ``-``; 253 characters in all.
+    """
+    if not isinstance(name, str) or not name:
+        return "must be a non-empty host name"
+    if len(name) > MAX_NAME:
+        return f"is {len(name)} characters; a host name has at most {MAX_NAME} (RFC 1123)"
+    labels = name.split(".")
+    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return ("must be an RFC 1123 host name: dot-separated labels of letters, digits and -, each 1-63 "
+                "characters, not starting or ending with -")
+    return None
+
+
+def check_host_name(name: str) -> str:
+    """``name`` if it is an RFC 1123 host name (:func:`host_name_problem`); else ``ValueError``
+    (rule | fix, see :data:`~.errors.RULE_FIX_SEP`)."""
+    problem = host_name_problem(name)
+    if problem:
+        raise _fail(problem, "rename the inventory host / address, e.g. b300-01 or b300-01.example.internal")
+    return name
+
+
+def _ip_or_host(v: str) -> str:
+    """An IP address (no scope id, no port) or an RFC 1123 host name."""
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        if host_name_problem(v) is None:
+            return v
+        raise _fail("must be one IP address or RFC 1123 host name, without port, scheme, list or spaces",
+                    "give one address, e.g. 10.0.0.5 or b300-01.example.internal (the port is configured separately)")
+        raise
+    if getattr(ip, "scope_id", None):
+        raise _fail("an IPv6 scope id cannot be used in a scrape target", "use a global or unique-local address")
+    return v
 
 
 def _fail(rule: str, fix: str) -> ValueError:
@@ -86,9 +145,13 @@ def _bounded(lo: int, hi: int, gt: bool = False):
     return Annotated[int, BeforeValidator(_no_bool), Field(le=hi, **limits)]
 
 
-ArgText = Annotated[str, AfterValidator(_safe_arg)]
-AbsPath = Annotated[str, AfterValidator(_safe_path)]
-Port = _bounded(1, 65535)
+ArgText = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_safe_arg)]
+AbsPath = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_safe_path)]
+HostText = Annotated[str, Field(max_length=MAX_NAME), AfterValidator(_ip_or_host)]
+Port = _bounded(1024, 65535)
+"""TCP port the service or exporter listens on: 1024-65535. The units run as an
+unprivileged user without ``CAP_NET_BIND_SERVICE``, so ports below 1024 cannot be bound
+(Linux ``ip(7)``, ``net.ipv4.ip_unprivileged_port_start`` default 1024)."""
 Tokens = _bounded(0, 1 << 20, gt=True)
 BatchSize = _bounded(0, 4096, gt=True)
 Seconds = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=86400, allow_inf_nan=False)]
@@ -117,8 +180,9 @@ def _path_or_relative(v: str) -> str:
     return v
 
 
-Sha256 = Annotated[str, AfterValidator(_sha256)]
-AbsPathOrRelative = Annotated[str, AfterValidator(_path_or_relative)]
+Sha256 = Annotated[str, Field(max_length=64), AfterValidator(_sha256)]
+AbsPathOrRelative = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_path_or_relative)]
+Url = Annotated[str, Field(max_length=MAX_PATH)]
 
 
 class PatchPin(_Model):
@@ -160,16 +224,16 @@ class SGLangPin(_Model):
             DDTree source adds are checked against the versions table instead).
     """
 
-    version: str | None = None
+    version: Annotated[str, Field(max_length=64)] | None = None
     source: Literal["pypi", "wheel", "git", "simulator"] = "pypi"
-    ddtree_source: str | None = None
+    ddtree_source: Annotated[str, Field(max_length=64)] | None = None
     simulated_build: Literal["ddtree", "ddtree-unpatched", "release"] | None = None
-    url: str | None = None
+    url: Url | None = None
     path: AbsPathOrRelative | None = None
     sha256: Sha256 | None = None
-    repo: str | None = None
-    commit: str | None = None
-    patches: list[PatchPin] = Field(default_factory=list)
+    repo: Url | None = None
+    commit: Annotated[str, Field(max_length=256)] | None = None
+    patches: Annotated[list[PatchPin], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     requirements: AbsPathOrRelative | None = None
     install_release: bool = False
 
@@ -243,7 +307,10 @@ class ModelSpec(_Model):
         path: Hugging Face repo id or absolute local path.
         served_model_name: name reported to clients (``--served-model-name``).
         trust_remote_code: pass ``--trust-remote-code``.
-        context_length: tokens; unset means the model's own.
+        context_length: tokens, 1..10,485,760 (10 Mi: the longest context of any released
+            model, Llama 4 Scout; SGLang's ``--context-length`` only overrides the model
+            config, and its req_to_token pool is max_running_requests x context_length int32);
+            unset means the model's own.
         vision: the model takes images (warmup then sends one, to pay the vision tower's
             first-use cost before the unit is active).
         vision_min_pixels: smallest image (width x height, pixels) the model's image
@@ -254,7 +321,7 @@ class ModelSpec(_Model):
     path: ArgText
     served_model_name: ArgText | None = None
     trust_remote_code: bool = False
-    context_length: Tokens | None = None
+    context_length: _bounded(0, 10 * (1 << 20), gt=True) | None = None
     vision: bool = False
     vision_min_pixels: _bounded(1, 1 << 26) = 3136
 
@@ -274,15 +341,32 @@ class Speculative(_Model):
         draft_attention_backend: ``--speculative-draft-attention-backend``.
         draft_tokens_per_req, verify_tokens_per_req: optional assertions. They are derived
             (see :mod:`ddtree_ops.config.plan`); if given they must equal the derived value.
+
+    Ranges (refused outside, each with the field, value, rule and fix):
+
+    * ``block_size`` <= 64: a DFlash draft is trained for one block size, which SGLang
+      takes as ``--speculative-num-draft-tokens``; public DFlash drafts and launch scripts
+      use 2-16 (``-b16`` drafts; ``--speculative-num-draft-tokens ${DFLASH_BLOCK_SIZE:-8}``),
+      and draft CUDA graphs hold block_size x batch tokens (1000 would plan 32,000-token
+      draft graphs at batch 32). 64 is this toolkit's ceiling, 4x the largest seen, not an
+      SGLang limit. The lower bound (>= 2) is :func:`~.rules.rule_draft_model`'s.
+    * ``budget`` <= 512: DDTree verifies budget + 1 tokens per request in one target
+      forward, with a (budget+1)^2 tree mask per request; the shipped inventories and reported
+      DDTree runs use 16-32.
+      512 is this toolkit's ceiling (16x the largest seen), not an SGLang limit.
+    * ``num_steps`` 1..32, ``topk`` 1..32, ``num_draft_tokens`` 1..1024: EAGLE draft depth,
+      branching and tree size; SGLang sizes the EAGLE tree buffers from topk x num_steps.
+      These are this toolkit's ceilings, well above published EAGLE/EAGLE3 configs.
+    * ``draft_window_size`` <= 1 Mi tokens (>= block_size: :func:`~.rules.rule_draft_window`).
     """
 
     algorithm: Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"] = "none"
     draft_model_path: ArgText | None = None
-    block_size: _bounded(-(1 << 20), 1024) | None = None
-    budget: _bounded(-(1 << 20), 4096) | None = None
-    num_steps: _bounded(0, 64, gt=True) | None = None
-    topk: _bounded(0, 64, gt=True) | None = None
-    num_draft_tokens: _bounded(0, 4096, gt=True) | None = None
+    block_size: _bounded(-(1 << 20), 64) | None = None
+    budget: _bounded(-(1 << 20), 512) | None = None
+    num_steps: _bounded(0, 32, gt=True) | None = None
+    topk: _bounded(0, 32, gt=True) | None = None
+    num_draft_tokens: _bounded(0, 1024, gt=True) | None = None
     draft_window_size: Tokens | None = None
     draft_attention_backend: ArgText | None = None
     draft_tokens_per_req: _bounded(0, 1 << 20) | None = None
@@ -297,31 +381,37 @@ class Server(_Model):
     """SGLang server settings (metrics are always enabled).
 
     Attributes:
-        host, port: listen address.
-        tp_size, dp_size: tensor / data parallel sizes (GPUs = tp_size * dp_size).
+        host, port: listen address: an IP address (IPv6 link-local with a scope id that is
+            an interface name, ``[A-Za-z0-9_.-]{1,15}``: Linux ``IFNAMSIZ`` is 16 with the
+            NUL) and a port 1024-65535 (:data:`Port`). :attr:`local_url` is where the host
+            itself reaches it.
+        tp_size, dp_size: tensor / data parallel sizes (GPUs = tp_size * dp_size <= the host
+            class' GPU count, :func:`~.rules.rule_tp_fits`).
         mem_fraction_static: fraction of GPU memory for weights + KV cache.
-        max_running_requests: concurrent requests; unset under speculation means
-            SGLang caps it at 48.
+        max_running_requests: concurrent requests, 1..4096; unset under speculation means
+            SGLang caps it at 48. (4096: the largest capturable batch, below.)
         cuda_graph: capture CUDA graphs (False: ``--disable-cuda-graph``, eager).
-        cuda_graph_max_bs: largest captured decode batch; unset: max_running_requests.
-        cuda_graph_bs: explicit capture list; unset: SGLang's default rule.
+        cuda_graph_max_bs: largest captured decode batch, 1..4096; unset: max_running_requests.
+            (SGLang's own default tops out at 512-1024 on 8-GPU hosts; each size is one graph.)
+        cuda_graph_bs: explicit capture list (<= 512 sizes); unset: SGLang's default rule.
         attention_backend: ``--attention-backend``.
-        page_size: KV cache page size, tokens.
+        page_size: KV cache page size, tokens, 1..1024 (FlashInfer/TRT-LLM kernels use
+            1-128; larger pages only waste KV cache).
         disable_overlap_schedule: pass ``--disable-overlap-schedule``.
         log_level: SGLang log level.
     """
 
-    host: str = "0.0.0.0"
+    host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
     port: Port = 30000
     tp_size: _bounded(0, 64, gt=True) = 8
     dp_size: _bounded(0, 64, gt=True) = 1
     mem_fraction_static: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, lt=1)] | None = None
-    max_running_requests: _bounded(0, 65536, gt=True) | None = None
+    max_running_requests: _bounded(0, 4096, gt=True) | None = None
     cuda_graph: bool = True
     cuda_graph_max_bs: BatchSize | None = None
-    cuda_graph_bs: list[BatchSize] | None = None
+    cuda_graph_bs: Annotated[list[BatchSize], Field(max_length=512)] | None = None
     attention_backend: ArgText | None = None
-    page_size: _bounded(0, 1 << 20, gt=True) | None = None
+    page_size: _bounded(0, 1024, gt=True) | None = None
     disable_overlap_schedule: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -329,10 +419,27 @@ class Server(_Model):
     @classmethod
     def _host(cls, v: str) -> str:
         try:
-            ipaddress.ip_address(v)
+            ip = ipaddress.ip_address(v)
         except ValueError:
             raise _fail("must be an IP address to listen on", "use 0.0.0.0, 127.0.0.1 or the host's IP") from None
+        scope = getattr(ip, "scope_id", None)
+        if scope is not None and not _SCOPE_ID.fullmatch(scope):
+            raise _fail("an IPv6 scope id must be an interface name: 1-15 letters, digits, _ . - (Linux IFNAMSIZ)",
+                        "write e.g. fe80::1%eth0, or listen on :: / 0.0.0.0")
         return v
+
+    @property
+    def local_url(self) -> str:
+        """Where a process on the host itself reaches this server, e.g. ``http://127.0.0.1:30000``:
+        0.0.0.0 -> 127.0.0.1, :: -> [::1], a specific address -> itself (IPv6 bracketed, a scope
+        id percent-encoded as ``%25``, RFC 6874). Used by plan.json ``url``, the unit's readiness
+        commands, the exporter's upstream and the roles' readiness checks."""
+        ip = ipaddress.ip_address(self.host)
+        if ip.is_unspecified:
+            return f"http://{'127.0.0.1' if ip.version == 4 else '[::1]'}:{self.port}"
+        if ip.version == 6:
+            return f"http://[{str(ip).replace('%', '%25')}]:{self.port}"
+        return f"http://{ip}:{self.port}"
 
     @field_validator("cuda_graph_bs")
     @classmethod
@@ -362,7 +469,10 @@ class Service(_Model):
         restart_sec: seconds between restarts after a failure.
         start_limit_burst, start_limit_interval_s: at most ``burst`` starts per interval,
             so a crash cannot loop forever.
-        env: extra non-secret environment for SGLang (e.g. ``TRITON_PTXAS_PATH``).
+        env: extra non-secret environment for SGLang (e.g. ``TRITON_PTXAS_PATH``), at most
+            64 names. Secret-looking names (:data:`~.errors.SECRET_NAME`: token, key, password,
+            secret, credential, auth) are refused: this env file is 0644 and copied into
+            plan.json; put them in ``ddtree_secret_env``.
     """
 
     name: str = "sglang"
@@ -377,7 +487,7 @@ class Service(_Model):
     restart_sec: _bounded(1, 3600) = 30
     start_limit_burst: _bounded(1, 100) = 3
     start_limit_interval_s: _bounded(60, 86400) = 7200
-    env: dict[str, ArgText] = Field(default_factory=dict)
+    env: Annotated[dict[str, ArgText], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
 
     @field_validator("name", "user", "group")
     @classmethod
@@ -394,6 +504,11 @@ class Service(_Model):
                 raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
+            if is_secret_name(key):
+                raise _fail(f"{key} looks like a secret (its name holds token, key, password, secret, credential or "
+                            "auth); this env file is world-readable (0644) and copied into plan.json",
+                            f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it); it then lands only in "
+                            "the 0600 secrets.env")
             if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these
                 raise _fail(f"{key} is derived from the validated config (the SGLang plugin checks the server's "
                             "graph sizes against it; an override defeats that guard)",
@@ -440,8 +555,9 @@ class Ops(_Model):
         health_failures: consecutive failed probes before "unhealthy".
         ready_timeout_s: how long a deploy waits for the service to answer 200.
         warmup_deadline_s: bound on the warmup the unit runs before it is active, seconds.
-        exporter_port: port of ``ddtree-ops exporter``.
-        scrape_host: address Prometheus uses for this host (default: ``ansible_host``, else the inventory name).
+        exporter_port: port of ``ddtree-ops exporter`` (19400: 9400 is dcgm-exporter's default; 9100-9999 is all taken).
+        scrape_host: address Prometheus uses for this host: one IP address or RFC 1123 host
+            name, no port (default: ``ansible_host``, else the inventory name).
         accept_length_floor: alert when acceptance length stays below this.
     """
 
@@ -449,8 +565,8 @@ class Ops(_Model):
     health_failures: _bounded(1, 1000) = 3
     ready_timeout_s: _bounded(1, 86400) = 3600
     warmup_deadline_s: _bounded(10, 86400) = 600
-    exporter_port: Port = 9400
-    scrape_host: ArgText | None = None
+    exporter_port: Port = 19400
+    scrape_host: HostText | None = None
     accept_length_floor: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=1024, allow_inf_nan=False)] = 1.5
 
 
@@ -462,8 +578,8 @@ class RiskAcceptance(_Model):
         reason: why this deployment is safe anyway (>= 20 characters, recorded).
     """
 
-    rule: str
-    reason: Annotated[str, Field(min_length=20)]
+    rule: Annotated[str, Field(max_length=64)]
+    reason: Annotated[str, Field(min_length=20, max_length=MAX_TEXT)]
 
     @field_validator("reason")
     @classmethod
@@ -486,8 +602,8 @@ class Toolchain(_Model):
             the toolkit's ptxas.
     """
 
-    cuda: str | None = None
-    triton: str | None = None
+    cuda: Annotated[str, Field(max_length=16)] | None = None
+    triton: Annotated[str, Field(max_length=32)] | None = None
 
     @field_validator("cuda", mode="before")
     @classmethod
@@ -512,10 +628,19 @@ class Deployment(_Model):
 
     Build with :func:`ddtree_ops.config.load.deployment_from_hostvars`; derived sizes live in
     :class:`ddtree_ops.config.plan.Plan`.
+
+    Attributes:
+        host: inventory host name, RFC 1123 (:func:`check_host_name`).
+        address: ``ansible_host``: one IP address or RFC 1123 host name.
+        hf_token: ``ddtree_hf_token`` (vault it): lands as ``HF_TOKEN`` in the 0600 secrets.env.
+        secret_env: ``ddtree_secret_env`` ``{NAME: value}`` (vault the values; <= 64 names
+            ``[A-Z_][A-Z0-9_]*``, values <= 4096 characters without control characters):
+            further secret environment (e.g. ``WANDB_API_KEY``); lands only in the 0600
+            secrets.env, never in plan.json, and is redacted in every message.
     """
 
-    host: str
-    address: ArgText | None = None
+    host: Annotated[str, Field(max_length=MAX_NAME)]
+    address: HostText | None = None
     host_class: str
     sglang: SGLangPin = Field(default_factory=SGLangPin)
     model: ModelSpec
@@ -526,6 +651,28 @@ class Deployment(_Model):
     accepted_risks: list[RiskAcceptance] = Field(default_factory=list)
     toolchain: Toolchain = Field(default_factory=Toolchain)
     hf_token: SecretStr | None = None
+    secret_env: Annotated[dict[str, SecretStr], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
+
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, v: str) -> str:
+        return check_host_name(v)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for key, value in v.items():
+            if not _ENV_KEY.fullmatch(key):
+                raise _fail("environment names must match [A-Z_][A-Z0-9_]* (at most 128 characters)",
+                            "use an upper-case name")
+            if key.startswith("DDTREE_OPS_") or key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+                raise _fail(f"{key} is set by ddtree-ops (DDTREE_OPS_* from the plan, HF_TOKEN from ddtree_hf_token)",
+                            "remove it (set ddtree_hf_token for the HF token)")
+            secret = value.get_secret_value()
+            if len(secret) > MAX_PATH or any(ord(c) < 0x20 or ord(c) == 0x7F for c in secret):
+                raise _fail(f"the value of {key} must be at most {MAX_PATH} characters without newline or control "
+                            "characters (systemd EnvironmentFile= lines)", "store the secret alone, without a newline")
+        return v
 
     @field_validator("hf_token")
     @classmethod
@@ -554,6 +701,7 @@ INVENTORY_VARS: dict[str, str] = {
     "accepted_risks": "ddtree_accepted_risks",
     "hf_token": "ddtree_hf_token",
     "toolchain": "ddtree_toolchain",
+    "secret_env": "ddtree_secret_env",
 }
 """Model field -> inventory variable name."""
 
@@ -566,7 +714,90 @@ def is_deployment_var(name: str) -> bool:
     return name.startswith("ddtree_") and not name.startswith(ROLE_VAR_PREFIXES)
 
 
-def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any]) -> dict[str, Any]:
+GROUPS_VAR = "group_names"
+"""Ansible's magic variable listing a host's groups; :func:`deployment_vars` passes it on so the
+loader can refuse a host in two host-class groups."""
+
+MAX_VAR_NODES = 20_000
+"""Most values (scalars, list items, mapping entries) one host's deployment variables may hold."""
+MAX_VAR_CHARS = 1 << 20
+"""Most characters (strings and keys together) one host's deployment variables may hold (1 MiB)."""
+
+
+def _size_problem(name: str, value: Any, budget: list[int]) -> str | None:
+    """Walk ``value`` charging ``budget`` = [nodes, chars]; return the path where it ran out.
+    Stops at the first overrun, so an alias bomb costs at most MAX_VAR_NODES steps."""
+    stack: list[tuple[str, Any]] = [(name, value)]
+    while stack:
+        path, v = stack.pop()
+        budget[0] -= 1
+        if isinstance(v, (str, bytes)):
+            budget[1] -= len(v)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                budget[1] -= len(k) if isinstance(k, str) else 1
+                stack.append((f"{path}.{k}" if isinstance(k, str) and len(k) < 64 else f"{path}.<key>", x))
+                if budget[0] - len(stack) < 0:
+                    break
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            for i, x in enumerate(v):
+                stack.append((f"{path}.{i}", x))
+                if budget[0] - len(stack) < 0:
+                    break
+        if budget[0] < 0 or budget[1] < 0:
+            return path
+    return None
+
+
+def _check_size(host: str, variables: dict[str, Any]) -> None:
+    budget = [MAX_VAR_NODES, MAX_VAR_CHARS]
+    for name in sorted(variables, key=str):
+        where = _size_problem(str(name), variables[name], budget)
+        if where is not None:
+            raise ConfigError([Finding(
+                "error", where, "…", f"the host's deployment variables exceed {MAX_VAR_NODES} values or "
+                f"{MAX_VAR_CHARS // 1024} KiB of text (a YAML alias bomb or a runaway value)",
+                "shorten it: no deployment setting needs that much (paths are <= 4096 characters)", host=host)])
+
+
+def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
+    """Register every string that is secret: under a secret-looking name or key, or vaulted."""
+    from .errors import _is_vaulted
+
+    stack = [(name, value, secret)]
+    while stack:
+        key, v, sec = stack.pop()
+        sec = sec or is_secret_name(key) or _is_vaulted(v)
+        if isinstance(v, str):
+            if sec:
+                register_secret(v)
+        elif isinstance(v, dict):
+            stack.extend((str(k), x, sec) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((key, x, sec) for x in v)
+
+
+def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], host: str = "") -> dict[str, Any]:
     """The variables of one host the config loader reads (:data:`INVENTORY_VARS` and every
-    ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar)."""
-    return {k: template(all_vars[k]) for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)}
+    ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar),
+    plus ``group_names`` (:data:`GROUPS_VAR`) when present.
+
+    Before anything walks them, their size is bounded (:data:`MAX_VAR_NODES`,
+    :data:`MAX_VAR_CHARS`; again after templating), and every secret string (under a
+    secret-looking name, ``ddtree_hf_token``, ``ddtree_secret_env``, or vaulted: Ansible
+    2.19 tags a decrypted value with ``VaultedValue``) is registered for redaction.
+
+    Raises:
+        ConfigError: the variables are too large (one finding naming the path where the bound ran out).
+    """
+    names = [k for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)]
+    raw = {k: all_vars[k] for k in names}
+    _check_size(host, raw)
+    out = {k: template(v) for k, v in raw.items()}
+    _check_size(host, out)
+    for k, v in out.items():
+        _register_secrets(k, v, secret=k in ("ddtree_hf_token", "ddtree_secret_env"))
+    groups = all_vars.get(GROUPS_VAR)
+    if isinstance(groups, (list, tuple)) and len(groups) <= 1000:
+        out[GROUPS_VAR] = [str(g) for g in groups if isinstance(g, str)]
+    return out

@@ -12,6 +12,7 @@ from .errors import Finding
 from .hosts import HOST_CLASSES, SM120_UNSUPPORTED_ATTENTION
 from .models import Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
+from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda
 from .versions import DDTREE_SOURCES
 
@@ -390,4 +391,5 @@ RULES: list[Rule] = [
     rule_accepted_risks_known,
     rule_sglang_pin,
     rule_toolchain,
+    rule_sandbox_paths, rule_service_not_root,
 ]

@@ -7,15 +7,18 @@ so their output is byte-identical.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from ..config.hosts import HOST_CLASSES
 from ..config.load import Validated
+from ..config.sandbox import unit_sandbox
 from .argv import build_argv
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -123,19 +126,30 @@ def service_env(v: Validated) -> dict[str, str]:
     return env
 
 
+SECRET_FIELDS = frozenset({"hf_token", "secret_env"})
+"""Deployment fields that never reach plan.json, the action result or any log."""
+
+
+def secrets_path(v: Validated) -> str:
+    """Path of the 0600 secrets file on the host (rendered only with a secret to hold)."""
+    return f"{v.deployment.service.config_path}/secrets.env"
+
+
 def plan_document(v: Validated) -> dict:
-    """What ``plan.json`` on the host holds: the deployment (no secrets) and its plan."""
+    """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
+    left out) and its plan. ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
+    ``paths.secrets`` is where the secrets file lives (present or not)."""
     d = v.deployment
     return {
         "host": d.host,
         "host_class": d.host_class,
         "unit": d.service.unit_name,
-        "url": f"http://127.0.0.1:{d.server.port}",
+        "url": d.server.local_url,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
-                  "warm_marker": d.service.warm_marker_path},
-        "deployment": d.model_dump(mode="json", exclude={"hf_token"}),
+                  "warm_marker": d.service.warm_marker_path, "secrets": secrets_path(v)},
+        "deployment": d.model_dump(mode="json", exclude=set(SECRET_FIELDS)),
         "plan": v.plan.as_dict(),
     }
 
@@ -163,7 +177,7 @@ def ready_commands(v: Validated) -> list[list[str]]:
        ``RuntimeDirectory`` when it succeeds.
     """
     d, svc = v.deployment, v.deployment.service
-    url = f"http://127.0.0.1:{d.server.port}"
+    url = d.server.local_url
     py = [f"{svc.venv}/bin/python", "-m", "ddtree_ops"]
     plan_json = f"{svc.config_path}/plan.json"
     return [
@@ -178,13 +192,15 @@ def render_host(v: Validated) -> list[RenderedFile]:
     """All files of one host's deployment, in install order.
 
     Returns:
-        Unit file, env file, plan.json, the exporter unit (``component="exporter"``), and
-        (only with ``ddtree_hf_token``) the 0600 secrets file.
+        Unit file, env file, plan.json, the exporter unit (``component="exporter"``), the
+        host's NVIDIA device-node unit (``component="devices"``, :func:`devices_unit`) and
+        (only with ``ddtree_hf_token`` or ``ddtree_secret_env``) the 0600 secrets file
+        (``secret=True``: ``HF_TOKEN`` and every ``ddtree_secret_env`` entry).
     """
     d, p = v.deployment, v.plan
     svc = d.service
     cfg = svc.config_path
-    env_file, secrets_file = f"{cfg}/{svc.name}.env", f"{cfg}/secrets.env"
+    env_file, secrets_file = f"{cfg}/{svc.name}.env", secrets_path(v)
     jenv = _env()
     argv = build_argv(d, p)
     ctx = {
@@ -203,6 +219,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
         "exec_ready": [systemd_exec(c) for c in ready_commands(v)],
         "timeout_start_s": timeout_start_s(v),
         "runtime_dir": svc.runtime_path.removeprefix("/run/"),
+        "sandbox": unit_sandbox(d),
+        "devices_unit": DEVICES_UNIT,
     }
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
@@ -210,8 +228,11 @@ def render_host(v: Validated) -> list[RenderedFile]:
         RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
     ]
     files.append(exporter_unit(v))
+    files.append(devices_unit(v))
+    secrets = {k: s.get_secret_value() for k, s in d.secret_env.items()}
     if d.hf_token is not None:
-        secrets = {"HF_TOKEN": d.hf_token.get_secret_value()}
+        secrets["HF_TOKEN"] = d.hf_token.get_secret_value()
+    if secrets:
         files.append(RenderedFile(secrets_file, jenv.get_template("secrets.env.j2").render(ctx, secrets=secrets),
                                   mode="0600", secret=True))
     return files
@@ -224,15 +245,90 @@ def exporter_unit_name(v: Validated) -> str:
 
 def exporter_unit(v: Validated) -> RenderedFile:
     """The exporter's systemd unit: ``ddtree-ops exporter --plan plan.json`` on
-    ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server on loopback."""
+    ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server at its
+    :attr:`~ddtree_ops.config.models.Server.local_url`."""
     d = v.deployment
     svc = d.service
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",
-            "--upstream", f"http://127.0.0.1:{d.server.port}", "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
+            "--upstream", d.server.local_url, "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
     ctx = {"managed": MANAGED, "host": d.host, "service": svc, "unit_name": svc.unit_name,
            "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv)}
     return RenderedFile(f"/etc/systemd/system/{exporter_unit_name(v)}",
                         _env().get_template("exporter.service.j2").render(ctx), component="exporter")
+
+
+DEVICES_UNIT = "ddtree-nvidia-devices.service"
+"""One per host: creates the NVIDIA device nodes before any SGLang unit starts."""
+NVIDIA_MODPROBE = "/usr/bin/nvidia-modprobe"
+"""Where the NVIDIA driver packages install ``nvidia-modprobe`` (Debian/Ubuntu and NVIDIA's repos)."""
+MIG_CAPABILITIES = ("/proc/driver/nvidia/capabilities/mig/config", "/proc/driver/nvidia/capabilities/mig/monitor")
+"""Capabilities whose ``/dev/nvidia-caps/nvidia-cap*`` nodes ``nvidia-modprobe -f`` creates
+(NVIDIA MIG user guide, "Device nodes (devfs)")."""
+
+
+def devices_commands(v: Validated) -> list[list[str]]:
+    """The device unit's ``ExecStart`` argvs, run in order (systemd.service(5): a oneshot
+    runs every ``ExecStart``): ``nvidia-modprobe -u -c=0`` loads nvidia-uvm and creates
+    ``/dev/nvidia-uvm`` + ``/dev/nvidia0`` + ``/dev/nvidiactl``; ``-c=N`` the node of every
+    further GPU of the host class; ``-f <proc capability>`` the ``/dev/nvidia-caps`` nodes
+    (those lines run with systemd's ``-`` prefix: a driver or GPU without MIG has no such
+    capability file, which must not fail the unit). Source: ``nvidia-modprobe --help`` (NVIDIA/nvidia-modprobe)."""
+    n = HOST_CLASSES[v.deployment.host_class].gpu_count
+    return ([[NVIDIA_MODPROBE, "-u", "-c=0"]] + [[NVIDIA_MODPROBE, f"-c={i}"] for i in range(1, n)]
+            + [[NVIDIA_MODPROBE, "-f", cap] for cap in MIG_CAPABILITIES])
+
+
+def devices_unit(v: Validated) -> RenderedFile:
+    """``ddtree-nvidia-devices.service`` (:data:`DEVICES_UNIT`): ``Type=oneshot``,
+    ``RemainAfterExit=yes``, ordered before the host's SGLang unit (which ``Wants=`` and is
+    ``After=`` it). Installed and enabled by the ``cuda_toolkit`` role."""
+    d = v.deployment
+    ctx = {"managed": MANAGED, "host": d.host, "host_class": HOST_CLASSES[d.host_class],
+           # "-": a driver without MIG capability files must not fail the unit (systemd.service(5))
+           "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
+    return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",
+                        _env().get_template("nvidia-devices.service.j2").render(ctx), component="devices")
+
+
+def url_host(host: str) -> str:
+    """``host`` as the host part of a URL or ``host:port`` target: IPv6 addresses bracketed."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+def scrape_address(v: Validated) -> str:
+    """Address Prometheus (and ``ddtree-ops`` run from the controller) uses for a host:
+    ``ddtree_ops.scrape_host``, else ``ansible_host``, else the inventory name (each already
+    validated as an IP address or RFC 1123 host name)."""
+    d = v.deployment
+    return url_host(d.ops.scrape_host or d.address or d.host)
+
+
+def prometheus_document(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
+                        rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> dict:
+    """``prometheus.yml`` as data (see :func:`render_prometheus`): one ``static_configs``
+    entry with one target per host and job."""
+    def static(port_of) -> list[dict]:
+        return [{"targets": [f"{scrape_address(v)}:{port_of(v)}"],
+                 "labels": {"host": v.deployment.host, "host_class": v.deployment.host_class,
+                            "model": v.deployment.model.served_model_name or v.deployment.model.path,
+                            "algorithm": v.plan.algorithm, "service": v.deployment.service.name}}
+                for v in sorted(validated, key=lambda v: v.deployment.host)]
+
+    doc: dict = {"global": {"scrape_interval": str(scrape_interval),
+                            "evaluation_interval": str(evaluation_interval or scrape_interval)}}
+    if rule_files:
+        doc["rule_files"] = [str(f) for f in rule_files]
+    doc["scrape_configs"] = [
+        {"job_name": "sglang", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+         "static_configs": static(lambda v: v.deployment.server.port)},
+        # the exporter sets host/host_class/model itself; keep its values
+        {"job_name": "ddtree_exporter", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+         "honor_labels": True, "static_configs": static(lambda v: v.deployment.ops.exporter_port)},
+    ]
+    return doc
 
 
 def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
@@ -243,21 +339,11 @@ def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", 
     Labels: host, host_class, model, algorithm, service. ``rule_files``: paths for
     ``rule_files:`` (e.g. the rules of :func:`ddtree_ops.render.monitoring.render_rules`).
     ``evaluation_interval`` defaults to ``scrape_interval``.
+
+    Injection-proof by construction: the document is built as data
+    (:func:`prometheus_document`) and emitted by ``yaml.safe_dump``; the template only adds
+    the header comment, so no value (label, address, interval) can add a key or a target.
     """
-    targets = [
-        {
-            "address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:{v.deployment.server.port}",
-            "exporter_address": f"{v.deployment.ops.scrape_host or v.deployment.address or v.deployment.host}:"
-                                f"{v.deployment.ops.exporter_port}",
-            "host": v.deployment.host,
-            "host_class": v.deployment.host_class,
-            "model": v.deployment.model.served_model_name or v.deployment.model.path,
-            "algorithm": v.plan.algorithm,
-            "service": v.deployment.service.name,
-        }
-        for v in sorted(validated, key=lambda v: v.deployment.host)
-    ]
-    return _env().get_template("prometheus.yml.j2").render(
-        managed=MANAGED, targets=targets, scrape_interval=scrape_interval, scrape_timeout=scrape_timeout,
-        rule_files=list(rule_files), evaluation_interval=evaluation_interval or scrape_interval,
-    )
+    doc = prometheus_document(validated, scrape_interval, scrape_timeout, rule_files, evaluation_interval)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1 << 16)
+    return _env().get_template("prometheus.yml.j2").render(managed=MANAGED, body=body)

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from ..config.load import Validated
 
 EXPORTER_JOB = "ddtree_exporter"
 SGLANG_JOB = "sglang"
@@ -45,6 +50,10 @@ class AlertSettings:
         ttft_p99_s: time-to-first-token p99 threshold, seconds.
         ttft_for: how long p99 must stay above ``ttft_p99_s``.
         rate_window: range of ``rate()`` for the TTFT histogram (>= 4 scrape intervals).
+        stuck_for: how long ``ddtree_scheduler_stuck == 1`` before paging.
+        stale_s: age of the exporter's last good upstream sample (seconds) that counts as stale
+            (default: many poll intervals of 5 s plus their timeouts).
+        stale_for: how long the sample must stay older than ``stale_s``.
         interval: evaluation interval of the rule group.
     """
 
@@ -57,6 +66,9 @@ class AlertSettings:
     ttft_p99_s: float = 5.0
     ttft_for: str = "10m"
     rate_window: str = "5m"
+    stuck_for: str = "2m"
+    stale_s: float = 120
+    stale_for: str = "5m"
     interval: str = "30s"
 
     def __post_init__(self) -> None:
@@ -84,9 +96,43 @@ class AlertSettings:
         return cls(**{k: v for k, v in values.items() if v is not None})
 
 
-def alert_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
+def _promql_str(value: str) -> str:
+    """A PromQL string literal (double quotes; JSON escapes are PromQL's Go escapes)."""
+    return json.dumps(value)
+
+
+def absent_rules(validated: Sequence[Validated], settings: AlertSettings = AlertSettings()) -> list[dict]:
+    """``DDTreeExporterAbsent``: ``absent(ddtree_up{...})`` for every deployment (its ``host``
+    and ``service`` target labels, see ``render_prometheus``), joined with ``or`` into one rule
+    (``absent()`` keeps the equality labels, so each deployment alerts on its own). When a
+    node dies, both of its targets are down and every exporter-only series vanishes, so no
+    rule on them can fire; this one does (critical). No deployments: no rule."""
+    terms = []
+    for v in sorted(validated, key=lambda v: (v.deployment.host, v.deployment.service.name)):
+        sel = (f"job={_promql_str(EXPORTER_JOB)}, host={_promql_str(v.deployment.host)}, "
+               f"service={_promql_str(v.deployment.service.name)}")
+        terms.append(f"absent(ddtree_up{{{sel}}})")
+    out = []
+    if terms:
+        out.append({
+            "alert": "DDTreeExporterAbsent",
+            "expr": " or ".join(dict.fromkeys(terms)),
+            "for": settings.down_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: no ddtree_* series from the exporter of {{ $labels.service }}",
+                "runbook": "The host or both of its services are gone (SGLang and exporter targets down, or never "
+                           "scraped): check the node is up (ping, BMC), then systemctl status of "
+                           "ddtree-{{ $labels.service }}.service and its exporter; confirm the scrape config lists it.",
+            },
+        })
+    return out
+
+
+def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[Validated] = ()) -> list[dict]:
     """The alerting rules, each ``{alert, expr, for, labels, annotations}`` with a ``runbook``
-    annotation (one line: what to look at and what to do)."""
+    annotation (one line: what to look at and what to do); with ``validated`` deployments,
+    also their :func:`absent_rules`."""
     s = settings
     sg = f'job="{SGLANG_JOB}"'
     return [
@@ -123,6 +169,41 @@ def alert_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
                 "summary": "{{ $labels.host }}: the ddtree-ops exporter is not scraped",
                 "runbook": "systemctl status ddtree-{{ $labels.service }}-exporter.service on {{ $labels.host }}; "
                            "check that the exporter port (ddtree_ops.exporter_port) is reachable from Prometheus.",
+            },
+        },
+        {
+            "alert": "DDTreeSGLangDown",
+            "expr": f'up{{{sg}}} == 0',
+            "for": s.down_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: Prometheus cannot scrape SGLang's /metrics",
+                "runbook": "The SGLang process or its host is down (this fires without the exporter, e.g. when the "
+                           "node dies): check the host, then systemctl status / journalctl -u "
+                           "ddtree-{{ $labels.service }}.service for a crash or restart loop.",
+            },
+        },
+        {
+            "alert": "DDTreeSchedulerStuck",
+            "expr": "ddtree_scheduler_stuck == 1",
+            "for": s.stuck_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: SGLang's scheduler is stuck (requests waiting, no tokens generated)",
+                "runbook": "SGLang answers HTTP but makes no progress: capture py-spy dump of the scheduler processes "
+                           "and the last log lines, then restart ddtree-{{ $labels.service }}.service.",
+            },
+        },
+        {
+            "alert": "DDTreeUpstreamStale",
+            "expr": f"ddtree_upstream_staleness_seconds > {s.stale_s:g}",
+            "for": s.stale_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.host }}: the exporter's last good SGLang sample is {{ $value | printf \"%.0f\" }} s old",
+                "runbook": "The exporter cannot read SGLang's /metrics (slow or hung server, or a stuck poller): "
+                           "compare with DDTreeServiceDown, curl /metrics on the host, restart the exporter unit "
+                           "if SGLang answers.",
             },
         },
         {
@@ -170,14 +251,17 @@ def alert_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
                            "consider chunked-prefill size, more replicas or a lower max_running_requests.",
             },
         },
+        *absent_rules(validated, s),
     ]
 
 
-def render_rules(settings: AlertSettings = AlertSettings()) -> str:
-    """The rules file (YAML) for Prometheus ``rule_files``."""
+def render_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[Validated] = ()) -> str:
+    """The rules file (YAML) for Prometheus ``rule_files``: :func:`alert_rules` of the fleet's
+    validated deployments (the same list ``render_prometheus`` gets)."""
     from .files import MANAGED
 
-    doc = {"groups": [{"name": "ddtree-ops", "interval": settings.interval, "rules": alert_rules(settings)}]}
+    doc = {"groups": [{"name": "ddtree-ops", "interval": settings.interval,
+                       "rules": alert_rules(settings, validated)}]}
     return f"# {MANAGED}\n" + yaml.safe_dump(doc, sort_keys=False, width=1000, allow_unicode=True)
 
 

@@ -1,0 +1,114 @@
+"""Write rendered files under one output directory, safely (``ddtree-ops render --out``).
+
+Every file is created atomically with its final mode: a temporary file in the target
+directory opened with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (so no existing file or symlink is
+ever opened), ``fchmod`` to the mode before any byte is written, ``fsync``, then
+``os.replace`` over the target (a symlink or a file of another user at the target is
+replaced, never followed or kept). Directories are walked one component at a time with
+``O_NOFOLLOW | O_DIRECTORY`` relative to the parent's descriptor, so a symlink anywhere
+under OUT (even one created while we run) is refused instead of followed, and a target
+path that would leave OUT (``..``, an absolute part) is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+
+class UnsafeOutput(Exception):
+    """The output directory or a path under it cannot be written safely (one-line message)."""
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an existing OUT that is not a directory, is a symlink, or is not owned by us.
+
+    Raises:
+        UnsafeOutput: with the rule and the fix.
+    """
+    try:
+        st = os.lstat(out_dir)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeOutput(f"--out {out_dir}: is a symlink; give the real directory (render never writes through "
+                           "a symlink)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeOutput(f"--out {out_dir}: exists and is not a directory; pick a new or empty directory")
+    if st.st_uid != os.geteuid():
+        raise UnsafeOutput(f"--out {out_dir}: owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+                           "another user could swap files in it. Fix: render into a directory you own")
+
+
+def relative_parts(rel: str) -> list[str]:
+    """The components of a path that must stay under OUT.
+
+    Raises:
+        UnsafeOutput: the path is empty, or holds ``..``, ``.`` or an empty component.
+    """
+    parts = rel.lstrip("/").split("/")
+    if not rel.strip("/") or any(p in ("..", ".", "") or "\0" in p for p in parts):
+        raise UnsafeOutput(f"refusing to write {rel!r}: the path would leave the output directory")
+    return list(parts)
+
+
+def _open_dir(parent_fd: int, name: str, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink, or a file
+            raise UnsafeOutput(f"refusing to write under {name!r}: it is a symlink or not a directory") from None
+        raise
+
+
+def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
+    """Write ``content`` (UTF-8) to ``out_dir/rel`` with ``mode``, atomically and without
+    following any symlink below ``out_dir`` (see the module docstring).
+
+    Returns:
+        The path written.
+
+    Raises:
+        UnsafeOutput: the path leaves OUT, or a component under OUT is a symlink / not a directory.
+        OSError: the file system refused (permissions, space).
+    """
+    parts = relative_parts(rel)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out_dir)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            nfd = _open_dir(fd, name, create=True)
+            os.close(fd)
+            fd = nfd
+        tmp = f".{parts[-1]}.{secrets.token_hex(6)}.tmp"
+        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o600,
+                      dir_fd=fd)
+        try:
+            os.fchmod(tfd, mode)
+            data = content.encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(tfd, view):]
+            os.fsync(tfd)
+        except BaseException:
+            os.close(tfd)
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        os.close(tfd)
+        try:
+            os.replace(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+    return out_dir.joinpath(*parts)

@@ -1,0 +1,518 @@
+"""Trust no inventory: a generated corpus of hostile inventories, each run through
+``validate``, ``validate --json``, ``plan`` and ``render --out`` (in-process; a few through a
+subprocess). Every one must be refused with exit 2, one clear line per error naming the field,
+no traceback, no secret, bounded output, and nothing written anywhere.
+
+The corpus is generated here (no fixture files): each case is one hostile value for one field,
+or one hostile inventory layout, written as ``hosts.yml`` + ``group_vars/`` like the shipped
+``inventory/example``. Run ``pytest -s tests/test_trust_inventory.py -k summary`` for the
+results table (kind -> count -> all refused).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config.errors import Finding
+from ddtree_ops.render import render_host, render_prometheus
+
+from helpers import REPO, base_hostvars
+
+CANARY = "hf_CANARYsecret0123456789abc"
+MAX_OUTPUT = 20_000
+BIG = "m" * (5 * 1024 * 1024)
+
+
+@dataclass
+class Case:
+    kind: str
+    name: str
+    field: str  # a string every run's output must name (the field, or the host)
+    host: str = "h1"
+    group_vars: dict | None = None  # sglang_servers group vars (default: the base deployment)
+    group_vars_text: str | None = None  # raw YAML instead (anchors, broken YAML)
+    hosts_text: str | None = None  # raw hosts.yml
+    host_vars: dict = field(default_factory=dict)
+    extra: str = ""  # layout tweak: dual-class, dangling-group-vars, ...
+
+
+def _base() -> dict:
+    gv = copy.deepcopy(base_hostvars())
+    gv.pop("ddtree_host_class")  # from the host-class group (b300.yml), as inventory/example does
+    return gv
+
+
+def _with(section: str, key: str | None, value) -> dict:
+    gv = _base()
+    if key is None:
+        gv[section] = value
+    else:
+        gv[section] = {**gv.get(section, {}), key: value}
+    return gv
+
+
+STRING_FIELDS = [
+    ("ddtree_model", "path"), ("ddtree_model", "served_model_name"),
+    ("ddtree_speculative", "draft_model_path"), ("ddtree_speculative", "draft_attention_backend"),
+    ("ddtree_server", "attention_backend"), ("ddtree_server", "host"),
+    ("ddtree_service", "name"), ("ddtree_service", "user"), ("ddtree_service", "venv"),
+    ("ddtree_service", "config_dir"), ("ddtree_ops", "scrape_host"), ("ddtree_sglang", "version"),
+    ("ddtree_toolchain", "cuda"),
+]
+HOSTILE_STRINGS = {"newline": "a\nExecStartPre=/x", "nul": "a\0b", "percent": "a%nb", "dollar": "a$HOME",
+                   "dquote": 'a"b', "squote": "a'b", "space": "a b", "list": ["a", "b"], "dict": {"a": 1}}
+
+NUMERIC = [  # (section, key, bad value) — every numeric field, below and above its range
+    ("ddtree_speculative", "block_size", 1000), ("ddtree_speculative", "block_size", 65),
+    ("ddtree_speculative", "block_size", 1), ("ddtree_speculative", "budget", 513),
+    ("ddtree_speculative", "budget", 0), ("ddtree_speculative", "num_steps", 33),
+    ("ddtree_speculative", "num_steps", 0), ("ddtree_speculative", "topk", 33),
+    ("ddtree_speculative", "num_draft_tokens", 2000), ("ddtree_speculative", "draft_window_size", 0),
+    ("ddtree_speculative", "verify_tokens_per_req", -1),
+    ("ddtree_model", "context_length", 0), ("ddtree_model", "context_length", 1 << 30),
+    ("ddtree_model", "vision_min_pixels", 0),
+    ("ddtree_server", "port", 80), ("ddtree_server", "port", 70000), ("ddtree_server", "port", True),
+    ("ddtree_server", "tp_size", 16), ("ddtree_server", "tp_size", 0), ("ddtree_server", "dp_size", 0),
+    ("ddtree_server", "dp_size", 4), ("ddtree_server", "mem_fraction_static", 1.5),
+    ("ddtree_server", "max_running_requests", 5000), ("ddtree_server", "max_running_requests", 0),
+    ("ddtree_server", "cuda_graph_max_bs", 5000), ("ddtree_server", "cuda_graph_bs", [0, 1]),
+    ("ddtree_server", "cuda_graph_bs", list(range(1, 600))), ("ddtree_server", "page_size", 2048),
+    ("ddtree_server", "page_size", 0),
+    ("ddtree_ops", "exporter_port", 22), ("ddtree_ops", "exporter_port", 30000),
+    ("ddtree_ops", "health_timeout_s", 0), ("ddtree_ops", "health_timeout_s", float("nan")),
+    ("ddtree_ops", "health_failures", 0), ("ddtree_ops", "ready_timeout_s", 0),
+    ("ddtree_ops", "warmup_deadline_s", 5), ("ddtree_ops", "accept_length_floor", 0.5),
+    ("ddtree_ops", "accept_length_floor", float("inf")),
+    ("ddtree_service", "start_timeout_s", 10), ("ddtree_service", "restart_sec", 0),
+    ("ddtree_service", "start_limit_burst", 0), ("ddtree_service", "start_limit_interval_s", 1),
+]
+
+BAD_HOSTS = {
+    "yaml-injection": 'q"\n      - targets:\n        - "attacker.example:80"',
+    "unit-injection": "h1\n[Service]\nExecStartPre=/nonexistent/x",
+    "dotdot": "../../../escape", "absolute": "/tmp/abs", "root": "/", "space": "h 1",
+    "unicode": "hóst", "quote": "h'1", "percent": "h%n", "dollar": "h$x", "underscore": "h_1",
+    "leading-dash": "-h1", "trailing-dash": "h1-", "empty-label": "a..b", "label-64": "a" * 64,
+    "total-254": ".".join(["a" * 50] * 5) + ".abc", "tab": "h\t1", "backslash": "h\\1",
+}
+
+
+def _bomb(depth: int = 9, width: int = 9) -> str:
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, depth):
+        lines.append(f"l{i}: &l{i} [{', '.join(['*l' + str(i - 1)] * width)}]")
+    return "\n".join(lines)
+
+
+def _base_yaml() -> str:
+    return yaml.safe_dump(_base(), sort_keys=False)
+
+
+def corpus() -> list[Case]:
+    cases: list[Case] = []
+    for label, host in BAD_HOSTS.items():
+        # Ansible itself refuses some (a newline ends its host pattern): then the error names the inventory
+        cases.append(Case("host name", label, "inventory", host=host))
+    for section, key in STRING_FIELDS:
+        for label, value in HOSTILE_STRINGS.items():
+            cases.append(Case("string field", f"{section}.{key}-{label}", f"{section}.{key}",
+                              group_vars=_with(section, key, value)))
+    for section, key in (("ddtree_model", "path"), ("ddtree_service", "venv"), ("ddtree_server", "attention_backend")):
+        cases.append(Case("5 MB string", f"{section}.{key}", f"{section}.{key}", group_vars=_with(section, key, BIG)))
+    cases.append(Case("5 MB string", "env-name", "ddtree_service.env",
+                      group_vars=_with("ddtree_service", "env", {"A" * (5 << 20): "x"})))
+    bomb = _bomb()
+    for where, body in {
+        "model-extra": "ddtree_model:\n  path: a/b\n  junk: *l8\n",
+        "env": "ddtree_service:\n  env: {X: *l8}\n",
+        "risks": "ddtree_accepted_risks: *l8\n",
+        "unknown-var": "ddtree_junk: *l8\n",
+        "cuda-graph-bs": "ddtree_server:\n  cuda_graph_bs: *l8\n",
+    }.items():
+        gv = {k: v for k, v in _base().items() if not body.startswith(k + ":")}
+        text = "__bomb:\n" + "\n".join("  " + ln for ln in bomb.splitlines()) + "\n"
+        text = bomb + "\n" + yaml.safe_dump(gv, sort_keys=False) + body
+        cases.append(Case("alias bomb", where, where.split("-")[0] if where != "unknown-var" else "ddtree_junk",
+                          group_vars_text=text))
+    for section, value in (("ddtree_server", "x"), ("ddtree_model", [1]), ("ddtree_speculative", 5),
+                           ("ddtree_ops", True), ("ddtree_service", ["a"]), ("ddtree_accepted_risks", {"a": 1}),
+                           ("ddtree_sglang", "0.5.23"), ("ddtree_toolchain", 13)):
+        cases.append(Case("wrong type", section, section, group_vars=_with(section, None, value)))
+    for section, key, value in NUMERIC:
+        # dp_size 4 (x tp_size 8 > 8 GPUs) is reported by the GPU-count rule on tp_size, naming both
+        cases.append(Case("out of range", f"{section}.{key}={value!r}"[:60], key if key == "dp_size" else f"{section}.{key}",
+                          group_vars=_with(section, key, value)))
+    for label, value in {"argv": "fe80::1%eth0 --x", "long": "fe80::1%" + "e" * 16, "newline": "fe80::1%eth0\n",
+                         "dollar": "fe80::1%$x", "slash": "fe80::1%a/b"}.items():
+        cases.append(Case("scope id", label, "ddtree_server.host", group_vars=_with("ddtree_server", "host", value)))
+    for label, value in {"comma": "10.0.0.1,10.0.0.2", "port": "10.0.0.1:22", "url": "http://10.0.0.1",
+                         "space": "10.0.0.1 10.0.0.2", "scoped": "fe80::1%eth0", "empty": ""}.items():
+        cases.append(Case("address", f"ansible_host-{label}", "ansible_host", host_vars={"ansible_host": value}))
+        cases.append(Case("address", f"scrape_host-{label}", "ddtree_ops.scrape_host",
+                          group_vars=_with("ddtree_ops", "scrape_host", value)))
+    cases.append(Case("host class", "two-groups", "group_names", extra="dual-class"))
+    cases.append(Case("host class", "group-vs-var", "ddtree_host_class", host_vars={"ddtree_host_class": "ct200"}))
+    cases.append(Case("unreadable", "broken-hosts-yml", "inventory", hosts_text="sglang_servers:\n  children: {\n"))
+    cases.append(Case("unreadable", "broken-group-vars", "inventory", group_vars_text="ddtree_model: [\n"))
+    cases.append(Case("unreadable", "dangling-group-vars", "dangling symlink", extra="dangling-group-vars"))
+    cases.append(Case("unreadable", "dangling-host-vars", "dangling symlink", extra="dangling-host-vars"))
+    cases.append(Case("unreadable", "hosts-yml-is-dir", "inventory", extra="hosts-dir"))
+    secret_cases = {
+        "hf_token-invalid": ("ddtree_hf_token", None, CANARY + " x"),
+        "hf_token-list": ("ddtree_hf_token", None, [CANARY]),
+        "env-HF_TOKEN": ("ddtree_service", "env", {"HF_TOKEN": CANARY}),
+        "env-WANDB_API_KEY": ("ddtree_service", "env", {"WANDB_API_KEY": CANARY}),
+        "env-DB_PASSWORD": ("ddtree_service", "env", {"DB_PASSWORD": CANARY}),
+        "env-MY_SECRET": ("ddtree_service", "env", {"MY_SECRET": CANARY}),
+        "env-AUTH_HEADER": ("ddtree_service", "env", {"AUTH_HEADER": CANARY}),
+        "model-hf_token": ("ddtree_model", "hf_token", CANARY),
+        "service-token": ("ddtree_service", "token", CANARY),
+        "ops-credentials": ("ddtree_ops", "credentials", {"user": CANARY}),
+        "secret_env-bad-name": ("ddtree_secret_env", None, {"bad-name": CANARY}),
+        "secret_env-newline": ("ddtree_secret_env", None, {"API_KEY": CANARY + "\nX=1"}),
+        "secret_env-derived": ("ddtree_secret_env", None, {"DDTREE_OPS_ALGORITHM": CANARY}),
+        "secret_env-HF_TOKEN": ("ddtree_secret_env", None, {"HF_TOKEN": CANARY}),
+        "secret_env-list": ("ddtree_secret_env", None, [CANARY]),
+        "unknown-var-token": ("ddtree_hf_tokn", None, CANARY),
+    }
+    for label, (section, key, value) in secret_cases.items():
+        cases.append(Case("canary secret", label, section if key in (None, "env") else f"{section}.{key}",
+                          group_vars=_with(section, key, value)))
+    return cases
+
+
+CORPUS = corpus()
+RESULTS: dict[str, list[bool]] = defaultdict(list)
+
+
+def write_inventory(root: Path, case: Case) -> Path:
+    inv = root / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "host_vars").mkdir()
+    classes = {"b300": {"hosts": {case.host: case.host_vars or {}}}}
+    if case.extra == "dual-class":
+        classes["ct200"] = {"hosts": {case.host: {}}}
+    hosts = case.hosts_text or yaml.safe_dump({"sglang_servers": {"children": classes}}, sort_keys=False)
+    if case.extra == "hosts-dir":
+        (inv / "hosts.yml").mkdir()
+        (inv / "hosts.yml" / "x.yml").write_text(": : :\n")
+    else:
+        (inv / "hosts.yml").write_text(hosts)
+    (inv / "group_vars" / "b300.yml").write_text("ddtree_host_class: b300\n")
+    (inv / "group_vars" / "ct200.yml").write_text("ddtree_host_class: ct200\n")
+    gv = case.group_vars_text if case.group_vars_text is not None else \
+        yaml.safe_dump(case.group_vars if case.group_vars is not None else _base(), sort_keys=False)
+    (inv / "group_vars" / "sglang_servers.yml").write_text(gv)
+    if case.extra == "dangling-group-vars":
+        (inv / "group_vars" / "all.yml").symlink_to(root / "missing.yml")
+    if case.extra == "dangling-host-vars":
+        (inv / "host_vars" / f"{case.host}.yml").symlink_to(root / "missing.yml")
+    return inv
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _run_all(inv: Path, out: Path, capsys) -> list[tuple[str, int, str]]:
+    runs = []
+    for argv in (["validate", "-i", str(inv)], ["validate", "-i", str(inv), "--json"], ["plan", "-i", str(inv)],
+                 ["render", "-i", str(inv), "--out", str(out)]):
+        rc = main(argv)
+        cap = capsys.readouterr()
+        runs.append((" ".join(argv[:1] + argv[3:4]), rc, cap.out + cap.err))
+    return runs
+
+
+def check_refused(runs: list[tuple[str, int, str]], case: Case) -> None:
+    for cmd, rc, text in runs:
+        where = f"{case.kind}/{case.name}: {cmd}"
+        assert rc == 2, f"{where}: exit {rc}\n{text[:2000]}"
+        assert "Traceback" not in text, where
+        assert CANARY not in text, f"{where}: secret leaked\n{text[:2000]}"
+        assert len(text) < MAX_OUTPUT, f"{where}: {len(text)} bytes of output"
+        assert case.field in text, f"{where}: does not name {case.field!r}\n{text[:2000]}"
+        if "--json" in cmd:
+            doc = json.loads(text[: text.rindex("}") + 1])
+            assert doc["ok"] is False and doc["errors"], where
+            for e in doc["errors"]:
+                assert e["field"] and e["rule"] and e["fix"], where
+        else:
+            lines = [ln for ln in text.splitlines() if ln.startswith("error")]
+            assert lines, where
+            for ln in lines:  # one line per error: "error host: field = value: rule. Fix: fix"
+                assert " = " in ln and "Fix: " in ln, f"{where}: {ln[:300]}"
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[f"{c.kind}:{c.name}" for c in CORPUS])
+def test_hostile_inventory_refused(case: Case, tmp_path, monkeypatch, capsys):
+    sandbox = tmp_path / "sandbox"
+    (sandbox / "cwd").mkdir(parents=True)
+    monkeypatch.chdir(sandbox / "cwd")
+    inv = write_inventory(tmp_path, case)
+    out = sandbox / "cwd" / "OUT"
+    before = _tree(tmp_path)
+    t0 = time.monotonic()
+    ok = False
+    try:
+        check_refused(_run_all(inv, out, capsys), case)
+        assert _tree(tmp_path) == before, f"files appeared: {sorted(_tree(tmp_path) - before)[:5]}"
+        assert not Path("/tmp/abs").exists() or case.name != "absolute"
+        ok = True
+    finally:
+        RESULTS[case.kind].append(ok)
+    assert time.monotonic() - t0 < 10, f"{case.name}: too slow"
+
+
+@pytest.mark.parametrize("name", ["yaml-injection", "dotdot"])
+def test_hostile_inventory_subprocess(name, tmp_path):
+    """The console entry point behaves the same (exit 2, one line, no traceback) in a real process."""
+    case = next(c for c in CORPUS if c.kind == "host name" and c.name == name)
+    inv = write_inventory(tmp_path, case)
+    before = _tree(tmp_path)
+    for args in (["validate"], ["render", "--out", str(tmp_path / "OUT")]):
+        r = subprocess.run([sys.executable, "-m", "ddtree_ops", *args, "-i", str(inv)], capture_output=True,
+                           text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "inventory_hostname" in r.stderr, r.stderr
+        assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error")]) == 1, r.stderr
+    assert _tree(tmp_path) == before
+
+
+def test_alias_bomb_fails_fast():
+    """The size walk stops at the bound: a billion-laughs value fails in well under a second."""
+    from ddtree_ops.config.models import deployment_vars
+
+    lol: list = ["lol"] * 9
+    for _ in range(9):
+        lol = [lol] * 9
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as exc:
+        deployment_vars({"ddtree_model": {"path": "a/b", "x": lol}}, lambda v: v, "h1")
+    assert time.monotonic() - t0 < 0.5
+    [f] = exc.value.findings
+    assert f.field.startswith("ddtree_model.x") and len(f.message()) < 1000
+
+
+# ---- secrets on success paths -------------------------------------------------------------------
+
+def _valid_with_secrets(tmp_path: Path) -> Path:
+    gv = _base()
+    gv["ddtree_hf_token"] = CANARY
+    gv["ddtree_secret_env"] = {"WANDB_API_KEY": CANARY + "w"}
+    return write_inventory(tmp_path, Case("ok", "ok", "", group_vars=gv))
+
+
+def test_secrets_only_in_secrets_env(tmp_path, capsys):
+    inv = _valid_with_secrets(tmp_path)
+    out = tmp_path / "OUT"
+    texts = []
+    for argv in (["validate", "-i", str(inv)], ["validate", "-i", str(inv), "--json"], ["plan", "-i", str(inv)],
+                 ["plan", "-i", str(inv), "--json"], ["render", "-i", str(inv), "--out", str(out)]):
+        assert main(argv) == 0, argv
+        cap = capsys.readouterr()
+        texts.append(cap.out + cap.err)
+    assert not any(CANARY in t for t in texts)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    secrets = [p for p in files if p.name == "secrets.env"]
+    assert len(secrets) == 1 and oct(secrets[0].stat().st_mode & 0o777) == "0o600"
+    body = secrets[0].read_text()
+    assert f"HF_TOKEN={CANARY}\n" in body and f"WANDB_API_KEY={CANARY}w\n" in body
+    for p in files:
+        if p != secrets[0]:
+            assert CANARY not in p.read_text(), p
+    assert oct((out / "h1/etc/ddtree-ops/sglang/plan.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_secret_env_name_in_plain_env_is_refused_with_the_fix():
+    hv = base_hostvars()
+    hv["ddtree_service"] = {"env": {"WANDB_API_KEY": CANARY}}
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    [f] = exc.value.findings
+    assert "ddtree_secret_env" in f.fix and CANARY not in f.message() and CANARY not in json.dumps(f.as_dict())
+
+
+def test_known_secret_scrubbed_from_rule_and_fix():
+    """A registered secret is scrubbed out of every text field, whatever a rule interpolates."""
+    from ddtree_ops.config.errors import register_secret
+
+    register_secret(CANARY)
+    f = Finding("error", "ddtree_model.path", f"x{CANARY}", f"rule {CANARY}", f"fix {CANARY}", source=CANARY)
+    assert CANARY not in f.message() and CANARY not in json.dumps(f.as_dict())
+
+
+def _vaulted(tmp_path: Path, plaintext: str):
+    """An ansible-core 2.19 vaulted value, decrypted the way a play sees it (tagged VaultedValue)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.vault import VaultLib, VaultSecret, VaultSecretsContext
+
+    secret = VaultSecret(b"test-vault-password")
+    try:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets=[("default", secret)]))
+    except Exception:  # already initialised in this process
+        VaultSecretsContext.current().secrets[:] = [("default", secret)]
+    cipher = VaultLib([("default", secret)]).encrypt(plaintext).decode()
+    src = tmp_path / "v.yml"
+    src.write_text("v: !vault |\n" + "".join(f"  {ln}\n" for ln in cipher.splitlines()))
+    loader = DataLoader()
+    loader.set_vault_secrets([("default", secret)])
+    return loader, loader.load_from_file(str(src))["v"]
+
+
+def test_vaulted_value_redacted_in_action_plugin(tmp_path):
+    """A vaulted value in a non-secret field (ddtree_model.path) that breaks a rule: the action
+    plugin's msg and findings never carry the decrypted text."""
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    sys.path.insert(0, str(REPO / "action_plugins"))
+    try:
+        from ddtree_render import ActionModule
+    finally:
+        sys.path.pop(0)
+    vault_canary = "vaultCANARY 77"  # a space: refused by the argv rule, so the value would be echoed
+    loader, enc = _vaulted(tmp_path, vault_canary)
+    task_vars = {**base_hostvars(), "inventory_hostname": "h1", "group_names": ["b300", "sglang_servers"]}
+    task_vars["ddtree_model"] = {"path": enc}
+    task = Task()
+    task.args = {}
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: runs on the controller
+    action = ActionModule(task=task, connection=connection, play_context=None, loader=loader,
+                          templar=Templar(loader=loader, variables=task_vars), shared_loader_obj=None)
+    result = action.run(task_vars=task_vars)
+    assert result["failed"] and "ddtree_model.path" in result["msg"]
+    dumped = json.dumps(result, default=str)
+    assert vault_canary not in dumped and "(redacted)" in dumped
+
+
+# ---- render safety ----------------------------------------------------------------------------
+
+def _render_inv(tmp_path: Path) -> Path:
+    return write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+
+
+def test_render_refuses_symlink_inside_out(tmp_path, capsys):
+    inv = _render_inv(tmp_path)
+    out, elsewhere = tmp_path / "OUT", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "h1").symlink_to(elsewhere)
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
+    assert "symlink" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_render_replaces_a_symlinked_target_file(tmp_path, capsys):
+    inv = _render_inv(tmp_path)
+    out, victim = tmp_path / "OUT", tmp_path / "victim"
+    victim.write_text("keep\n")
+    target = out / "prometheus" / "prometheus.yml"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(victim)
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert victim.read_text() == "keep\n" and not target.is_symlink() and "scrape_configs" in target.read_text()
+
+
+def test_render_refuses_out_of_another_user(tmp_path, capsys):
+    inv = _render_inv(tmp_path)
+    out = tmp_path / "OUT"
+    out.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    os.chown(out, 12345, 12345)
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "owned by uid 12345" in err and list(out.iterdir()) == []
+
+
+def test_write_under_refuses_escapes(tmp_path):
+    from ddtree_ops.render.write import UnsafeOutput, write_under
+
+    for rel in ("../x", "a/../../x", "", "/", "a/./b"):
+        with pytest.raises(UnsafeOutput):
+            write_under(tmp_path / "OUT", rel, "x", 0o644)
+    p = write_under(tmp_path / "OUT", "/etc/x/secrets.env", "s\n", 0o600)
+    assert p == tmp_path / "OUT/etc/x/secrets.env" and oct(p.stat().st_mode & 0o777) == "0o600"
+
+
+# ---- prometheus.yml by construction, local_url ------------------------------------------------
+
+HOSTILE_LABELS = ['q"\n      - targets:\n        - "attacker.example:80"', "a: b\nc: d", "{x: 1}", "- a", "'",
+                  "&a *a", "# c", "x\u2028y"]
+
+
+def test_prometheus_one_target_per_host_with_hostile_labels():
+    """Labels and addresses fed straight to the renderer (validation would refuse them)."""
+    vs = []
+    for i, label in enumerate(HOSTILE_LABELS):
+        v = validate_hostvars(f"h{i}", base_hostvars())
+        d = v.deployment.model_copy(update={
+            "host": label, "model": v.deployment.model.model_copy(update={"served_model_name": label}),
+            "ops": v.deployment.ops.model_copy(update={"scrape_host": f"h{i}"})})
+        vs.append(type(v)(d, v.plan, v.warnings))
+    doc = yaml.safe_load(render_prometheus(vs, rule_files=['r.yml"\nx: 1']))
+    assert set(doc) == {"global", "rule_files", "scrape_configs"} and doc["rule_files"] == ['r.yml"\nx: 1']
+    for job in doc["scrape_configs"]:
+        assert len(job["static_configs"]) == len(HOSTILE_LABELS)
+        targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+        assert len(targets) == len(HOSTILE_LABELS) and not any("attacker" in t for t in targets)
+        assert sorted(sc["labels"]["host"] for sc in job["static_configs"]) == sorted(HOSTILE_LABELS)
+
+
+@pytest.mark.parametrize("host,url", [("0.0.0.0", "http://127.0.0.1:30000"), ("::", "http://[::1]:30000"),
+                                      ("10.0.0.5", "http://10.0.0.5:30000"), ("fd00::5", "http://[fd00::5]:30000"),
+                                      ("fe80::1%eth0", "http://[fe80::1%25eth0]:30000")])
+def test_local_url_used_everywhere(host, url):
+    from ddtree_ops.cli import _url
+    from ddtree_ops.render.files import exporter_unit, plan_document, ready_commands
+
+    hv = base_hostvars()
+    hv["ddtree_server"] = {**hv["ddtree_server"], "host": host}
+    v = validate_hostvars("h1", hv)
+    assert v.deployment.server.local_url == url == plan_document(v)["url"]
+    assert all(url in cmd for cmd in ready_commands(v))
+    assert url.replace("%", "%%") in exporter_unit(v).content
+    assert _url(url) == url  # the CLI's own URL check (health/warmup/exporter) accepts it
+    assert all("127.0.0.1" not in " ".join(c) for c in ready_commands(v)) or host == "0.0.0.0"
+
+
+def test_roles_use_the_action_result_urls():
+    svc = (REPO / "roles/ddtree_service/tasks/main.yml").read_text()
+    exp = (REPO / "roles/ddtree_exporter/tasks/main.yml").read_text()
+    assert '"{{ _ddtree_render.url }}/health"' in svc and "127.0.0.1" not in svc
+    assert '"{{ _ddtree_exporter_render.exporter_url }}/metrics"' in exp
+    tasks = yaml.safe_load(svc)
+    [rm] = [t for t in tasks if t.get("name", "").startswith("Remove the secrets file")]
+    assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_render.paths.secrets }}", "state": "absent"}
+    assert rm["when"] == "_ddtree_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
+
+
+def test_corpus_summary():
+    """Corpus size and the results table (kind -> count -> all refused?) for the closing note."""
+    kinds: dict[str, int] = defaultdict(int)
+    for c in CORPUS:
+        kinds[c.kind] += 1
+    assert len(CORPUS) >= 150
+    print(f"\ncorpus: {len(CORPUS)} hostile inventories x 4 commands")
+    print(f"{'kind':<16} {'count':>5}  all refused?")
+    for kind, n in kinds.items():
+        ran = RESULTS.get(kind, [])
+        status = ("yes" if all(ran) else f"NO ({ran.count(False)} not)") if len(ran) == n else f"ran {len(ran)}/{n}"
+        print(f"{kind:<16} {n:>5}  {status}")
+    if sum(len(r) for r in RESULTS.values()) == len(CORPUS):
+        assert all(all(r) for r in RESULTS.values())
