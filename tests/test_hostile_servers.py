@@ -600,3 +600,34 @@ def test_failed_requests_do_not_keep_their_bodies() -> None:
         tracemalloc.stop()
         gc.enable()
         srv.close()
+
+
+# ---- the metrics selection is linear: a pathological /metrics cannot hold the exporter
+@pytest.mark.parametrize("line, why", [
+    # ~8 MiB of label sets whose quoted values never close the brace (attack: held the GIL,
+    # exporter scrapes p99 374 ms with the earlier one-regex selection)
+    ("sglang:num_running_reqs{" + ('a="' + "b" * 60 + '",') * 30, "malformed sample line"),
+    ("sglang:num_running_reqs{a=\"" + "b" * 5000 + "\"} 1", "characters starts with a selected family"),
+    ("sglang:num_running_reqs{a=\"x\"}", "malformed sample line"),
+])
+def test_select_samples_refuses_pathological_lines(line, why):
+    from ddtree_ops.sglang.client import SGLangError, select_samples
+
+    text = "\n".join([line] * (8_000_000 // (len(line) + 1)))
+    with pytest.raises(SGLangError, match=why):
+        select_samples(text, ["sglang:num_running_reqs", "sglang:num_queue_reqs"])
+
+
+def test_select_samples_reads_real_shaped_lines_and_skips_longer_names():
+    from ddtree_ops.sglang.client import select_samples
+
+    text = ("# HELP sglang:num_running_reqs The number of running requests.\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            'sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 3.0\n'
+            'sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 4.0 1700000000\n'
+            'sglang:num_running_reqs_total_extra{tp_rank="0"} 99\n'
+            "sglang:num_queue_reqs 2\n")
+    got = select_samples(text, ["sglang:num_running_reqs", "sglang:num_queue_reqs"])
+    assert [v for _, v in got["sglang:num_running_reqs"]] == [3.0, 4.0]
+    assert got["sglang:num_running_reqs"][1][0]["tp_rank"] == "1"
+    assert got["sglang:num_queue_reqs"] == [({}, 2.0)]

@@ -29,7 +29,6 @@ import ssl
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -356,38 +355,48 @@ SERVER_INFO_REQUESTS = len(SERVER_INFO_PATHS)
 
 
 # ---------------------------------------------------------------- Prometheus text
-MAX_LABEL_ITEMS = 1024
-"""Longest label set read (characters outside quotes, and characters of one quoted value);
-SGLang's label sets (model_name, engine_type, tp_rank, ...) are a few hundred characters."""
+MAX_LINE = 4096
+"""Longest sample line read, characters. SGLang's label sets (model_name, engine_type,
+tp_rank, ...) keep a sample line to a few hundred characters; a selected line longer than
+this is not SGLang's (and would cost unbounded regex work)."""
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:Inf|inf|NaN|nan)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-@lru_cache(maxsize=16)
-def _sample_re(names: tuple[str, ...]) -> re.Pattern[str]:
-    alts = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    # label sets of at most MAX_LABEL_ITEMS items (characters or quoted values): bounded work per line start
-    return re.compile(r'^(' + alts + r')(\{(?:[^"}\n]|"(?:[^"\\\n]|\\.){0,%d}"){0,%d}\})?[ \t]+(\S+)'
-                      % (MAX_LABEL_ITEMS, MAX_LABEL_ITEMS), re.M)
+_SAMPLE_LINE = re.compile(r'([^{ \t]+)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)')
+"""One sample line: name, optional label set, value (the alternatives inside the braces
+start with disjoint characters, so matching is linear in the line's length)."""
 
 
 def select_samples(text: str, names: Iterable[str]) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The samples of the named series in Prometheus text, without a full parse (one
-    compiled regular expression over the text: a full parse of 8 TP ranks of SGLang's
-    families costs ~100 ms of CPU).
+    """The samples of the named series in Prometheus text, without a full parse: lines
+    are split in C, only lines starting with a wanted name are matched (a full parse of 8
+    TP ranks of SGLang's families costs ~100 ms of CPU), and each such line is at most
+    :data:`MAX_LINE` characters, so the work is linear in the text and a pathological
+    upstream cannot hold the interpreter (and the exporter's scrapes) for long.
 
     Returns:
         ``{name: [(labels, value), ...]}`` for every name (an empty list when not exposed).
 
     Raises:
-        SGLangError: a selected sample's value is not a number, or not finite
-            (``+Inf``/``NaN``/``1e999``: counters and gauges of SGLang are finite), or more
-            than :data:`MAX_SAMPLES` samples.
+        SGLangError: a selected line is longer than :data:`MAX_LINE` or is not a sample,
+            its value is not a number, or not finite (``+Inf``/``NaN``/``1e999``: counters
+            and gauges of SGLang are finite), or more than :data:`MAX_SAMPLES` samples.
     """
     wanted = tuple(dict.fromkeys(names))
     found: dict[str, list[tuple[dict[str, str], float]]] = {n: [] for n in wanted}
-    for i, m in enumerate(_sample_re(wanted).finditer(text)):
-        if i >= MAX_SAMPLES:
+    count = 0
+    for line in text.splitlines():
+        if not line.startswith(wanted):
+            continue
+        if len(line) > MAX_LINE:
+            raise SGLangError(f"/metrics: a line of {len(line)} characters starts with a selected family "
+                              f"(limit {MAX_LINE}; not SGLang's metrics?): {preview(line, 80)}")
+        m = _SAMPLE_LINE.match(line)
+        if m is None or m.group(1) not in found:
+            if m is None and line[len(next(n for n in wanted if line.startswith(n))):][:1] in ("{", " ", "\t"):
+                raise SGLangError(f"/metrics: malformed sample line {preview(line, 80)!r} (not Prometheus text?)")
+            continue  # a longer family name that merely starts with a selected one
+        count += 1
+        if count > MAX_SAMPLES:
             raise SGLangError(f"/metrics: more than {MAX_SAMPLES} samples of {len(wanted)} families "
                               "(not SGLang's metrics?)")
         raw = m.group(3)
