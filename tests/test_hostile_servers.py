@@ -267,7 +267,7 @@ CASES = [
     ("json-list", fixed(200, "application/json", b"[1, 2]"), INFO | GEN, "not an object", "no meta_info object", False),
     ("json-string", fixed(200, "application/json", b'"hello"'), INFO | GEN, "not an object", "no meta_info object",
      False),
-    ("json-deep", fixed(200, "application/json", DEEP_JSON), INFO | GEN, "nested too deeply", "nested too deeply",
+    ("json-deep", fixed(200, "application/json", DEEP_JSON), INFO | GEN, "nested too deeply", "byte cap",  # 200k deep: over /generate's 64 KiB cap
      False),
     ("json-33-deep", fixed(200, "application/json", b"[" * 33 + b"]" * 33), INFO | GEN, "deeper than 32",
      "deeper than 32", False),
@@ -631,3 +631,16 @@ def test_select_samples_reads_real_shaped_lines_and_skips_longer_names():
     assert [v for _, v in got["sglang:num_running_reqs"]] == [3.0, 4.0]
     assert got["sglang:num_running_reqs"][1][0]["tp_rank"] == "1"
     assert got["sglang:num_queue_reqs"] == [({}, 2.0)]
+
+
+def test_warmup_keeps_only_the_counts_of_each_answer():
+    """A batch in flight holds what warmup reads of each answer, not the answer: a server padding
+    valid answers (attack: ~9 MB RSS per request in flight at 1 MB a answer) costs nothing after parsing."""
+    from ddtree_ops.ops.warmup import META_KEYS, _meta
+    from ddtree_ops.sglang.client import generate_cap
+
+    out = {"text": "x", "pad": [0] * 100_000,
+           "meta_info": {"prompt_tokens": 5, "completion_tokens": 32, "spec_accept_length": 3.0, "junk": [0] * 10_000}}
+    assert _meta(out, "bs 1") == {"prompt_tokens": 5, "completion_tokens": 32, "spec_accept_length": 3.0}
+    assert set(META_KEYS) == {"prompt_tokens", "completion_tokens", "spec_accept_length"}
+    assert generate_cap(32) == 64 * 1024 + 64 * 32  # a 1 MB answer is refused, not buffered per request

@@ -232,14 +232,25 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str, de
         raise WarmupError(f"{where}: {path} {exc.what}") from None
 
 
+META_KEYS = ("prompt_tokens", "completion_tokens", "spec_accept_length")
+"""What warmup keeps of each answer's ``meta_info`` (the rest is dropped as soon as the
+answer is parsed, so a batch in flight holds only these)."""
+
+
 def _meta(out: Any, where: str, path: str = "/generate") -> dict:
-    """``meta_info`` of one ``/generate`` answer (SGLang always sends it); WarmupError if absent."""
+    """:data:`META_KEYS` of one ``/generate`` answer's ``meta_info`` (SGLang always sends
+    it); WarmupError if absent."""
     meta = out.get("meta_info") if isinstance(out, dict) else None
     if not isinstance(meta, dict):
         shown = f"a JSON {type(out).__name__}" if not isinstance(out, dict) else \
             f"an object with keys {preview(', '.join(map(str, list(out)[:10])), 120)}"
         raise WarmupError(f"{where}: {path} answered {shown} (no meta_info object): not SGLang's /generate")
-    return meta
+    return {k: meta[k] for k in META_KEYS if k in meta}
+
+
+async def _generate(client: httpx.AsyncClient, body: dict, where: str, deadline_s: float, cap: int) -> dict:
+    """POST one ``/generate`` and keep only its :func:`_meta` (the parsed answer is freed here)."""
+    return _meta(await _post(client, "/generate", body, where, deadline_s, cap), where)
 
 
 MAX_COUNT = 1 << 53
@@ -290,14 +301,14 @@ async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, l
     for r_i, (name, temp) in enumerate(TEMPERATURES):
         where = f"batch size {bs} ({name} round)"
         tr = time.monotonic()
-        jobs = [_post(client, "/generate", {
+        jobs = [_generate(client, {
             "text": long_text if (i + r_i) % 2 else SHORT_PROMPT,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temp,
                                 "ignore_eos": True},
         }, where, end - time.monotonic(), cap) for i in range(bs)]
         outs = await _gather(jobs)
         rounds[name] = round(time.monotonic() - tr, 4)
-        metas += [(_meta(o, where), where) for o in outs]
+        metas += [(o, where) for o in outs]
     als = [x for x in (_accept(m, w) for m, w in metas) if x is not None]
     return BatchResult(
         batch_size=bs, kind="text", requests=len(metas), latency_s=round(time.monotonic() - t0, 4),

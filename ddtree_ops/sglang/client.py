@@ -65,11 +65,18 @@ PREVIEW_CHARS = 200
 """Server text quoted in an error message is cut to this many characters (+ ``…``)."""
 
 
+GENERATE_ENVELOPE = 64 * 1024
+"""Bytes of a ``/generate`` or chat-completion answer besides its tokens: SGLang's envelope
+and ``meta_info`` (ids, finish reason, token counts, latencies, speculative counters) are
+1-2 KB without logprobs, which warmup never asks for."""
+
+
 def generate_cap(max_new_tokens: int) -> int:
     """Body cap (bytes) of a ``/generate`` or chat-completion answer generating
-    ``max_new_tokens`` tokens: 1 MiB for the envelope and ``meta_info`` plus 64 bytes a
-    token (a token decodes to a few bytes of text; JSON escaping at most sextuples it)."""
-    return MIB + 64 * max(0, max_new_tokens)
+    ``max_new_tokens`` tokens: :data:`GENERATE_ENVELOPE` plus 64 bytes a token (its text,
+    at most sextupled by JSON escaping, and its id in ``output_ids``). Warmup runs up to a
+    batch size of requests at once, so this cap times the batch size bounds what it buffers."""
+    return GENERATE_ENVELOPE + 64 * max(0, max_new_tokens)
 
 
 class SGLangError(Exception):
