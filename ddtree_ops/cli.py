@@ -1,6 +1,6 @@
 """``ddtree-ops`` command line (Typer + rich).
 
-Exit codes (DESIGN.md §4): 0 ok, 1 a check failed, 2 usage or configuration error.
+Exit codes: 0 ok, 1 a check failed, 2 usage or configuration error.
 ``--json`` prints one object with a stable ``checks`` list of ``{name, ok, detail}``.
 Every error is mapped to a one-line message in :func:`main`; no traceback reaches users.
 """

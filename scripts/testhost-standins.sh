@@ -8,7 +8,7 @@
 #     cuda_toolkit_repo_url (10.213.1.1 is the root namespace's end of ddt-th1's veth).
 #   * the NVIDIA driver's nvidia-smi -> /usr/local/bin/nvidia-smi on the host, a script
 #     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs.
-#     Default: driver 580.159.04 (read off a real H200 host, ../shared/fixtures/gpu) with
+#     Default: driver 580.159.04 (read off a real H200 host, tests/fixtures/gpu) with
 #     compute capability 10.3 (B300: inventory/test deploys the b300 host class).
 #   * the driver's nvidia-modprobe -> /usr/bin/nvidia-modprobe on the host (the path
 #     ddtree-nvidia-devices.service runs), a script that only logs its arguments to the

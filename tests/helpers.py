@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = SHARED / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
+"""Real outputs read off machines and released packages (``tests/fixtures/README.md``)."""
 
 
 def base_hostvars() -> dict:

@@ -21,18 +21,15 @@ from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, PlanError, parse_upstream, serve
 from ddtree_ops.render.files import plan_document
-from helpers import REPO, base_hostvars
+from helpers import FIXTURES, REPO, base_hostvars
 from test_sim import Sim, post_json
 
 LABELS = {"host": "h1", "host_class": "b300", "model": "moonshotai/Kimi-K2.6"}
 
 
 def fixtures_dir() -> Path:
-    """``shared/fixtures`` next to the checkout (worktrees: one level further up)."""
-    for base in (REPO.parent, REPO.parent.parent):
-        if (base / "shared" / "fixtures").is_dir():
-            return base / "shared" / "fixtures"
-    pytest.skip("shared/fixtures not found next to the checkout")
+    """``tests/fixtures`` (real outputs; see its README)."""
+    return FIXTURES
 
 
 def sim_deployment(overrides: dict | None = None):

@@ -1,6 +1,6 @@
 """Tests of the SGLang SIMULATOR (``ddtree_ops.sim``), the test double that stands in for
 SGLang on hosts without GPUs. They check it against the real SGLang facts in
-``../shared/fixtures/sglang`` (metric names, resolved server args), not against our own
+``tests/fixtures/sglang`` (metric names, resolved server args), not against our own
 planning code."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from ddtree_ops.sim.args import SimArgumentError, parse_args, spec_capture_bs
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sglang"
+FIXTURES = REPO / "tests" / "fixtures" / "sglang"
 
 DDTREE_8_32 = [
     "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -22,11 +21,9 @@ from ddtree_ops.config.toolchain import ARCHS, CUDA_TOOLKITS, TRITONS, default_c
 from ddtree_ops.ops import ptxas as ptxas_mod
 from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, parse_query_gpu, parse_smi_xml, reboot_decision
 from ddtree_ops.render.files import service_env
-from helpers import FIXTURES as _FIXTURES
+from helpers import FIXTURES
 from helpers import REPO
 
-# helpers.FIXTURES is ../shared/fixtures of the checkout; a git worktree elsewhere names it
-FIXTURES = _FIXTURES if _FIXTURES.exists() else Path(os.environ.get("DDTREE_FIXTURES", "/work/shared/fixtures"))
 
 PTXAS_CACHE = Path("/var/cache/ddtree-ops/ptxas-bin")
 TRITON_VENV_CACHE = Path("/var/cache/ddtree-ops/triton-venv")

@@ -1,6 +1,6 @@
 """Host-class profiles: the GPU boxes this toolkit deploys to.
 
-Source: ``../shared/DESIGN.md`` §1 (host classes) and NVIDIA's specifications.
+Source: NVIDIA's product specifications (B300 SXM6, RTX PRO 6000 Blackwell Server Edition).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Derived sizes: what SGLang will actually run for a deployment.
 
-The central rule (``../shared/DESIGN.md`` §1, sgl-project/sglang#29907): **draft CUDA
+The central rule (sgl-project/sglang#29907): **draft CUDA
 graphs use ``block_size`` tokens per request; DDTree target-verify graphs use
 ``budget + 1``.** A build that sizes both from ``speculative_num_draft_tokens`` crashes on
 the first verify with ``The size of tensor a (8) must match the size of tensor b (33)``.

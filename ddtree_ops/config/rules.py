@@ -211,7 +211,7 @@ def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
                         f"on sm_103 DDTree budget {p.budget} runs eagerly (CUDA graphs measured ~3.8x faster on b300)",
                         f"keep it eager, lower budget to {SM103_MAX_CAPTURED_BUDGET} to capture graphs, or record "
                         f"the risk {SM103_RISK} once a pinned build captures safely",
-                        "DESIGN.md §1, arch-specific capture faults")
+                        "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed")
         return
     if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET and d.risk_reason(SM103_RISK) is None:
         yield _err(f"{SPEC}.budget", p.budget,
@@ -219,7 +219,7 @@ def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "has hit illegal memory accesses",
                    f"set ddtree_server.cuda_graph: false (eager), lower budget to {SM103_MAX_CAPTURED_BUDGET}, or record "
                    f"ddtree_accepted_risks: [{{rule: {SM103_RISK}, reason: '...'}}]",
-                   "DESIGN.md §1, arch-specific capture faults")
+                   "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed")
 
 
 def rule_sm120_attention(d: Deployment, p: Plan) -> Iterator[Finding]:

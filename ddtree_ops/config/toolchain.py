@@ -14,7 +14,7 @@ Sources
   ``sm_103a`` (13.0: ``PTX .version 8.7 does not support .target sm_103a``) but does
   support ``sm_120a``, which 12.8 assembles; 12.8 refuses ``.version 8.8``
   (``Unsupported .version 8.8; current version is '8.7'``). ``sm_100a`` needs PTX 8.6
-  (CUDA 12.8), ``sm_90a`` PTX 8.0 (CUDA 12.0). Also ``../shared/fixtures/gpu/h200x2_topo_and_ptxas.txt``.
+  (CUDA 12.8), ``sm_90a`` PTX 8.0 (CUDA 12.0). Also ``tests/fixtures/gpu/h200x2_topo_and_ptxas.txt``.
 * **driver per toolkit** (:data:`CUDA_TOOLKITS`): NVIDIA CUDA Toolkit Release Notes,
   table "CUDA Toolkit and Corresponding Driver Versions" (Linux x86_64, GA release of each
   toolkit): 12.8 GA >= 570.26, 12.9 GA >= 575.51.03, 13.0 GA >= 580.65.06

@@ -3,7 +3,7 @@
 Every module that depends on what a given SGLang build accepts (validator, argv renderer,
 probe) reads this table instead of comparing version strings itself.
 
-Sources of the facts (see ``../shared/DESIGN.md`` §2):
+Sources of the facts:
 
 * CUDA-graph flag dialects: up to 0.5.13 ``--cuda-graph-max-bs`` / ``--cuda-graph-bs``;
   from 0.5.14 ``--cuda-graph-max-bs-decode`` / ``--cuda-graph-bs-decode`` with the old
@@ -119,7 +119,7 @@ DIALECT_SINCE: tuple[tuple[Version, GraphFlagDialect], ...] = (
     (Version("0.5.14"), GraphFlagDialect.SPLIT),
     (Version("0.5.20"), GraphFlagDialect.SPLIT_STRICT),
 )
-"""First release of each CUDA-graph flag dialect (DESIGN.md §2; proven against the real
+"""First release of each CUDA-graph flag dialect (``sglang/srt/server_args.py`` per release; proven against the real
 parsers of 0.5.13.post1 and 0.5.23 by the probe tests)."""
 
 DFLASH_WORKER_SINCE: tuple[tuple[Version, str], ...] = (

@@ -3,7 +3,7 @@
 The ``cuda_toolkit`` role runs ``nvidia-smi --query-gpu=driver_version,compute_cap
 --format=csv,noheader`` on the host and hands the output to :func:`check_driver` on the
 controller (action plugin ``ddtree_toolkit``), so the rule lives here, tested on outputs
-read off real machines (``../shared/fixtures/gpu/``).
+read off real machines (``tests/fixtures/gpu/``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prometheus alert rules and the Grafana dashboard of a fleet, generated from Python.
 
 The rules read the exporter's contract (:data:`ddtree_ops.ops.exporter.METRIC_NAMES`) and
-SGLang's own metric names (``shared/fixtures/sglang/metric_names-*.txt``, scraped by the
+SGLang's own metric names (``tests/fixtures/sglang/metric_names-*.txt``, scraped by the
 ``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`). The acceptance-length
 floor is per deployment: each exporter exports its ``ddtree_ops.accept_length_floor`` as
 ``ddtree_accept_length_floor``, and the collapse rule compares the two series of the same

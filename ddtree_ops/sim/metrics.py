@@ -1,7 +1,7 @@
 """Prometheus metrics of the SGLang SIMULATOR (a test double, NOT SGLang).
 
 Every exposed name is a real ``sglang:`` metric name of SGLang 0.5.13.post1 and 0.5.23
-(see ``shared/fixtures/sglang/metric_names-*.txt``). Metrics live on a private
+(see ``tests/fixtures/sglang/metric_names-*.txt``). Metrics live on a private
 ``CollectorRegistry``. As with SGLang's multiprocess collector, no ``*_created`` series
 (``server.main`` turns them off process-wide; importing this module changes nothing).
 

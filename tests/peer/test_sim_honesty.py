@@ -5,7 +5,7 @@ For each peer version (0.5.13.post1, 0.5.23), with the real package's own answer
 source, its scheduler's ``get_internal_state``):
 
 * every ``sglang:`` metric name the simulator exports is defined in the real
-  ``metrics_collector.py`` (and in ``shared/fixtures/sglang/metric_names-*.txt``);
+  ``metrics_collector.py`` (and in ``tests/fixtures/sglang/metric_names-*.txt``);
 * every ``/server_info`` key the simulator reports is a real ServerArgs field, a key real
   ``/server_info`` adds (``internal_states``, ``version``, scheduler info), or a DDTree-only
   field of a DDTree build; every ``internal_states`` key is one the real scheduler sets;
