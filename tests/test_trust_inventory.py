@@ -108,6 +108,8 @@ BAD_HOSTS = {
     "unicode": "hóst", "quote": "h'1", "percent": "h%n", "dollar": "h$x", "underscore": "h_1",
     "leading-dash": "-h1", "trailing-dash": "h1-", "empty-label": "a..b", "label-64": "a" * 64,
     "total-254": ".".join(["a" * 50] * 5) + ".abc", "tab": "h\t1", "backslash": "h\\1",
+    # the last label all digits: resolvers read it as an IPv4 address (RFC 1123 §2.1)
+    "all-digits": "1234", "numeric-tld": "b300.10", "ip-as-name": "10.0.0.5",
 }
 
 
@@ -160,10 +162,18 @@ def corpus() -> list[Case]:
                          "dollar": "fe80::1%$x", "slash": "fe80::1%a/b"}.items():
         cases.append(Case("scope id", label, "ddtree_server.host", group_vars=_with("ddtree_server", "host", value)))
     for label, value in {"comma": "10.0.0.1,10.0.0.2", "port": "10.0.0.1:22", "url": "http://10.0.0.1",
-                         "space": "10.0.0.1 10.0.0.2", "scoped": "fe80::1%eth0", "empty": ""}.items():
+                         "space": "10.0.0.1 10.0.0.2", "scoped": "fe80::1%eth0", "empty": "",
+                         "octal": "0177.0.0.1", "all-digits": "1234", "numeric-tld": "h1.example.10"}.items():
         cases.append(Case("address", f"ansible_host-{label}", "ansible_host", host_vars={"ansible_host": value}))
         cases.append(Case("address", f"scrape_host-{label}", "ddtree_ops.scrape_host",
                           group_vars=_with("ddtree_ops", "scrape_host", value)))
+    for section, key in (("ddtree_model", "path"), ("ddtree_model", "served_model_name"),
+                         ("ddtree_speculative", "draft_model_path"), ("ddtree_server", "attention_backend")):
+        cases.append(Case("argv option", f"{section}.{key}", f"{section}.{key}", group_vars=_with(section, key, "-x")))
+    for key, value in (("state_dir", "/etc"), ("state_dir", "/run/ddtree-ops/sglang"), ("cache_dir", "/opt/ddtree-ops"),
+                       ("config_dir", "/usr"), ("user", "nobody"), ("group", "shadow"), ("group", "docker")):
+        cases.append(Case("system dir/account", f"{key}={value}", f"ddtree_service.{key}",
+                          group_vars=_with("ddtree_service", key, value)))
     cases.append(Case("host class", "two-groups", "group_names", extra="dual-class"))
     cases.append(Case("host class", "group-vs-var", "ddtree_host_class", host_vars={"ddtree_host_class": "ct200"}))
     cases.append(Case("unreadable", "broken-hosts-yml", "inventory", hosts_text="sglang_servers:\n  children: {\n"))

@@ -374,6 +374,31 @@ def test_own_accounts_accepted(hostvars):
     assert validate_hostvars("h1", hostvars).deployment.service.group == "ddtree"
 
 
+@pytest.mark.parametrize(("section", "key"), [("ddtree_model", "path"), ("ddtree_model", "served_model_name"),
+                                            ("ddtree_speculative", "draft_model_path")])
+def test_option_like_argv_value_refused(hostvars, section, key):
+    """``--model-path -x``: SGLang's argparse fails "expected one argument" only at start."""
+    hostvars[section][key] = "--served-model-name"
+    assert "reads as an option" in _refused(hostvars, f"{section}.{key}", "--served-model-name")
+
+
+def test_env_value_may_start_with_a_dash(hostvars):
+    """Environment values never reach argv: ``-1`` stays allowed there."""
+    hostvars["ddtree_service"] = {"env": {"SGLANG_TORCH_PROFILER_DIR": "/x", "NCCL_NVLS_ENABLE": "-1"}}
+    env = {f.path: f.content for f in render_host(validate_hostvars("h1", hostvars))}["/etc/ddtree-ops/sglang/sglang.env"]
+    assert "NCCL_NVLS_ENABLE=-1" in env.splitlines()
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0177.0.0.1", False), ("1234", False), ("b300.01", False),
+                                           ("127.0.0.1", True), ("b300-01.example", True), ("10x.example", True)])
+def test_scrape_host_numeric_last_label(hostvars, value, ok):
+    hostvars["ddtree_ops"] = {"scrape_host": value}
+    if ok:
+        assert validate_hostvars("h1", hostvars).deployment.ops.scrape_host == value
+    else:
+        assert "resolvers read it as an IPv4 address" in _refused(hostvars, "ddtree_ops.scrape_host", value)
+
+
 # ------------------------------------------------------------------ deploy-time port check
 def _fake_proc(tmp_path: Path, port: int, cgroup: str, comm: str = "python3") -> Path:
     """A /proc with one LISTEN socket on ``port`` held by pid 4242 (layout of proc(5))."""
