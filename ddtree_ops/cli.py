@@ -153,7 +153,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     an OUT owned by another user is refused.
     """
     from .render import render_host, render_prometheus
-    from .render.write import UnsafeOutput, check_out_dir, write_under
+    from .render.write import UnsafeOutput, check_out_dir, check_targets, write_under
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
@@ -171,6 +171,10 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
                    render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
+    try:
+        check_targets(out_dir, [rel for rel, *_ in writes])  # every directory on the way, before the first write
+    except UnsafeOutput as exc:
+        raise typer.BadParameter(str(exc)) from None
     for rel, content, mode, secret in writes:
         try:
             target = write_under(out_dir, rel, content, mode)
