@@ -62,6 +62,7 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
 
 
 def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], list[Finding]]:
+    from .config.fleet import fleet_findings
     from .config.inventory import load_hostvars
 
     hostvars = load_hostvars(inventory, limit)
@@ -72,6 +73,16 @@ def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], l
             ok.append(validate_hostvars(host, hv))
         except ConfigError as exc:
             errors.extend(exc.findings)
+    # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
+    peers: list[Validated] = []
+    if limit:
+        for host, hv in sorted(load_hostvars(inventory).items()):
+            if host not in hostvars:
+                try:
+                    peers.append(validate_hostvars(host, hv))
+                except ConfigError:
+                    pass  # an invalid host outside --limit is its own run's error
+    errors.extend(fleet_findings(ok + peers, focus=set(hostvars) if limit else None))
     return ok, errors
 
 
