@@ -161,7 +161,8 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
     Nothing is written unless every host validates. Files are written only under OUT, each
     atomically with its final mode and never through a symlink (:mod:`ddtree_ops.render.write`);
-    an OUT owned by another user is refused.
+    a directory on the way (OUT and each level below it) that is not ours or is writable by
+    group/others is refused before the first write, and created directories are 0755.
     """
     from .render import render_host, render_prometheus
     from .render.write import UnsafeOutput, check_out_dir, check_targets, write_under
