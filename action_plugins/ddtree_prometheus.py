@@ -10,7 +10,9 @@ Runs on the controller only. Options:
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
 Returns ``prometheus_yml``, ``rules``, ``dashboard`` (text) and ``targets`` (host names).
-Fails with every finding when any server's config is invalid, or on a bad alert setting.
+Fails with every finding when any server's config is invalid, when two servers clash on one
+machine (:mod:`ddtree_ops.config.fleet`: same address and port, or same unit), or on a bad
+alert setting. A host listed twice in ``servers`` is scraped once.
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="ddtree_prometheus: servers (list of hosts) and rules_path are required")
             return result
         validated, findings = [], []
-        for host in sorted(servers):
+        for host in sorted(dict.fromkeys(map(str, servers))):  # a host listed twice is one target
             try:
                 hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template, host)
                 validated.append(validate_hostvars(host, hostvars))
             except ConfigError as exc:
                 findings.extend(exc.findings)
+        if not findings:
+            from ddtree_ops.config.fleet import fleet_findings
+
+            findings = fleet_findings(validated)  # two hosts on one machine and port: duplicate targets
         if findings:
             result.update(failed=True, msg="invalid deployment config:\n" + "\n".join(f.message() for f in findings),
                           findings=[f.as_dict() for f in findings])

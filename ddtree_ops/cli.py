@@ -62,6 +62,7 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
 
 
 def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], list[Finding]]:
+    from .config.fleet import fleet_findings
     from .config.inventory import load_hostvars
 
     hostvars = load_hostvars(inventory, limit)
@@ -72,6 +73,16 @@ def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], l
             ok.append(validate_hostvars(host, hv))
         except ConfigError as exc:
             errors.extend(exc.findings)
+    # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
+    peers: list[Validated] = []
+    if limit:
+        for host, hv in sorted(load_hostvars(inventory).items()):
+            if host not in hostvars:
+                try:
+                    peers.append(validate_hostvars(host, hv))
+                except ConfigError:
+                    pass  # an invalid host outside --limit is its own run's error
+    errors.extend(fleet_findings(ok + peers, focus=set(hostvars) if limit else None))
     return ok, errors
 
 
@@ -150,10 +161,11 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
     Nothing is written unless every host validates. Files are written only under OUT, each
     atomically with its final mode and never through a symlink (:mod:`ddtree_ops.render.write`);
-    an OUT owned by another user is refused.
+    a directory on the way (OUT and each level below it) that is not ours or is writable by
+    group/others is refused before the first write, and created directories are 0755.
     """
     from .render import render_host, render_prometheus
-    from .render.write import UnsafeOutput, check_out_dir, write_under
+    from .render.write import UnsafeOutput, check_out_dir, check_targets, write_under
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
@@ -171,6 +183,10 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
                    render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
+    try:
+        check_targets(out_dir, [rel for rel, *_ in writes])  # every directory on the way, before the first write
+    except UnsafeOutput as exc:
+        raise typer.BadParameter(str(exc)) from None
     for rel, content, mode, secret in writes:
         try:
             target = write_under(out_dir, rel, content, mode)

@@ -1,7 +1,10 @@
 """Every role keeps ``meta/argument_specs.yml`` in sync with ``defaults/main.yml``:
-same variables, same defaults, every variable prefixed with the role name."""
+same variables, same defaults, every variable prefixed with the role name; and the
+``ddtree_service`` role's service-account guard, run locally (read-only)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import yaml
@@ -37,3 +40,33 @@ def test_role_vars_not_read_as_deployment_config(role):
 
     defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
     assert not any(is_deployment_var(k) for k in defaults)
+
+
+@pytest.mark.parametrize(("user", "ok"), [("daemon", False), ("root", False), ("ddtree-no-such-account", True)])
+def test_service_account_guard_on_this_machine(tmp_path, user, ok):
+    """roles/ddtree_service/tasks/account_check.yml (read-only: getent) run locally: an existing
+    account the role did not create is refused before the user task would rewrite it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    if playbook is None:
+        pytest.skip("ansible-playbook not installed next to this Python")
+    role = REPO / "roles" / "ddtree_service"
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{
+        "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "vars_files": [str(role / "vars" / "main.yml")],
+        "tasks": [{"ansible.builtin.import_tasks": str(role / "tasks" / "account_check.yml")}]}]))
+    render = {"deployment": {"service": {"user": user}}, "paths": {"state": "/var/lib/ddtree-ops/sglang"}}
+    r = subprocess.run([playbook, "-i", "localhost,", str(tmp_path / "pb.yml"), "-e",
+                        json.dumps({"_ddtree_render": render, "ansible_python_interpreter": sys.executable})],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    text = " ".join(r.stdout.split())
+    if ok:
+        assert r.returncode == 0, text
+    else:
+        assert r.returncode == 2 and f"ddtree_service.user = '{user}': the account already exists" in text, text
+        assert "was not created by ddtree-ops" in text and "Fix: name an account" in text

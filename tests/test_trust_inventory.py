@@ -108,6 +108,8 @@ BAD_HOSTS = {
     "unicode": "hóst", "quote": "h'1", "percent": "h%n", "dollar": "h$x", "underscore": "h_1",
     "leading-dash": "-h1", "trailing-dash": "h1-", "empty-label": "a..b", "label-64": "a" * 64,
     "total-254": ".".join(["a" * 50] * 5) + ".abc", "tab": "h\t1", "backslash": "h\\1",
+    # the last label all digits: resolvers read it as an IPv4 address (RFC 1123 §2.1)
+    "all-digits": "1234", "numeric-tld": "b300.10", "ip-as-name": "10.0.0.5",
 }
 
 
@@ -160,10 +162,18 @@ def corpus() -> list[Case]:
                          "dollar": "fe80::1%$x", "slash": "fe80::1%a/b"}.items():
         cases.append(Case("scope id", label, "ddtree_server.host", group_vars=_with("ddtree_server", "host", value)))
     for label, value in {"comma": "10.0.0.1,10.0.0.2", "port": "10.0.0.1:22", "url": "http://10.0.0.1",
-                         "space": "10.0.0.1 10.0.0.2", "scoped": "fe80::1%eth0", "empty": ""}.items():
+                         "space": "10.0.0.1 10.0.0.2", "scoped": "fe80::1%eth0", "empty": "",
+                         "octal": "0177.0.0.1", "all-digits": "1234", "numeric-tld": "h1.example.10"}.items():
         cases.append(Case("address", f"ansible_host-{label}", "ansible_host", host_vars={"ansible_host": value}))
         cases.append(Case("address", f"scrape_host-{label}", "ddtree_ops.scrape_host",
                           group_vars=_with("ddtree_ops", "scrape_host", value)))
+    for section, key in (("ddtree_model", "path"), ("ddtree_model", "served_model_name"),
+                         ("ddtree_speculative", "draft_model_path"), ("ddtree_server", "attention_backend")):
+        cases.append(Case("argv option", f"{section}.{key}", f"{section}.{key}", group_vars=_with(section, key, "-x")))
+    for key, value in (("state_dir", "/etc"), ("state_dir", "/run/ddtree-ops/sglang"), ("cache_dir", "/opt/ddtree-ops"),
+                       ("config_dir", "/usr"), ("user", "nobody"), ("group", "shadow"), ("group", "docker")):
+        cases.append(Case("system dir/account", f"{key}={value}", f"ddtree_service.{key}",
+                          group_vars=_with("ddtree_service", key, value)))
     cases.append(Case("host class", "two-groups", "group_names", extra="dual-class"))
     cases.append(Case("host class", "group-vs-var", "ddtree_host_class", host_vars={"ddtree_host_class": "ct200"}))
     cases.append(Case("unreadable", "broken-hosts-yml", "inventory", hosts_text="sglang_servers:\n  children: {\n"))
@@ -438,6 +448,63 @@ def test_render_refuses_out_of_another_user(tmp_path, capsys):
     assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "owned by uid 12345" in err and list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["h1", "h1/etc/ddtree-ops", "prometheus"])
+def test_render_refuses_a_directory_of_another_user_inside_out(tmp_path, capsys, where):
+    """Attack finding: OUT was ours but OUT/h1 belonged to nobody; render wrote units and
+    secrets.env into it. Now refused before the first file is written."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    inv = _render_inv(tmp_path)
+    out = tmp_path / "OUT"
+    (out / where).mkdir(parents=True)
+    os.chown(out / where, 65534, 65534)
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / where}: owned by uid 65534" in err and "Fix: " in err
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize(("where", "mode"), [("", 0o777), ("", 0o1777), ("", 0o775), ("h1", 0o757),
+                                             ("h1/etc", 0o770), ("prometheus", 0o777)])
+def test_render_refuses_a_group_or_other_writable_directory(tmp_path, capsys, where, mode):
+    inv = _render_inv(tmp_path)
+    out = tmp_path / "OUT"
+    (out / where).mkdir(parents=True, exist_ok=True)
+    os.chmod(out / where, mode)
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich may wrap the line
+    assert f"mode {mode & 0o7777:04o} lets other users write in it" in err and f"chmod go-w {out / where}".rstrip("/") in err
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+
+
+def test_render_under_umask_000_creates_0755_directories(tmp_path, capsys):
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars={**_base(), "ddtree_hf_token": "hf_abcdefgh123"}))
+    out = tmp_path / "new" / "deeper" / "OUT"
+    old = os.umask(0)
+    try:
+        assert main(["render", "-i", str(inv), "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    dirs = [tmp_path / "new", tmp_path / "new/deeper", out] + [p for p in out.rglob("*") if p.is_dir()]
+    assert len(dirs) > 6 and {oct(p.stat().st_mode & 0o7777) for p in dirs} == {"0o755"}
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes["secrets.env"] == 0o600 and modes["prometheus.yml"] == 0o644
+
+
+def test_write_under_checks_every_level(tmp_path):
+    from ddtree_ops.render.write import UnsafeOutput, check_targets, write_under
+
+    out = tmp_path / "OUT"
+    write_under(out, "a/b/c.txt", "x", 0o644)
+    os.chmod(out / "a/b", 0o777)
+    for call in (lambda: check_targets(out, ["a/b/c.txt"]), lambda: write_under(out, "a/b/d.txt", "x", 0o644)):
+        with pytest.raises(UnsafeOutput, match=r"a/b: mode 0777"):
+            call()
+    check_targets(out, ["a/x/y/z.txt", "q.txt"])  # missing levels are fine: render creates them 0755
+    assert not (out / "a/b/d.txt").exists()
 
 
 def test_write_under_refuses_escapes(tmp_path):

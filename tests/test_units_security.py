@@ -272,6 +272,133 @@ def test_paths_in_the_sandbox_default_and_custom(hostvars):
     assert _directives(unit, "ProtectHome") == ["yes"]
 
 
+# ------------------------------------------------------------------ the deployment's own directories and account
+@pytest.mark.parametrize(("field", "path", "why"), [
+    ("state_dir", "/etc", "is a system directory itself"),
+    ("state_dir", "/usr", "is a system directory itself"),
+    ("cache_dir", "/var", "is a system directory itself"),
+    ("state_dir", "/var/lib", "is a system directory itself"),
+    ("cache_dir", "/var/cache", "is a system directory itself"),
+    ("state_dir", "/opt", "is a system directory itself"),
+    ("state_dir", "/usr/local", "is a system directory itself"),
+    ("state_dir", "/etc/systemd/system", "must not lie under /etc"),
+    ("cache_dir", "/usr/share/sglang", "must not lie under /usr"),
+    ("state_dir", "/run/ddtree-ops/sglang", "must not lie under /run"),   # the unit's RuntimeDirectory
+    ("state_dir", "/var/run/sglang", "must not lie under /var/run"),     # a link to /run
+    ("cache_dir", "/var/log/sglang", "must not lie under /var/log"),
+    ("state_dir", "/var/lib/dpkg/sglang", "must not lie under /var/lib/dpkg"),
+    ("state_dir", "/boot/sglang", "must not lie under /boot"),
+    ("state_dir", "/data", "at least 2 levels deep"),
+    ("state_dir", "/opt/ddtree-ops/venv", "overlaps ddtree_service.venv"),
+    ("state_dir", "/opt/ddtree-ops", "overlaps ddtree_service.venv"),           # contains both venvs
+    ("cache_dir", "/opt/ddtree-ops/sglang-venv/cache", "overlaps ddtree_service.sglang_venv"),
+    ("cache_dir", "/opt/ddtree-ops/sglang-venv.builds", "overlaps ddtree_service.sglang_venv"),
+    ("state_dir", "/etc/ddtree-ops/sglang/state", "must not lie under /etc"),
+    ("config_dir", "/etc", "is a system directory itself"),
+    ("config_dir", "/var/lib", "is a system directory itself"),
+    ("venv", "/usr", "is a system directory itself"),
+    ("venv", "/var", "is a system directory itself"),
+    ("sglang_venv", "/opt", "is a system directory itself"),
+    ("venv", "/opt/venv", "the venv's parent /opt is a system directory"),
+    ("venv", "/venv", "the venv's parent / is a system directory"),
+])
+def test_system_tree_as_a_service_directory_refused(hostvars, field, path, why):
+    """Attack finding: ``state_dir: /etc`` rendered ReadWritePaths=/etc and the role would have
+    chowned /etc to the service account (0750)."""
+    hostvars["ddtree_service"] = {field: path}
+    line = _refused(hostvars, f"ddtree_service.{field}", path)
+    assert why in line and "file-hierarchy(7)" in line
+
+
+def test_state_and_cache_must_not_overlap(hostvars):
+    hostvars["ddtree_service"] = {"state_dir": "/data/sglang", "cache_dir": "/data/sglang/cache"}
+    line = _refused(hostvars, "ddtree_service.cache_dir", "/data/sglang/cache")
+    assert "overlaps ddtree_service.state_dir (/data/sglang)" in line
+    hostvars["ddtree_service"] = {"state_dir": "/data/sglang", "cache_dir": "/data/sglang"}
+    _refused(hostvars, "ddtree_service.cache_dir", "/data/sglang")
+
+
+@pytest.mark.parametrize("service", [
+    {"state_dir": "/srv/sglang/state", "cache_dir": "/srv/sglang/cache"},
+    {"state_dir": "/var/lib/sglang", "cache_dir": "/var/cache/sglang", "config_dir": "/etc/sglang"},
+    {"venv": "/usr/local/ddtree/venv", "sglang_venv": "/usr/local/ddtree/sglang"},  # read-only: may live in /usr
+    {"state_dir": "/opt/ddtree-ops/state", "cache_dir": "/data/cache"},  # a sibling of the venvs, not inside
+])
+def test_own_directories_below_system_roots_accepted(hostvars, service):
+    hostvars["ddtree_service"] = service
+    v = validate_hostvars("h1", hostvars)
+    assert not [w for w in v.warnings if w.field.startswith("ddtree_service")]
+
+
+def test_a_hidden_path_gets_one_finding(hostvars):
+    """/home is both hidden by ProtectHome and a system root: one line, the directive's."""
+    hostvars["ddtree_service"] = {"state_dir": "/home"}
+    with pytest.raises(ConfigError) as e:
+        validate_hostvars("h1", hostvars)
+    lines = [f.message() for f in e.value.findings if f.field == "ddtree_service.state_dir"]
+    assert len(lines) == 1 and "ProtectHome" in lines[0]
+
+
+def _master_names(name: str) -> list[str]:
+    text = (REPO / "tests/fixtures/base-passwd" / name).read_text()
+    return [line.split(":", 1)[0] for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(("field", "master"), [("user", "passwd.master"), ("group", "group.master")])
+def test_every_base_passwd_account_refused(hostvars, field, master):
+    """Every static user/group of Debian's base-passwd (fixture copied from the package) is
+    refused as the service account (``_apt`` fails the name pattern first: also refused)."""
+    names = _master_names(master)
+    assert len(names) >= (18 if field == "user" else 38)
+    for name in names:
+        hostvars["ddtree_service"] = {field: name}
+        with pytest.raises(ConfigError) as e:
+            validate_hostvars("h1", hostvars)
+        assert [f for f in e.value.findings if f.field == f"ddtree_service.{field}"], name
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("user", "daemon", "system user"), ("user", "nobody", "system user"),
+    ("group", "shadow", "system group"), ("group", "disk", "system group"), ("group", "adm", "system group"),
+    ("group", "docker", "privileged group"), ("group", "wheel", "privileged group"),
+    ("group", "systemd-journal", "privileged group"), ("group", "lxd", "privileged group"),
+])
+def test_system_or_privileged_account_refused(hostvars, field, value, why):
+    hostvars["ddtree_service"] = {field: value}
+    line = _refused(hostvars, f"ddtree_service.{field}", value)
+    assert why in line and "base-passwd" in line
+
+
+def test_own_accounts_accepted(hostvars):
+    hostvars["ddtree_service"] = {"user": "sglang-b300", "group": "ddtree"}
+    assert validate_hostvars("h1", hostvars).deployment.service.group == "ddtree"
+
+
+@pytest.mark.parametrize(("section", "key"), [("ddtree_model", "path"), ("ddtree_model", "served_model_name"),
+                                            ("ddtree_speculative", "draft_model_path")])
+def test_option_like_argv_value_refused(hostvars, section, key):
+    """``--model-path -x``: SGLang's argparse fails "expected one argument" only at start."""
+    hostvars[section][key] = "--served-model-name"
+    assert "reads as an option" in _refused(hostvars, f"{section}.{key}", "--served-model-name")
+
+
+def test_env_value_may_start_with_a_dash(hostvars):
+    """Environment values never reach argv: ``-1`` stays allowed there."""
+    hostvars["ddtree_service"] = {"env": {"SGLANG_TORCH_PROFILER_DIR": "/x", "NCCL_NVLS_ENABLE": "-1"}}
+    env = {f.path: f.content for f in render_host(validate_hostvars("h1", hostvars))}["/etc/ddtree-ops/sglang/sglang.env"]
+    assert "NCCL_NVLS_ENABLE=-1" in env.splitlines()
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0177.0.0.1", False), ("1234", False), ("b300.01", False),
+                                           ("127.0.0.1", True), ("b300-01.example", True), ("10x.example", True)])
+def test_scrape_host_numeric_last_label(hostvars, value, ok):
+    hostvars["ddtree_ops"] = {"scrape_host": value}
+    if ok:
+        assert validate_hostvars("h1", hostvars).deployment.ops.scrape_host == value
+    else:
+        assert "resolvers read it as an IPv4 address" in _refused(hostvars, "ddtree_ops.scrape_host", value)
+
+
 # ------------------------------------------------------------------ deploy-time port check
 def _fake_proc(tmp_path: Path, port: int, cgroup: str, comm: str = "python3") -> Path:
     """A /proc with one LISTEN socket on ``port`` held by pid 4242 (layout of proc(5))."""

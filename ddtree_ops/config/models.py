@@ -70,7 +70,11 @@ def host_name_problem(name: object) -> str | None:
     """Why ``name`` is not an RFC 1123 host name, or ``None`` when it is one.
 
     Rule (RFC 1123 §2.1, RFC 1035 §2.3.4): dot-separated labels of ASCII letters, digits
-    and ``-``, each 1-63 characters, not starting or ending with ``-``; 253 characters in all.
+    and ``-``, each 1-63 characters, not starting or ending with ``-``; 253 characters in all;
+    the last label is not all digits (RFC 1123 §2.1: "the highest-level component label will
+    be alphabetic"; RFC 3696 §2): resolvers read ``1234`` or ``0177.0.0.1`` as an IPv4
+    address (``inet_aton``: 0.0.4.210, 127.0.0.1), not as a name. Addresses are given as IP
+    addresses (fields that take one parse them before this check).
     """
     if not isinstance(name, str) or not name:
         return "must be a non-empty host name"
@@ -80,6 +84,9 @@ def host_name_problem(name: object) -> str | None:
     if not all(_HOST_LABEL.fullmatch(label) for label in labels):
         return ("must be an RFC 1123 host name: dot-separated labels of letters, digits and -, each 1-63 "
                 "characters, not starting or ending with -")
+    if labels[-1].isdigit():
+        return ("is not a host name: its last label is all digits, so resolvers read it as an IPv4 address "
+                "(1234 = 0.0.4.210, 0177.0.0.1 = 127.0.0.1; RFC 1123 §2.1, RFC 3696 §2)")
     return None
 
 
@@ -97,8 +104,12 @@ def _ip_or_host(v: str) -> str:
     try:
         ip = ipaddress.ip_address(v)
     except ValueError:
-        if host_name_problem(v) is None:
+        problem = host_name_problem(v)
+        if problem is None:
             return v
+        if "all digits" in problem:
+            raise _fail(f"{problem}; nor is it an IP address in canonical form (no leading zeros, four parts)",
+                        "write the address as an IP address, e.g. 127.0.0.1, or use a host name")
         raise _fail("must be one IP address or RFC 1123 host name, without port, scheme, list or spaces",
                     "give one address, e.g. 10.0.0.5 or b300-01.example.internal (the port is configured separately)")
         raise
@@ -111,7 +122,8 @@ def _fail(rule: str, fix: str) -> ValueError:
     return ValueError(f"{rule}{RULE_FIX_SEP}{fix}")
 
 
-def _safe_arg(v: str) -> str:
+def _safe_chars(v: str) -> str:
+    """A non-empty value of argv-safe characters (:data:`_SAFE_ARG`); env values use this alone."""
     if not v:
         raise _fail("must not be empty", "give a value or remove the setting")
     if not _SAFE_ARG.fullmatch(v):
@@ -121,6 +133,17 @@ def _safe_arg(v: str) -> str:
             " (no whitespace, newline, %, $ or quotes: they would be read by systemd as specifiers, variables or a new directive)",
             "rename or symlink the model/path to a name without those characters",
         )
+    return v
+
+
+def _safe_arg(v: str) -> str:
+    """An argv value: :func:`_safe_chars`, and not starting with ``-``: SGLang's argparse
+    parser reads such a value as an option ("argument --model-path: expected one argument";
+    Python ``argparse``, "Arguments containing -")."""
+    _safe_chars(v)
+    if v.startswith("-"):
+        raise _fail("starts with -, which SGLang's argument parser reads as an option, not as this flag's value",
+                    "give the real model name or path (a local checkpoint named like an option: give its absolute path)")
     return v
 
 
@@ -146,6 +169,7 @@ def _bounded(lo: int, hi: int, gt: bool = False):
 
 
 ArgText = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_safe_arg)]
+EnvText = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_safe_chars)]
 AbsPath = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_safe_path)]
 HostText = Annotated[str, Field(max_length=MAX_NAME), AfterValidator(_ip_or_host)]
 Port = _bounded(1024, 65535)
@@ -487,7 +511,7 @@ class Service(_Model):
     restart_sec: _bounded(1, 3600) = 30
     start_limit_burst: _bounded(1, 100) = 3
     start_limit_interval_s: _bounded(60, 86400) = 7200
-    env: Annotated[dict[str, ArgText], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
+    env: Annotated[dict[str, EnvText], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
 
     @field_validator("name", "user", "group")
     @classmethod

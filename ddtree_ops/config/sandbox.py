@@ -36,6 +36,31 @@ device nodes (``DevicePolicy=closed``), never a place for a deployment's files."
 RAM_DISK = "/dev/shm"
 """A tmpfs an operator may preload a model into; readable inside the sandbox."""
 
+FHS = "file-hierarchy(7), FHS 3.0"
+SYSTEM_TREES: tuple[str, ...] = (
+    "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/efi",
+    "/run", "/var/run", "/var/lock", "/var/log", "/var/spool", "/var/mail", "/var/backups",
+    "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd", "/var/lib/private", "/var/cache/apt",
+    "/var/cache/debconf", "/var/cache/private", "/var/cache/ldconfig",
+)
+"""Trees of the operating system (file-hierarchy(7), FHS 3.0): configuration, programs and
+libraries (``/etc``, ``/usr`` and its merged-``/usr`` links), the boot loader, volatile runtime
+state (``/run``, ``/var/run``, ``/var/lock``: wiped at boot, and ``/run/ddtree-ops/<name>`` is
+the unit's own ``RuntimeDirectory=``, which systemd removes whenever it stops), logs, mail,
+spools, the package manager's and systemd's own state. A directory the service **writes**
+(state, cache) must not be, contain or lie under one: ``ReadWritePaths=`` would open it to the
+service and the role (``roles/ddtree_service`` "Service directories") would chown it to the
+service account with mode 0750, voiding the sandbox and breaking the host."""
+SYSTEM_ROOTS: tuple[str, ...] = ("/", "/var", "/var/lib", "/var/cache", "/opt", "/srv", "/home", "/root",
+                                 "/mnt", "/media", "/usr/local", "/tmp", "/var/tmp", "/proc", "/sys", "/dev")
+"""Directories that hold many owners' trees (file-hierarchy(7), FHS 3.0): a deployment may live
+*below* one (``/var/lib/ddtree-ops/<name>``, ``/opt/ddtree-ops/venv``), never *be* one or contain
+one, since the roles create, chown and chmod every directory they are given."""
+MIN_WRITABLE_DEPTH = 2
+"""A written directory is at least two levels deep (``/data/sglang``, not ``/data``): a top-level
+directory is shared by whatever else the host keeps there, and the role would hand all of it to
+the service account."""
+
 NVIDIA_DEVICE_GROUPS: tuple[str, ...] = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps")
 """``/proc/devices`` character-device groups CUDA opens, each allowed ``rw`` as
 ``DeviceAllow=char-<group>``:
@@ -145,15 +170,90 @@ def unit_sandbox(d: Deployment) -> UnitSandbox:
     )
 
 
+def _hidden(path: str) -> bool:
+    """True when the directive checks of :func:`rule_sandbox_paths` already refuse ``path``."""
+    return any(_under(path, t) for t in HIDDEN_BY_PROTECT_HOME + PRIVATE_TMP + KERNEL_TREES)
+
+
+def _system_tree_findings(d: Deployment) -> Iterator[Finding]:
+    """The directories the roles create and chown are the deployment's own (rule and reason:
+    :data:`SYSTEM_TREES`, :data:`SYSTEM_ROOTS`, :data:`MIN_WRITABLE_DEPTH`):
+
+    * none of state, cache, config, venv, sglang_venv is, or contains, a system tree or root;
+    * the venv's parent (the role makes it root-owned 0755) is not a system tree or root;
+    * state and cache (written) do not lie under a system tree, are at least two levels deep,
+      and overlap neither each other nor a venv (``<sglang_venv>.builds`` included) or the
+      config dir: a writable venv lets the service rewrite the code the exporter and the
+      unit's ``ExecStartPost`` health/warmup run, a writable config dir its own plan.json.
+
+    One finding per field (the first problem); paths the directive checks already refuse are skipped.
+    """
+    s = d.service
+    writable, readonly = _service_paths(d)
+    trees = SYSTEM_TREES + SYSTEM_ROOTS
+    bad: set[str] = set()
+    for field, path in writable + readonly:
+        if _hidden(path):
+            bad.add(field)
+            continue
+        tree = path if path in trees else next((t for t in trees if _under(t, path)), None)
+        if tree is not None:
+            what = "is a system directory itself" if tree == path else f"contains {tree}, a system directory"
+            yield Finding("error", field, path,
+                          f"{path} {what}; the role creates and chowns this directory (and ReadWritePaths= would open a written "
+                          "one to the service), which would take a system tree over",
+                          _fix_for(field), FHS)
+            bad.add(field)
+    parent = s.venv.rsplit("/", 1)[0] or "/"
+    if f"{SVC}.venv" not in bad and any(_under(t, parent) for t in trees):
+        yield Finding("error", f"{SVC}.venv", s.venv,
+                      f"the venv's parent {parent} is a system directory; the role makes the venv's parent "
+                      "root-owned with mode 0755", "give the venv a directory of its own, e.g. /opt/ddtree-ops/venv",
+                      FHS)
+    owned = [(f, p) for f, p in readonly] + [(f"{SVC}.sglang_venv", f"{s.sglang_venv_path}.builds")]
+    seen: list[tuple[str, str]] = []
+    for field, path in writable:
+        if field in bad:
+            continue
+        tree = next((t for t in SYSTEM_TREES if _under(path, t)), None)
+        other = next(((f, p) for f, p in owned + seen if _under(path, p) or _under(p, path)), None)
+        if tree is not None:
+            yield Finding("error", field, path,
+                          f"a directory the service writes must not lie under {tree} (an operating-system tree: "
+                          "ReadWritePaths= would open it to the service and the role would chown it to the service "
+                          "account)", _fix_for(field), FHS)
+        elif path.count("/") < MIN_WRITABLE_DEPTH:
+            yield Finding("error", field, path,
+                          f"a directory the service writes must be at least {MIN_WRITABLE_DEPTH} levels deep (a "
+                          "top-level directory is shared with whatever else the host keeps there, and the role "
+                          "hands it to the service account)", f"use a directory of its own, e.g. {path}/sglang", FHS)
+        elif other is not None:
+            yield Finding("error", field, path,
+                          f"overlaps {other[0]} ({other[1]}); the service may write here, so it could rewrite "
+                          "what lives there (the venvs hold the code the exporter and the unit's ExecStartPost "
+                          "run, the config dir its plan.json), and state and cache need separate trees",
+                          "give state_dir and cache_dir their own trees, apart from each other, the venvs and "
+                          "config_dir (defaults /var/lib/ddtree-ops/<name>, /var/cache/ddtree-ops/<name>)", FHS)
+        seen.append((field, path))
+
+
+def _fix_for(field: str) -> str:
+    return {f"{SVC}.state_dir": "use a directory of its own, e.g. /var/lib/ddtree-ops/<name> (the default)",
+            f"{SVC}.cache_dir": "use a directory of its own, e.g. /var/cache/ddtree-ops/<name> (the default)",
+            f"{SVC}.config_dir": "use a directory of its own, e.g. /etc/ddtree-ops/<name> (the default)",
+            }.get(field, "use a directory of its own, e.g. /opt/ddtree-ops/venv or /opt/ddtree-ops/sglang-venv")
+
+
 def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """Every path the unit needs survives its sandbox: state/cache (written) not under a tree
+    """Every path the unit needs survives its sandbox and is the deployment's own
+    (:func:`_system_tree_findings`): state/cache (written) not under a tree
     ``ProtectHome``/``PrivateTmp`` hides or an API file system; venvs and the config dir (read,
     plan.json by the ExecStartPost health/warmup) not hidden either; a local model or draft
     under ``/home``, ``/root``, ``/run/user`` gets ``ProtectHome=read-only`` (warning), one
     under ``/tmp``, ``/var/tmp``, ``/proc``, ``/sys`` or ``/dev`` (but ``/dev/shm``) is refused."""
     writable, readonly = _service_paths(d)
     for field, path in writable + readonly:
-        kind = "written" if (field, path) in writable else "read"
+        kind = "write" if (field, path) in writable else "read"
         for tree in HIDDEN_BY_PROTECT_HOME:
             if _under(path, tree):
                 yield Finding("error", field, path,
@@ -174,6 +274,7 @@ def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
                               f"{tree} is a kernel API file system (read-only or closed in the unit: "
                               "ProtectKernelTunables, ProtectControlGroups, DevicePolicy=closed)",
                               "use a path on a real file system under /var or /opt", SYSTEMD_EXEC)
+    yield from _system_tree_findings(d)
     for field, path in _local_model_paths(d):
         for tree in HIDDEN_BY_PROTECT_HOME:
             if _under(path, tree):
@@ -192,15 +293,62 @@ def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
                               SYSTEMD_EXEC)
 
 
+BASE_PASSWD = "Debian base-passwd 3.6 (/usr/share/base-passwd/passwd.master, group.master)"
+SYSTEM_USERS = frozenset({
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy", "www-data",
+    "backup", "list", "irc", "gnats", "_apt", "nobody",
+})
+"""Debian's static system users (:data:`BASE_PASSWD`; ``gnats`` until base-passwd 3.6, ``_apt``
+since). The role's ``user`` task would rewrite an existing account's primary group, home and
+shell, and these own system files (``bin``, ``man``, ``mail``...) or are the shared
+"unprivileged" identity (``nobody``) other daemons run as."""
+SYSTEM_GROUPS = frozenset({
+    "root", "daemon", "bin", "sys", "adm", "tty", "disk", "lp", "mail", "news", "uucp", "man", "proxy", "kmem",
+    "dialout", "fax", "voice", "cdrom", "floppy", "tape", "sudo", "audio", "dip", "www-data", "backup", "operator",
+    "list", "irc", "src", "gnats", "shadow", "utmp", "video", "sasl", "plugdev", "staff", "games", "users", "nogroup",
+})
+"""Debian's static system groups (:data:`BASE_PASSWD`): membership grants access to
+devices or files of the system (``disk``: raw block devices; ``kmem``: kernel memory;
+``shadow``: ``/etc/shadow``; ``adm``: logs; ``staff``: writes ``/usr/local``; ``sudo``: root)."""
+PRIVILEGED_GROUPS = frozenset({
+    "wheel", "docker", "lxd", "kvm", "libvirt", "libvirt-qemu", "systemd-journal", "input", "render",
+    "netdev", "bluetooth", "sgx", "tss", "ssl-cert", "_ssh", "crontab", "messagebus", "systemd-network",
+})
+"""Groups created by other packages whose members gain root or other services' secrets:
+``wheel`` (su/sudo), ``docker``/``lxd`` (root through the daemon's socket: docker(1) "Manage
+Docker as a non-root user"), ``kvm``/``libvirt`` (VMs, ``/dev/kvm``), ``systemd-journal``
+(every unit's logs), ``ssl-cert`` (TLS private keys), ``tss`` (the TPM), ``input``/``render``
+(other users' input and GPU render nodes)."""
+
+
 def rule_service_not_root(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """``ddtree_service.user``/``group`` are not root: the sandbox (no capabilities,
-    ``ProtectSystem=strict``) assumes an unprivileged account, and root would own every GPU
-    and the model cache of the host; systemd-analyze security scores a root unit 7.9 EXPOSED."""
+    """``ddtree_service.user``/``group`` are not root, not a Debian system account
+    (:data:`SYSTEM_USERS`, :data:`SYSTEM_GROUPS`) and not a privileged group
+    (:data:`PRIVILEGED_GROUPS`): the sandbox (no capabilities, ``ProtectSystem=strict``)
+    assumes an unprivileged account of its own; root would own every GPU and the model cache
+    of the host (systemd-analyze security scores a root unit 7.9 EXPOSED), a system group
+    opens system files inside the unit (``shadow``: ``/etc/shadow``; ``docker``: root via
+    ``docker.sock``), and the role's ``user`` task would rewrite an existing system account's
+    group, home and shell."""
     for name in ("user", "group"):
         value = getattr(d.service, name)
+        fix = (f"remove {name} (default sglang: the role creates that system account) or name an account used "
+               "only by this service")
         if value == "root":
             yield Finding("error", f"{SVC}.{name}", value,
                           f"SGLang must not run as {name} root (it parses untrusted requests and loads remote code "
-                          "with trust_remote_code)",
-                          f"remove {name} (default sglang: the role creates that system account) or name another "
-                          "unprivileged account", SYSTEMD_EXEC)
+                          "with trust_remote_code)", fix, SYSTEMD_EXEC)
+        elif name == "user" and value in SYSTEM_USERS:
+            yield Finding("error", f"{SVC}.{name}", value,
+                          f"{value} is a system user of the distribution; the role would rewrite the existing "
+                          "account (primary group, home, shell) and SGLang would share its files and identity "
+                          "with the system", fix, BASE_PASSWD)
+        elif name == "group" and value in SYSTEM_GROUPS:
+            yield Finding("error", f"{SVC}.{name}", value,
+                          f"{value} is a system group of the distribution; the unit would run with it and reach "
+                          "the system files or devices it owns (e.g. disk: raw block devices, shadow: /etc/shadow, "
+                          "adm: the logs)", fix.replace("system account", "system group"), BASE_PASSWD)
+        elif name == "group" and value in PRIVILEGED_GROUPS:
+            yield Finding("error", f"{SVC}.{name}", value,
+                          f"{value} is a privileged group (its members reach root, devices or other services' "
+                          "secrets); the unit would run with it", fix, BASE_PASSWD + "; docker(1), systemd-journald(8)")

@@ -8,6 +8,13 @@ replaced, never followed or kept). Directories are walked one component at a tim
 ``O_NOFOLLOW | O_DIRECTORY`` relative to the parent's descriptor, so a symlink anywhere
 under OUT (even one created while we run) is refused instead of followed, and a target
 path that would leave OUT (``..``, an absolute part) is refused before anything is written.
+
+Every directory render writes into (OUT and each level below it) must be owned by us and
+not writable by group or others (checked with ``fstat`` on the descriptor we then write
+through): whoever can write a directory can rename our files away and put theirs in place
+(secrets.env included) after we are done. Directories render creates (OUT, its missing
+parents and every level below) get mode 0755 whatever the umask (``fchmod`` after
+``mkdir``): under ``umask 000`` a plain ``mkdir`` would leave them 0777.
 """
 
 from __future__ import annotations
@@ -23,8 +30,25 @@ class UnsafeOutput(Exception):
     """The output directory or a path under it cannot be written safely (one-line message)."""
 
 
+DIR_MODE = 0o755
+"""Mode of every directory render creates (``fchmod``, so the umask does not matter)."""
+
+
+def _check_dir_stat(st: os.stat_result, path: str, label: str = "") -> None:
+    """Refuse a directory not owned by us or writable by group/others (see the module docstring)."""
+    shown = f"{label}{path}"
+    if st.st_uid != os.geteuid():
+        raise UnsafeOutput(f"{shown}: owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); another user "
+                           "could swap files in it. Fix: render into a directory you own")
+    if st.st_mode & 0o022:
+        raise UnsafeOutput(f"{shown}: mode {stat.S_IMODE(st.st_mode):04o} lets other users write in it (they could "
+                           f"swap the rendered files, secrets.env included). Fix: chmod go-w {path}, or render into "
+                           "a new directory")
+
+
 def check_out_dir(out_dir: Path) -> None:
-    """Refuse an existing OUT that is not a directory, is a symlink, or is not owned by us.
+    """Refuse an existing OUT that is not a directory, is a symlink, is not owned by us, or is
+    writable by group or others.
 
     Raises:
         UnsafeOutput: with the rule and the fix.
@@ -38,9 +62,40 @@ def check_out_dir(out_dir: Path) -> None:
                            "a symlink)")
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeOutput(f"--out {out_dir}: exists and is not a directory; pick a new or empty directory")
-    if st.st_uid != os.geteuid():
-        raise UnsafeOutput(f"--out {out_dir}: owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
-                           "another user could swap files in it. Fix: render into a directory you own")
+    _check_dir_stat(st, str(out_dir), "--out ")
+
+
+def make_out_dir(out_dir: Path) -> None:
+    """Create OUT and its missing parents, each with :data:`DIR_MODE` whatever the umask.
+
+    Raises:
+        UnsafeOutput: a component we created was replaced by a symlink or a file meanwhile.
+        OSError: the file system refused.
+    """
+    missing: list[Path] = []
+    p = Path(os.path.abspath(out_dir))
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: OUT itself is checked by the caller
+        fd = _open_nofollow(str(d), None, str(d))
+        try:
+            os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
+
+
+def _open_nofollow(name: str, parent_fd: int | None, shown: str) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink, or a file
+            raise UnsafeOutput(f"refusing to write under {shown!r}: it is a symlink or not a directory") from None
+        raise
 
 
 def relative_parts(rel: str) -> list[str]:
@@ -55,18 +110,54 @@ def relative_parts(rel: str) -> list[str]:
     return list(parts)
 
 
-def _open_dir(parent_fd: int, name: str, create: bool) -> int:
-    if create:
-        try:
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
+def _open_dir(parent_fd: int, name: str, shown: str) -> int:
+    """Open (creating it 0755 if missing) directory ``name`` under ``parent_fd`` without
+    following a symlink, and check it is ours and not group/other-writable."""
+    created = False
     try:
-        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink, or a file
-            raise UnsafeOutput(f"refusing to write under {name!r}: it is a symlink or not a directory") from None
+        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        pass
+    fd = _open_nofollow(name, parent_fd, shown)
+    try:
+        if created:
+            os.fchmod(fd, DIR_MODE)
+        _check_dir_stat(os.fstat(fd), shown)
+    except BaseException:
+        os.close(fd)
         raise
+    return fd
+
+
+def check_targets(out_dir: Path, rels: list[str]) -> None:
+    """Check, before anything is written, every existing directory the files ``rels`` would be
+    written into (OUT and each level below it; missing ones render creates itself): the same
+    checks as :func:`write_under`, so a bad directory deep in OUT stops the render before the
+    first file rather than half-way.
+
+    Raises:
+        UnsafeOutput: a path leaves OUT, or an existing directory on the way is a symlink, not a
+            directory, not ours or writable by group/others.
+    """
+    if not os.path.lexists(out_dir):
+        return
+    check_out_dir(out_dir)
+    dirs = sorted({tuple(relative_parts(rel)[:-1]) for rel in rels})
+    for parts in dirs:
+        fd = _open_nofollow(str(out_dir), None, str(out_dir))
+        try:
+            for i, name in enumerate(parts):
+                shown = str(out_dir.joinpath(*parts[:i + 1]))
+                try:
+                    nfd = _open_nofollow(name, fd, shown)
+                except FileNotFoundError:
+                    break
+                os.close(fd)
+                fd = nfd
+                _check_dir_stat(os.fstat(fd), shown)
+        finally:
+            os.close(fd)
 
 
 def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
@@ -77,16 +168,18 @@ def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
         The path written.
 
     Raises:
-        UnsafeOutput: the path leaves OUT, or a component under OUT is a symlink / not a directory.
+        UnsafeOutput: the path leaves OUT, or a directory on the way (OUT included) is a symlink,
+            not a directory, not ours or writable by group/others.
         OSError: the file system refused (permissions, space).
     """
     parts = relative_parts(rel)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out_dir)
     check_out_dir(out_dir)
-    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = _open_nofollow(str(out_dir), None, str(out_dir))
     try:
-        for name in parts[:-1]:
-            nfd = _open_dir(fd, name, create=True)
+        _check_dir_stat(os.fstat(fd), str(out_dir))
+        for i, name in enumerate(parts[:-1]):
+            nfd = _open_dir(fd, name, str(out_dir.joinpath(*parts[:i + 1])))
             os.close(fd)
             fd = nfd
         tmp = f".{parts[-1]}.{secrets.token_hex(6)}.tmp"
