@@ -109,7 +109,7 @@ BAD_HOSTS = {
     "leading-dash": "-h1", "trailing-dash": "h1-", "empty-label": "a..b", "label-64": "a" * 64,
     "total-254": ".".join(["a" * 50] * 5) + ".abc", "tab": "h\t1", "backslash": "h\\1",
     # the last label all digits: resolvers read it as an IPv4 address (RFC 1123 §2.1)
-    "all-digits": "1234", "numeric-tld": "b300.10", "ip-as-name": "10.0.0.5",
+    "all-digits": "1234", "numeric-tld": "b300.10", "ip-as-name-octal": "010.0.0.5",
 }
 
 
@@ -583,3 +583,12 @@ def test_corpus_summary():
         print(f"{kind:<16} {n:>5}  {status}")
     if sum(len(r) for r in RESULTS.values()) == len(CORPUS):
         assert all(all(r) for r in RESULTS.values())
+
+
+def test_an_inventory_host_named_by_its_canonical_ipv4_address_is_accepted():
+    """Ansible inventories often name hosts by address: ``10.0.0.5`` is safe in paths and labels
+    (non-canonical numeric names such as ``010.0.0.5`` or ``1234`` stay refused)."""
+    v = validate_hostvars("10.0.0.5", base_hostvars())
+    assert v.deployment.host == "10.0.0.5"
+    with pytest.raises(ConfigError, match="inventory_hostname"):
+        validate_hostvars("010.0.0.5", base_hostvars())

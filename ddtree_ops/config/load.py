@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
 from .hosts import HOST_CLASSES
-from .models import GROUPS_VAR, INVENTORY_VARS, Deployment, host_name_problem, is_deployment_var
+from .models import GROUPS_VAR, INVENTORY_VARS, Deployment, inventory_name_problem, is_deployment_var
 from .plan import Plan, make_plan
 from .rules import RULES
 
@@ -42,7 +42,7 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     Raises:
         ConfigError: a variable has the wrong type, range or characters.
     """
-    problem = host_name_problem(host)
+    problem = inventory_name_problem(host)
     if problem:
         raise ConfigError([Finding("error", "inventory_hostname", host, problem,
                                    "rename the host in the inventory (put the address in ansible_host), "

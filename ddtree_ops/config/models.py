@@ -90,6 +90,19 @@ def host_name_problem(name: object) -> str | None:
     return None
 
 
+def inventory_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be an inventory host name, or ``None``: an RFC 1123 host name
+    (:func:`host_name_problem`) or an IPv4 address in canonical dotted-quad form (``10.0.0.5``;
+    Ansible inventories often name hosts by address, and it is safe in paths and labels),
+    never a non-canonical numeric name (``010.0.0.5``, ``1234``)."""
+    try:
+        if isinstance(name, str) and str(ipaddress.IPv4Address(name)) == name:
+            return None
+    except ValueError:
+        pass
+    return host_name_problem(name)
+
+
 def check_host_name(name: str) -> str:
     """``name`` if it is an RFC 1123 host name (:func:`host_name_problem`); else ``ValueError``
     (rule | fix, see :data:`~.errors.RULE_FIX_SEP`)."""
@@ -654,7 +667,7 @@ class Deployment(_Model):
     :class:`ddtree_ops.config.plan.Plan`.
 
     Attributes:
-        host: inventory host name, RFC 1123 (:func:`check_host_name`).
+        host: inventory host name: RFC 1123 or a canonical IPv4 address (:func:`inventory_name_problem`).
         address: ``ansible_host``: one IP address or RFC 1123 host name.
         hf_token: ``ddtree_hf_token`` (vault it): lands as ``HF_TOKEN`` in the 0600 secrets.env.
         secret_env: ``ddtree_secret_env`` ``{NAME: value}`` (vault the values; <= 64 names
@@ -680,7 +693,10 @@ class Deployment(_Model):
     @field_validator("host")
     @classmethod
     def _host_name(cls, v: str) -> str:
-        return check_host_name(v)
+        problem = inventory_name_problem(v)
+        if problem:
+            raise _fail(problem, "rename the inventory host (put the address in ansible_host), e.g. b300-01")
+        return v
 
     @field_validator("secret_env")
     @classmethod
