@@ -5,7 +5,9 @@ Runs on the controller only. Options:
 
 * ``servers`` (list of inventory host names, required): hosts whose deployments to scrape
   (usually ``groups['sglang_servers']``); each is validated like ``ddtree_render`` does.
-* ``rules_path`` (str, required): where the rules file lands (goes into ``rule_files:``).
+* ``rules_path`` (str, required unless ``fleet_only``): where the rules file lands (goes into ``rule_files:``).
+* ``fleet_only`` (bool, default false): only validate ``servers`` and check them against each
+  other (deploy.yml's first play, run once before anything changes); returns ``targets``.
 * ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
@@ -34,7 +36,8 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         args = self._task.args
         servers = args.get("servers") or []
-        if not isinstance(servers, list) or not args.get("rules_path"):
+        fleet_only = bool(args.get("fleet_only", False))
+        if not isinstance(servers, list) or not (args.get("rules_path") or fleet_only):
             result.update(failed=True, msg="ddtree_prometheus: servers (list of hosts) and rules_path are required")
             return result
         validated, findings = [], []
@@ -51,6 +54,10 @@ class ActionModule(ActionBase):
         if findings:
             result.update(failed=True, msg="invalid deployment config:\n" + "\n".join(f.message() for f in findings),
                           findings=[f.as_dict() for f in findings])
+            return result
+        if fleet_only:
+            result.update(changed=False, targets=[v.deployment.host for v in validated],
+                          msg=f"{len(validated)} deployment(s) valid, no clash between them")
             return result
         try:
             settings = AlertSettings.from_dict(dict(args.get("alerts") or {}))

@@ -96,7 +96,7 @@ def test_limit_checks_against_hosts_outside_it(tmp_path, capsys):
     assert "b300-01 and b300-02 both reach machine 10.0.0.5" in " ".join(capsys.readouterr().err.split())
 
 
-def _prometheus_action(task_vars: dict, servers: list[str]):
+def _prometheus_action(task_vars: dict, servers: list[str], **extra):
     from ansible.parsing.dataloader import DataLoader
     from ansible.playbook.task import Task
     from ansible.template import Templar
@@ -107,7 +107,7 @@ def _prometheus_action(task_vars: dict, servers: list[str]):
     finally:
         sys.path.pop(0)
     task = Task()
-    task.args = {"servers": servers, "rules_path": "/etc/prometheus/ddtree-rules.yml"}
+    task.args = {"servers": servers, **(extra or {"rules_path": "/etc/prometheus/ddtree-rules.yml"})}
     loader = DataLoader()
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: runs on the controller
     action = ActionModule(task=task, connection=connection, play_context=None, loader=loader,
@@ -128,3 +128,17 @@ def test_prometheus_action_refuses_a_clash_and_lists_a_host_once():
     result = _prometheus_action(task_vars, ["h1", "h3", "h1"])
     assert not result.get("failed"), result.get("msg")
     assert result["targets"] == ["h1", "h3"] and result["prometheus_yml"].count("10.0.0.5:30000") == 1
+
+
+def test_deploy_checks_the_fleet_before_any_host_changes():
+    """deploy.yml's first play runs the fleet check once (``fleet_only``): a clash stops the
+    deploy before the service play; a clean fleet passes without rendering Prometheus files."""
+    play = yaml.safe_load((REPO / "deploy.yml").read_text())[0]
+    task = next(t for t in play["tasks"] if "ddtree_prometheus" in t)
+    assert task["ddtree_prometheus"]["fleet_only"] is True and task["run_once"] is True
+    task_vars = {"hostvars": {"h1": _hostvars("h1", "10.0.0.5"), "h2": _hostvars("h2", "10.0.0.5"),
+                              "h3": _hostvars("h3", "10.0.0.6")}}
+    result = _prometheus_action(task_vars, ["h1", "h2", "h3"], fleet_only=True)
+    assert result["failed"] and "h2 and h1 both reach machine 10.0.0.5" in result["msg"]
+    result = _prometheus_action(task_vars, ["h1", "h3"], fleet_only=True)
+    assert not result.get("failed") and result["targets"] == ["h1", "h3"] and "prometheus_yml" not in result
