@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,13 +46,23 @@ def say(console: Console, label: str, style: str, message: str) -> None:
 
 
 def _url(url: str) -> str:
+    """``url`` if it is ``http(s)://HOST[:PORT][/...]`` without credentials.
+
+    A URL with user info (``http://user:pass@host``) is refused: it would be echoed in the
+    report (``url``), in logs and in shell history; the message shows it with the user info
+    replaced by ``(redacted)@``."""
     try:
         u = httpx.URL(url)
         ok = u.scheme in ("http", "https") and bool(u.host) and (u.port is None or 0 < u.port < 65536)
+        has_userinfo = bool(u.userinfo)
     except Exception:  # httpx raises several types for malformed URLs
-        ok = False
+        ok, has_userinfo = False, "@" in url
+    if has_userinfo:
+        shown = shorten(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/]*@", r"\1(redacted)@", url))
+        raise typer.BadParameter(f"URL {shown!r}: holds credentials (user info); give http(s)://HOST:PORT "
+                                 "without them")
     if not ok:
-        raise typer.BadParameter(f"URL {url!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
+        raise typer.BadParameter(f"URL {shorten(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
     return url
 
 

@@ -516,3 +516,15 @@ def test_corpus_summary():
         print(f"{kind:<16} {n:>5}  {status}")
     if sum(len(r) for r in RESULTS.values()) == len(CORPUS):
         assert all(all(r) for r in RESULTS.values())
+
+
+@pytest.mark.parametrize("cmd", ["health", "warmup"])
+@pytest.mark.parametrize("url", ["http://ops:CANARY-url-pw-7731@127.0.0.1:1", "https://CANARY-url-pw-7731@127.0.0.1:1/x",
+                                 "http://ops:CANARY-url-pw-7731@[::1]:1"])
+def test_credentials_in_a_server_url_are_refused_and_never_echoed(cmd, url, capsys):
+    rc = main([cmd, url, "--json"])
+    cap = capsys.readouterr()
+    assert rc == 2
+    assert "CANARY-url-pw-7731" not in cap.out + cap.err
+    assert "credentials" in cap.err and "(redacted)@" in cap.err
+    assert json.loads(cap.out)["ok"] is False
