@@ -855,6 +855,8 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) 
                 if isinstance(text, str):
                     register_secret(text)
                     plain.add(text)
+    if not holders:
+        return plain, holders
     jinja_of = {str(n): " ".join(_JINJA.findall(" ".join(x for _, x in _strings(v) if isinstance(x, str))))
                 for n, v in all_vars.items() if n not in SKIP_VARS and str(n) not in holders}
     changed = True
