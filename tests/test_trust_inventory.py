@@ -214,6 +214,15 @@ def corpus() -> list[Case]:
 
 
 CORPUS = corpus()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_registry(monkeypatch):
+    """Each test starts with no registered secret: a leak cannot hide behind a canary that an
+    earlier test registered (register_secret is process-wide)."""
+    import ddtree_ops.config.errors as errors
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
 RESULTS: dict[str, list[bool]] = defaultdict(list)
 
 

@@ -39,13 +39,15 @@ def register_secret(value: str) -> None:
 
 def scrub(text: str) -> str:
     """``text`` with every registered secret replaced by ``(redacted)``, URL credentials
-    (``scheme://user:pass@`` -> ``scheme://user:(redacted)@``, :data:`URL_CREDENTIALS`) and the
+    (``scheme://user:pass@`` -> ``scheme://user:(redacted)@``, :data:`URL_CREDENTIALS`; the bare user
+    of an http(s)/git URL, which may be a token: ``https://(redacted)@host``) and the
     value of every ``NAME=value`` / ``NAME: value`` whose NAME looks secret (:func:`is_secret_name`,
     e.g. ``X_API_KEY=...``) redacted."""
     for s in sorted(_known_secrets, key=len, reverse=True):
         if s in text:
             text = text.replace(s, REDACTED)
     text = URL_CREDENTIALS.sub(lambda m: f"{m['pre']}:{REDACTED}@", text)
+    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)
     return _NAMED_VALUE.sub(_redact_named, text)
 
 
@@ -73,6 +75,9 @@ def is_secret_name(name: str) -> bool:
 URL_CREDENTIALS = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]*):(?P<pw>[^\s/?#@'\"]+)@")
 """``scheme://user:password@`` in a URL (RFC 3986 §3.2.1 userinfo; the password part is deprecated
 there because it is shown wherever the URL is)."""
+
+_URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>(?:https?|git)://)(?P<user>[^\s/?#@:'\"]+)@")
+"""A bare user in an ``http(s)://`` / ``git://`` URL: forges take a token as the user name."""
 
 _NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
                           r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")
