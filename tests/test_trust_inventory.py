@@ -705,3 +705,18 @@ def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
     assert time.monotonic() - t0 < 5
     [line] = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
     assert "ddtree_model" in line and "longer than 0.5 s" in line
+
+
+def test_linked_group_vars_walk_is_bounded(tmp_path, capsys, monkeypatch):
+    """A group_vars link to a large tree is refused at MAX_VARS_ENTRIES (5 here), not walked whole."""
+    import ddtree_ops.config.inventory as inventory
+
+    monkeypatch.setattr(inventory, "MAX_VARS_ENTRIES", 5)
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(8):
+        (big / f"f{i}.txt").write_text("x")
+    (inv / "group_vars" / "all").symlink_to(big)
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert "more than 5 files" in capsys.readouterr().err

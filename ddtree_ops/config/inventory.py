@@ -136,30 +136,44 @@ def _ansible_failures(causes: list[str], warnings: list[str] | None = None) -> I
             del display.warning
 
 
+MAX_VARS_ENTRIES = 10_000
+"""Most files and directories the group_vars/host_vars check walks (a link to ``/`` would walk the disk)."""
+
+
 def _check_vars_files(path: Path) -> None:
-    """Refuse a dangling symlink or unreadable file under the inventory's group_vars/host_vars."""
+    """Refuse a dangling symlink, an unreadable file or directory under the inventory's
+    group_vars/host_vars, linked directories followed (Ansible reads them too; each directory
+    once, so a link loop ends), at most :data:`MAX_VARS_ENTRIES` entries."""
     base = path if path.is_dir() else path.parent
+
+    def refuse(f: str | Path, why: str) -> None:
+        raise ConfigError([Finding("error", "inventory", str(f), why,
+                                   "fix or remove the file (its variables would be missing)")])
+
+    def unlistable(exc: OSError) -> None:
+        refuse(exc.filename or top, "cannot be listed by this user; Ansible would skip its variables")
+
     for sub in ("group_vars", "host_vars"):
         top = base / sub
         if not top.is_dir():
             continue
         seen: set[tuple[int, int]] = set()
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=True):  # Ansible reads linked dirs too
+        entries = 0
+        for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=True):
             st = os.stat(dirpath)
             if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or one directory linked twice
                 dirnames[:] = []
                 continue
             seen.add((st.st_dev, st.st_ino))
+            entries += len(dirnames) + len(filenames)
+            if entries > MAX_VARS_ENTRIES:
+                refuse(top, f"holds more than {MAX_VARS_ENTRIES} files and directories (a link to a large tree?)")
             for name in dirnames + filenames:
                 f = Path(dirpath) / name
                 if f.is_symlink() and not f.exists():
-                    why = f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently"
+                    refuse(f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently")
                 elif f.is_file() and not os.access(f, os.R_OK):
-                    why = "is not readable by this user; Ansible would skip its variables"
-                else:
-                    continue
-                raise ConfigError([Finding("error", "inventory", str(f), why,
-                                           "fix or remove the file (its variables would be missing)")])
+                    refuse(f, "is not readable by this user; Ansible would skip its variables")
 
 
 def _yaml_causes(path: Path, loader: Any) -> list[str]:
