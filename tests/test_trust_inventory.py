@@ -720,3 +720,11 @@ def test_linked_group_vars_walk_is_bounded(tmp_path, capsys, monkeypatch):
     (inv / "group_vars" / "all").symlink_to(big)
     assert main(["validate", "-i", str(inv)]) == 2
     assert "more than 5 files" in capsys.readouterr().err
+
+
+def test_short_unrelated_vaulted_value_is_no_false_alarm(tmp_path):
+    """A vaulted word the deployment never uses (a become password 'sglang') does not refuse the
+    service user 'sglang': containment counts only for secrets of >= 8 characters."""
+    loader, task_vars = _vault_task_vars(tmp_path, "sglang", {"ddtree_service": {"user": "sglang"}})
+    result = _render_action(loader, task_vars)
+    assert not result.get("failed"), result.get("msg")

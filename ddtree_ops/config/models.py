@@ -876,27 +876,27 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     plaintext (or a registered secret of this host), or whose Jinja refers to a vault-holding variable."""
     from .errors import _is_vaulted
 
-    own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str) and len(s) >= 8}
-    secrets = [s for s in plain | own if len(s) >= 4]
+    own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str)}
+    # containment only for secrets of >= 8 characters: a short vaulted word (a become password
+    # "sglang") would flag ordinary values; Jinja naming a vaulted variable is caught by name below
+    secrets = [s for s in plain | own if len(s) >= 8]
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b") if holders else None
     found: list[Finding] = []
     for k, v in out.items():
         if k in SECRET_VARS:
             continue
-        raw_jinja = {p: " ".join(_JINJA.findall(x)) for p, x in _strings(raw.get(k)) if isinstance(x, str)}
-        for path, leaf in _strings(v):
-            text = leaf if isinstance(leaf, str) else None
-            hit = _is_vaulted(leaf) or (text is not None and any(s in text for s in secrets))
-            if not hit and pattern is not None and pattern.search(raw_jinja.get(path, "")):
-                hit = True
-            if hit:
-                found.append(Finding(
-                    "error", f"{k}{path}", REDACTED,
-                    "holds a secret (a vaulted value, or text made from one); only ddtree_hf_token and "
-                    "ddtree_secret_env may: this field would land in plan.json / 0644 files and in messages",
-                    "put the secret in ddtree_secret_env (or ddtree_hf_token); they land only in the 0600 "
-                    "secrets.env", host=host))
-                break
+        hits = [path for path, leaf in _strings(v)
+                if _is_vaulted(leaf) or (isinstance(leaf, str) and any(s in leaf for s in secrets))]
+        if pattern is not None:  # Jinja naming a vault-holding variable (a filter may have changed the text)
+            hits += [path for path, leaf in _strings(raw.get(k))
+                     if isinstance(leaf, str) and any(pattern.search(e) for e in _JINJA.findall(leaf))]
+        if hits:
+            found.append(Finding(
+                "error", f"{k}{hits[0]}", REDACTED,
+                "holds a secret (a vaulted value, or text made from one); only ddtree_hf_token and "
+                "ddtree_secret_env may: this field would land in plan.json / 0644 files and in messages",
+                "put the secret in ddtree_secret_env (or ddtree_hf_token); they land only in the 0600 "
+                "secrets.env", host=host))
     if found:
         raise ConfigError(found)
 
