@@ -728,3 +728,12 @@ def test_short_unrelated_vaulted_value_is_no_false_alarm(tmp_path):
     loader, task_vars = _vault_task_vars(tmp_path, "sglang", {"ddtree_service": {"user": "sglang"}})
     result = _render_action(loader, task_vars)
     assert not result.get("failed"), result.get("msg")
+
+
+@pytest.mark.parametrize("repo", ["git@github.com:sgl-project/sglang.git", "ssh://git@github.com/sgl-project/sglang.git",
+                                  "https://github.com/sgl-project/sglang.git"])
+def test_ssh_user_in_repo_stays_allowed(repo):
+    """Attack F1 #3 refuses user:password@ and http(s) token users; an ssh account name is no secret."""
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "repo": repo, "commit": "a" * 40}
+    assert validate_hostvars("h1", hv).deployment.sglang.repo == repo
