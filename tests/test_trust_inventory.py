@@ -644,8 +644,13 @@ def test_vault_password_file_option(tmp_path, capsys, monkeypatch):
     files = {p.name: p.read_text() for p in out.rglob("*") if p.is_file()}
     assert "HF_TOKEN=VCANARY_s3cr3t_value\n" in files.pop("secrets.env")
     assert files and not any("VCANARY" in t for t in files.values())
-    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(pw))  # honoured as by ansible-inventory
     import ansible.constants as C
+
+    monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", None)
+    assert main(["validate", "-i", str(inv)]) == 2  # no password: the earlier load's secrets do not carry over
+    err = capsys.readouterr().err
+    assert "--vault-password-file" in err and "VCANARY" not in err
+    # ANSIBLE_VAULT_PASSWORD_FILE (read by Ansible's config into this constant) is honoured as by ansible-inventory
     monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", str(pw))
     assert main(["validate", "-i", str(inv)]) == 0
     assert main(["validate", "-i", str(inv), "--vault-password-file", str(tmp_path / "missing")]) == 2

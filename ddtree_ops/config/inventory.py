@@ -227,7 +227,14 @@ def _vault_secrets(loader: Any, files: list[str]) -> None:
     import ansible.constants as C
     from ansible.cli import CLI
 
+    try:
+        from ansible.parsing.vault import VaultSecretsContext
+    except ImportError:  # ansible-core < 2.19: the loader is enough
+        VaultSecretsContext = None  # noqa: N806
     if not files and not C.DEFAULT_VAULT_PASSWORD_FILE and not C.DEFAULT_VAULT_IDENTITY_LIST:
+        current = VaultSecretsContext.current(optional=True) if VaultSecretsContext else None
+        if current is not None:  # a long-lived process: no secrets of an earlier load carry over
+            current.secrets[:] = []
         return
     for f in files:
         name = f.split("@", 1)[1] if "@" in f else f
@@ -243,9 +250,7 @@ def _vault_secrets(loader: Any, files: list[str]) -> None:
                                    f"cannot read the vault password ({shorten(', '.join(files))}): {_first_line(str(exc))}",
                                    "check the file (or ANSIBLE_VAULT_PASSWORD_FILE / ansible.cfg)")]) from None
     loader.set_vault_secrets(secrets)
-    try:
-        from ansible.parsing.vault import VaultSecretsContext
-    except ImportError:  # ansible-core < 2.19: the loader is enough
+    if VaultSecretsContext is None:
         return
     current = VaultSecretsContext.current(optional=True)
     if current is None:
