@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +34,9 @@ DEFAULT_INVENTORY = os.environ.get("DDTREE_INVENTORY", "inventory/example")
 InventoryOpt = Annotated[str, typer.Option("--inventory", "-i", help="Ansible inventory file or directory.")]
 LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern, e.g. b300.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+VaultOpt = Annotated[list[str] | None, typer.Option(
+    "--vault-password-file", help="Vault password file ([id@]path; repeatable). ANSIBLE_VAULT_PASSWORD_FILE and "
+    "ansible.cfg are honoured too, as by ansible-inventory.")]
 
 
 class CheckFailed(Exception):
@@ -45,13 +49,23 @@ def say(console: Console, label: str, style: str, message: str) -> None:
 
 
 def _url(url: str) -> str:
+    """``url`` if it is ``http(s)://HOST[:PORT][/...]`` without credentials.
+
+    A URL with user info (``http://user:pass@host``) is refused: it would be echoed in the
+    report (``url``), in logs and in shell history; the message shows it with the user info
+    replaced by ``(redacted)@``."""
     try:
         u = httpx.URL(url)
         ok = u.scheme in ("http", "https") and bool(u.host) and (u.port is None or 0 < u.port < 65536)
+        has_userinfo = bool(u.userinfo)
     except Exception:  # httpx raises several types for malformed URLs
-        ok = False
+        ok, has_userinfo = False, "@" in url
+    if has_userinfo:
+        shown = shorten(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/]*@", r"\1(redacted)@", url))
+        raise typer.BadParameter(f"URL {shown!r}: holds credentials (user info); give http(s)://HOST:PORT "
+                                 "without them")
     if not ok:
-        raise typer.BadParameter(f"URL {url!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
+        raise typer.BadParameter(f"URL {shorten(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
     return url
 
 
@@ -61,11 +75,11 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
     return value
 
 
-def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], list[Finding]]:
+def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = None) -> tuple[list[Validated], list[Finding]]:
     from .config.fleet import fleet_findings
     from .config.inventory import load_hostvars
 
-    hostvars = load_hostvars(inventory, limit)
+    hostvars = load_hostvars(inventory, limit, vault or ())
     ok: list[Validated] = []
     errors: list[Finding] = []
     for host, hv in sorted(hostvars.items()):
@@ -76,7 +90,7 @@ def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], l
     # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
     peers: list[Validated] = []
     if limit:
-        for host, hv in sorted(load_hostvars(inventory).items()):
+        for host, hv in sorted(load_hostvars(inventory, None, vault or ()).items()):
             if host not in hostvars:
                 try:
                     peers.append(validate_hostvars(host, hv))
@@ -86,17 +100,18 @@ def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], l
     return ok, errors
 
 
-def _require_valid(inventory: str, limit: str | None) -> list[Validated]:
-    ok, errors = _validate_all(inventory, limit)
+def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None) -> list[Validated]:
+    ok, errors = _validate_all(inventory, limit, vault)
     if errors:
         raise ConfigError(errors)
     return ok
 
 
 @app.command()
-def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False) -> None:
+def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
+             vault: VaultOpt = None) -> None:
     """Validate every server host of an inventory (exit 2 on any error)."""
-    ok, errors = _validate_all(inventory, limit)
+    ok, errors = _validate_all(inventory, limit, vault)
     warnings = [w for v in ok for w in v.warnings]
     checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
     checks += [{"name": f"config:{show_host(f.host) or f.field}", "ok": False, "detail": f.message()} for f in errors]
@@ -115,9 +130,10 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
 
 
 @app.command()
-def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False) -> None:
+def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
+         vault: VaultOpt = None) -> None:
     """Show what each host will run: sizes per request, capture list, graph token maxima."""
-    validated = _require_valid(inventory, limit)
+    validated = _require_valid(inventory, limit, vault)
     if as_json:
         print(json.dumps({"ok": True, "checks": [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"}
                                                  for v in validated],
@@ -155,7 +171,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
 
 @app.command()
 def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory to write into.")],
-           inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None) -> None:
+           inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None) -> None:
     """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
     alert rules, Grafana dashboard).
 
@@ -174,7 +190,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
         check_out_dir(out_dir)
     except UnsafeOutput as exc:
         raise typer.BadParameter(str(exc)) from None
-    validated = _require_valid(inventory, limit)
+    validated = _require_valid(inventory, limit, vault)
     writes = [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
     from .render.monitoring import DASHBOARD_FILE, RULES_FILE, render_dashboard, render_rules
@@ -208,7 +224,8 @@ def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) 
         raise CheckFailed()
 
 
-def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) -> tuple[dict | None, str | None]:
+def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
+              vault: list[str] | None = None) -> tuple[dict | None, str | None]:
     """The deployed plan document and its default URL, from ``--plan`` or ``-i/-l`` (one host).
 
     Returns ``(None, None)`` when neither is given. Raises ``typer.BadParameter`` (exit 2)
@@ -232,7 +249,7 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None) 
     if inventory is not None:
         from .render.files import plan_document, scrape_address
 
-        validated = _require_valid(inventory, limit)
+        validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
             names = ", ".join(v.deployment.host for v in validated) or "none"
             raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
@@ -283,7 +300,7 @@ def health(url: UrlArg = None,
            interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
            progress_window: Annotated[float, typer.Option(help="Seconds between two /metrics samples of the progress check.")] = 2.0,
            wait: Annotated[float, typer.Option(help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round).")] = 0.0,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None,
+           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
            warm_marker: Annotated[Path | None, typer.Option("--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json).")] = None,
            as_json: JsonOpt = False) -> None:
     """Liveness, readiness and deep checks (drift from the deployed config, progress).
@@ -293,7 +310,7 @@ def health(url: UrlArg = None,
     """
     from .ops.health import HealthOptions, bound_s, check_health, wait_ready
 
-    doc, default_url = _deployed(plan_file, inventory, limit)
+    doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
     timeout = _positive("--timeout", timeout if timeout is not None else _plan_ops(doc, "health_timeout_s", 5.0), 300)
     failures = failures if failures is not None else int(_plan_ops(doc, "health_failures", 3, int))
@@ -310,7 +327,7 @@ def health(url: UrlArg = None,
 
 @app.command()
 def warmup(url: UrlArg = None,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None,
+           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
            batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")] = None,
            deadline: Annotated[float | None, typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600.")] = None,
            max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
@@ -324,7 +341,7 @@ def warmup(url: UrlArg = None,
     from .ops.warmup import WarmupError, WarmupPlan, warmup_plan, write_marker
     from .ops.warmup import warmup as run_warmup
 
-    doc, default_url = _deployed(plan_file, inventory, limit)
+    doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
     deadline = _positive("--deadline", deadline if deadline is not None else _plan_ops(doc, "warmup_deadline_s", 600.0))
     if not 1 <= max_new_tokens <= 1 << 20:
@@ -379,7 +396,7 @@ def warmup(url: UrlArg = None,
 
 
 @app.command("probe-sglang")
-def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None,
+def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
                  plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,
                  python: Annotated[str | None, typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python).")] = None,
                  timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
@@ -395,7 +412,7 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: {exc}") from None
     else:
-        validated = _require_valid(inventory, limit)
+        validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
             names = ", ".join(x.deployment.host for x in validated) or "none"
             raise typer.BadParameter(f"-l {limit!r} selects {len(validated)} hosts ({names}); the probe checks one "

@@ -198,14 +198,41 @@ def corpus() -> list[Case]:
         "secret_env-HF_TOKEN": ("ddtree_secret_env", None, {"HF_TOKEN": CANARY}),
         "secret_env-list": ("ddtree_secret_env", None, [CANARY]),
         "unknown-var-token": ("ddtree_hf_tokn", None, CANARY),
+        # attack F1 #3/#5: URL credentials, plural secret names, env given as a string
+        "sglang-repo-userinfo": ("ddtree_sglang", "repo", f"https://oauth2:{CANARY}@gitlab.example.com/x.git"),
+        "sglang-repo-token-user": ("ddtree_sglang", "repo", f"https://{CANARY}@github.com/x/y.git"),
+        "sglang-repo-invalid": ("ddtree_sglang", "repo", f"https://oauth2:{CANARY}@gitlab.example.com/x y.git"),
+        "sglang-url-userinfo": ("ddtree_sglang", "url", f"https://u:{CANARY}@example.com/sglang.whl"),
+        "env-url-userinfo": ("ddtree_service", "env", {"DATABASE_URL": f"postgres://u:{CANARY}@db/x"}),
+        "env-API_TOKENS": ("ddtree_service", "env", {"API_TOKENS": CANARY}),
+        "env-SSH_KEYS": ("ddtree_service", "env", {"SSH_KEYS": CANARY}),
+        "env-as-string": ("ddtree_service", "env", f"X_API_KEY={CANARY}"),
     }
     for label, (section, key, value) in secret_cases.items():
         cases.append(Case("canary secret", label, section if key in (None, "env") else f"{section}.{key}",
                           group_vars=_with(section, key, value)))
+    # attack F1 #5: a template that fails echoes no literal (nor name) of a secret's Jinja source
+    for label, expr in {"attr": "{{ {'a': 1}.%s }}", "key": "{{ {'a': 1}['%s'] }}", "undefined": "{{ %s }}",
+                        "lookup-file": "{{ lookup('file', '%s') }}", "mandatory": "{{ undefined_x | mandatory('%s') }}",
+                        "int-base": "{{ '%s' | int(base='zz') }}"}.items():
+        text = _base_yaml() + "ddtree_hf_token: " + json.dumps(expr % CANARY) + "\n"
+        cases.append(Case("template error", label, "ddtree_hf_token", group_vars_text=text))
+    # attack F1 #7: Ansible's INI plugin reads a broken hosts.yml after the YAML plugin failed
+    cases.append(Case("unreadable", "hosts-yml-list", "should be a dictionary", hosts_text="- sglang_servers\n- b300\n"))
+    cases.append(Case("unreadable", "hosts-yml-binary", "hosts.yml is not valid YAML", hosts_text="\x00\x01\x02garbage\n"))
     return cases
 
 
 CORPUS = corpus()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_registry(monkeypatch):
+    """Each test starts with no registered secret: a leak cannot hide behind a canary that an
+    earlier test registered (register_secret is process-wide)."""
+    import ddtree_ops.config.errors as errors
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
 RESULTS: dict[str, list[bool]] = defaultdict(list)
 
 
@@ -592,3 +619,202 @@ def test_an_inventory_host_named_by_its_canonical_ipv4_address_is_accepted():
     assert v.deployment.host == "10.0.0.5"
     with pytest.raises(ConfigError, match="inventory_hostname"):
         validate_hostvars("010.0.0.5", base_hostvars())
+
+
+@pytest.mark.parametrize("cmd", ["health", "warmup"])
+@pytest.mark.parametrize("url", ["http://ops:CANARY-url-pw-7731@127.0.0.1:1", "https://CANARY-url-pw-7731@127.0.0.1:1/x",
+                                 "http://ops:CANARY-url-pw-7731@[::1]:1"])
+def test_credentials_in_a_server_url_are_refused_and_never_echoed(cmd, url, capsys):
+    rc = main([cmd, url, "--json"])
+    cap = capsys.readouterr()
+    assert rc == 2
+    assert "CANARY-url-pw-7731" not in cap.out + cap.err
+    assert "credentials" in cap.err and "(redacted)@" in cap.err
+    assert json.loads(cap.out)["ok"] is False
+
+
+# ---- attack F1: vault, linked group_vars, Ansible warnings, templating time --------------------
+
+def _render_action(loader, task_vars: dict):
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    sys.path.insert(0, str(REPO / "action_plugins"))
+    try:
+        from ddtree_render import ActionModule
+    finally:
+        sys.path.pop(0)
+    task = Task()
+    task.args = {}
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: runs on the controller
+    return ActionModule(task=task, connection=connection, play_context=None, loader=loader,
+                        templar=Templar(loader=loader, variables=task_vars), shared_loader_obj=None).run(task_vars=task_vars)
+
+
+def _vault_task_vars(tmp_path: Path, plaintext: str, extra: dict) -> tuple:
+    """Task variables as a play sees them: loaded from YAML (so Ansible trusts their Jinja),
+    ``vault_v`` a vaulted value, ``extra`` merged into the base deployment."""
+    loader, _ = _vaulted(tmp_path, plaintext)
+    cipher = (tmp_path / "v.yml").read_text().split("\n", 1)[1]
+    variables = copy.deepcopy(base_hostvars())
+    for k, v in extra.items():
+        variables[k] = {**variables[k], **v} if isinstance(variables.get(k), dict) else v
+    src = tmp_path / "vars.yml"
+    src.write_text(yaml.safe_dump(variables, sort_keys=False) + "vault_v: !vault |\n" + cipher)
+    task_vars = dict(loader.load_from_file(str(src), trusted_as_template=True))
+    return loader, {**task_vars, "inventory_hostname": "h1", "group_names": ["b300", "sglang_servers"]}
+
+
+@pytest.mark.parametrize("section,value,field", [
+    ("ddtree_service", {"env": {"FOO": "{{ vault_v }}"}}, "ddtree_service.env.FOO"),  # vaulted, non-secret name
+    ("ddtree_service", {"env": {"FOO": "x {{ vault_v }}"}}, "ddtree_service.env.FOO"),  # concatenation drops the tag
+    ("ddtree_service", {"env": {"FOO": "{{ vault_v | replace('_', '-') }}"}}, "ddtree_service.env.FOO"),  # a filter
+    ("ddtree_model", {"path": "org/{{ vault_v }} x"}, "ddtree_model.path"),  # breaks a rule: would be echoed
+    ("ddtree_model", {"path": "{{ derived }}"}, "ddtree_model.path"),  # through another variable
+])
+def test_vaulted_value_in_a_plain_field_is_refused(tmp_path, section, value, field):
+    """Attack F1 #1: a vaulted value (or text made from it) in any field other than
+    ddtree_hf_token / ddtree_secret_env is refused; plan, msg and findings never carry it."""
+    vault_canary = "VCANARY_s3cr3t_value"
+    loader, task_vars = _vault_task_vars(tmp_path, vault_canary, {"derived": "{{ vault_v | upper }}", section: value})
+    result = _render_action(loader, task_vars)
+    dumped = json.dumps(result, default=str)
+    assert result.get("failed") and field in result["msg"] and "ddtree_secret_env" in result["msg"], result.get("msg")
+    assert vault_canary not in dumped and vault_canary.upper() not in dumped and "VCANARY-s3cr3t" not in dumped
+
+
+def test_vaulted_value_in_the_secret_fields_is_accepted(tmp_path):
+    loader, task_vars = _vault_task_vars(tmp_path, "VCANARY_s3cr3t_value", {
+        "ddtree_hf_token": "{{ vault_v }}", "ddtree_secret_env": {"WANDB_API_KEY": "{{ vault_v }}"}})
+    result = _render_action(loader, task_vars)
+    assert not result.get("failed"), result.get("msg")
+    assert "VCANARY" not in json.dumps(result, default=str)  # non-secret files only (secrets: false)
+
+
+def _vault_inventory(tmp_path: Path, extra: str) -> tuple[Path, Path]:
+    """An inventory whose group_vars carry ``vault_v`` encrypted by ``ansible-vault encrypt_string``."""
+    pw = tmp_path / "vault-pw"
+    pw.write_text("vpass-for-tests\n")
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt_string", "--vault-password-file",
+                        str(pw), "--name", "vault_v", "VCANARY_s3cr3t_value"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    (inv / "group_vars" / "all.yml").write_text(r.stdout + "\n")
+    (inv / "host_vars" / "h1.yml").write_text(extra)
+    return inv, pw
+
+
+def test_vault_password_file_option(tmp_path, capsys, monkeypatch):
+    """Attack F1 #8: with --vault-password-file (or ANSIBLE_VAULT_PASSWORD_FILE) the CLI reads a
+    vaulted inventory; the token lands only in secrets.env, the canary in no output."""
+    inv, pw = _vault_inventory(tmp_path, 'ddtree_hf_token: "{{ vault_v }}"\n')
+    out = tmp_path / "OUT"
+    texts = []
+    for argv in (["validate", "-i", str(inv), "--vault-password-file", str(pw)],
+                 ["plan", "-i", str(inv), "--json", "--vault-password-file", str(pw)],
+                 ["render", "-i", str(inv), "--out", str(out), "--vault-password-file", str(pw)]):
+        assert main(argv) == 0, argv
+        cap = capsys.readouterr()
+        texts.append(cap.out + cap.err)
+    assert not any("VCANARY" in t for t in texts)
+    files = {p.name: p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert "HF_TOKEN=VCANARY_s3cr3t_value\n" in files.pop("secrets.env")
+    assert files and not any("VCANARY" in t for t in files.values())
+    import ansible.constants as C
+
+    monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", None)
+    assert main(["validate", "-i", str(inv)]) == 2  # no password: the earlier load's secrets do not carry over
+    err = capsys.readouterr().err
+    assert "--vault-password-file" in err and "VCANARY" not in err
+    # ANSIBLE_VAULT_PASSWORD_FILE (read by Ansible's config into this constant) is honoured as by ansible-inventory
+    monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", str(pw))
+    assert main(["validate", "-i", str(inv)]) == 0
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(tmp_path / "missing")]) == 2
+    assert "--vault-password-file" in capsys.readouterr().err
+
+
+def test_vaulted_value_in_plain_env_refused_by_the_cli(tmp_path, capsys):
+    inv, pw = _vault_inventory(tmp_path, 'ddtree_service: {env: {FOO: "{{ vault_v }}"}}\n')
+    for argv in (["validate", "-i", str(inv), "--json"], ["render", "-i", str(inv), "--out", str(tmp_path / "OUT")]):
+        assert main([*argv, "--vault-password-file", str(pw)]) == 2
+        cap = capsys.readouterr()
+        assert "VCANARY" not in cap.out + cap.err and "ddtree_service.env.FOO" in cap.out + cap.err
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_dangling_symlink_inside_a_linked_group_vars_dir(tmp_path, capsys):
+    """Attack F1 #2: group_vars/sglang_servers -> shared/, shared/vault.yml dangling: refused (Ansible
+    would skip it and the role would delete the host's secrets); a directory link loop ends."""
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (inv / "group_vars" / "sglang_servers.yml").rename(shared / "main.yml")
+    (inv / "group_vars" / "sglang_servers").symlink_to(shared)
+    (shared / "loop").symlink_to(shared)  # a loop: walked once
+    assert main(["validate", "-i", str(inv)]) == 0
+    capsys.readouterr()
+    (shared / "vault.yml").symlink_to(tmp_path / "gone" / "vault.yml")
+    assert main(["render", "-i", str(inv), "--out", str(tmp_path / "OUT")]) == 2
+    err = capsys.readouterr().err
+    assert "vault.yml" in err and "dangling symlink" in err
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_duplicate_key_warning_without_the_secret(tmp_path, capsys):
+    """Attack F1 #4: Ansible's duplicate-key warning quotes the source lines; ours is one line with
+    the origin, and the secret is in no output."""
+    text = _base_yaml() + f"ddtree_hf_token: {CANARY}\nddtree_hf_token: {CANARY}b\n"
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars_text=text))
+    for argv in (["validate", "-i", str(inv)], ["plan", "-i", str(inv), "--json"]):
+        assert main(argv) == 0
+        cap = capsys.readouterr()
+        assert CANARY not in cap.out + cap.err
+        [warn] = [ln for ln in cap.err.splitlines() if "duplicate" in ln]
+        assert "'ddtree_hf_token'" in warn and "sglang_servers.yml:" in warn
+
+
+@pytest.mark.parametrize("expr", ["{% for i in range(10**8) %}a{% endfor %}", "{{ lookup('pipe', 'sleep 4') }}"])
+def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
+    """Attack F1 #6: inventory Jinja is bounded per host (10 s; 0.5 s here): one finding naming the variable."""
+    import ddtree_ops.config.inventory as inventory
+
+    monkeypatch.setattr(inventory, "TEMPLATE_DEADLINE_S", 0.5)
+    gv = _with("ddtree_model", "path", expr)
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=gv))
+    t0 = time.monotonic()
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert time.monotonic() - t0 < 5
+    [line] = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert "ddtree_model" in line and "longer than 0.5 s" in line
+
+
+def test_linked_group_vars_walk_is_bounded(tmp_path, capsys, monkeypatch):
+    """A group_vars link to a large tree is refused at MAX_VARS_ENTRIES (5 here), not walked whole."""
+    import ddtree_ops.config.inventory as inventory
+
+    monkeypatch.setattr(inventory, "MAX_VARS_ENTRIES", 5)
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(8):
+        (big / f"f{i}.txt").write_text("x")
+    (inv / "group_vars" / "all").symlink_to(big)
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert "more than 5 files" in capsys.readouterr().err
+
+
+def test_short_unrelated_vaulted_value_is_no_false_alarm(tmp_path):
+    """A vaulted word the deployment never uses (a become password 'sglang') does not refuse the
+    service user 'sglang': containment counts only for secrets of >= 8 characters."""
+    loader, task_vars = _vault_task_vars(tmp_path, "sglang", {"ddtree_service": {"user": "sglang"}})
+    result = _render_action(loader, task_vars)
+    assert not result.get("failed"), result.get("msg")
+
+
+@pytest.mark.parametrize("repo", ["git@github.com:sgl-project/sglang.git", "ssh://git@github.com/sgl-project/sglang.git",
+                                  "https://github.com/sgl-project/sglang.git"])
+def test_ssh_user_in_repo_stays_allowed(repo):
+    """Attack F1 #3 refuses user:password@ and http(s) token users; an ssh account name is no secret."""
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "repo": repo, "commit": "a" * 40}
+    assert validate_hostvars("h1", hv).deployment.sglang.repo == repo

@@ -38,16 +38,50 @@ def register_secret(value: str) -> None:
 
 
 def scrub(text: str) -> str:
-    """``text`` with every registered secret replaced by ``(redacted)``."""
+    """``text`` with every registered secret replaced by ``(redacted)``, URL credentials
+    (``scheme://user:pass@`` -> ``scheme://user:(redacted)@``, :data:`URL_CREDENTIALS`; the bare user
+    of an http(s)/git URL, which may be a token: ``https://(redacted)@host``) and the
+    value of every ``NAME=value`` / ``NAME: value`` whose NAME looks secret (:func:`is_secret_name`,
+    e.g. ``X_API_KEY=...``) redacted."""
     for s in sorted(_known_secrets, key=len, reverse=True):
         if s in text:
             text = text.replace(s, REDACTED)
-    return text
+    text = URL_CREDENTIALS.sub(lambda m: f"{m['pre']}:{REDACTED}@", text)
+    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)
+    return _NAMED_VALUE.sub(_redact_named, text)
+
+
+def _redact_named(m: re.Match[str]) -> str:
+    name = m["name"]
+    # "NAME: value" only for identifiers (hf_token, X_API_KEY), so prose ("a secret: it") stays readable
+    if m["sep"] != "=" and not re.search(r"[_.A-Z-]", name):
+        return m[0]
+    return f"{name}{m['sep']}{REDACTED}" if is_secret_name(name) else m[0]
+
+
+_PLURAL_SECRET = re.compile(r"[A-Z0-9]*(TOKENS|KEYS)")
+"""An upper-case (environment-style) last word ``*TOKENS`` / ``*KEYS`` (``API_TOKENS``, ``SSH_KEYS``)
+is a secret too; lower-case ``tokens`` and inner words stay counts (``draft_tokens_per_req``,
+``DDTREE_OPS_VERIFY_TOKENS_PER_REQ``)."""
 
 
 def is_secret_name(name: str) -> bool:
-    """True when a field path or name looks like it holds a secret (:data:`SECRET_NAME`)."""
-    return any(SECRET_NAME.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", str(name)) if w)
+    """True when a field path or name looks like it holds a secret (:data:`SECRET_NAME`, or an
+    upper-case plural word :data:`_PLURAL_SECRET`)."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", str(name)) if w]
+    return any(SECRET_NAME.fullmatch(w) for w in words) or bool(words and _PLURAL_SECRET.fullmatch(words[-1]))
+
+
+URL_CREDENTIALS = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]*):(?P<pw>[^\s/?#@'\"]+)@")
+"""``scheme://user:password@`` in a URL (RFC 3986 §3.2.1 userinfo; the password part is deprecated
+there because it is shown wherever the URL is)."""
+
+_URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>(?:https?|git)://)(?P<user>[^\s/?#@:'\"]+)@")
+"""A bare user in an ``http(s)://`` / ``git://`` URL: forges take a token as the user name."""
+
+_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
+                          r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")
+"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line)."""
 
 
 def _is_vaulted(v: Any) -> bool:

@@ -9,24 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Finding
+from .errors import ConfigError, Finding, scrub
 from .errors import shorten
 from .models import deployment_vars
+
+TEMPLATE_DEADLINE_S = 10.0
+"""Longest the Jinja of one host's variables may take to template (a loop, a ``pipe`` lookup),
+seconds; enforced with ``SIGALRM`` when loading on the main thread (the CLI)."""
 
 SERVER_GROUP = "sglang_servers"
 """Inventory group whose hosts run an SGLang instance (``deploy.yml`` targets it)."""
 
 
-def load_hostvars(inventory: str | Path, limit: str | None = None) -> dict[str, dict[str, Any]]:
+def load_hostvars(inventory: str | Path, limit: str | None = None,
+                  vault_password_files: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Return ``{host: {ddtree_var: value}}`` for the server hosts of an inventory.
 
     Args:
         inventory: inventory file or directory (as given to ``ansible-playbook -i``).
         limit: an Ansible host pattern (``-l``), e.g. ``b300`` or ``host1,host2``.
+        vault_password_files: vault password files (``--vault-password-file``; ``[id@]path``,
+            a script is run as Ansible runs it); ``ANSIBLE_VAULT_PASSWORD_FILE`` /
+            ``ansible.cfg``'s ``vault_password_file`` and ``vault_identity_list`` are used as well,
+            as ``ansible-inventory`` does.
+
+    Inventory Jinja is code that Ansible runs (lookups included), as ``ansible-playbook`` would:
+    templating one host may take at most :data:`TEMPLATE_DEADLINE_S` seconds (on the main thread).
+    Ansible's warnings during the load (e.g. a duplicate YAML key) are printed to stderr after
+    it, as one line each (message and origin, never the source line) with secrets scrubbed.
 
     Every inventory source must parse (Ansible's ``INVENTORY_ANY_UNPARSED_IS_FAILED`` is
     turned on for the load), and every file under ``group_vars`` / ``host_vars`` next to it
@@ -45,14 +62,18 @@ def load_hostvars(inventory: str | Path, limit: str | None = None) -> dict[str, 
                                    "pass an inventory file or directory, e.g. inventory/example")])
     _check_vars_files(path)
     causes: list[str] = []
+    warnings: list[str] = []
     try:
-        with _ansible_failures(causes):
-            return _load(path, limit)
+        with _ansible_failures(causes, warnings):
+            return _load(path, limit, list(vault_password_files), causes)
     except AnsibleError as exc:
         first = _first_line(str(exc)) or type(exc).__name__
         cause = f" ({causes[0]})" if causes else ""
         raise ConfigError([Finding("error", "inventory", str(inventory), f"Ansible cannot read it: {first}{cause}",
                                    "fix the YAML or Jinja expression it names (ansible-inventory -i INV --list shows the same)")]) from None
+    finally:  # after the load: every secret of the inventory is registered, so scrub() removes it
+        for w in dict.fromkeys(warnings):
+            print(f"[WARNING] {shorten(scrub(w), 400)}", file=sys.stderr)
 
 
 def _first_line(text: str) -> str:
@@ -62,16 +83,33 @@ def _first_line(text: str) -> str:
     return shorten(f"{first} {origin}".strip(), 400)
 
 
+def _warning_line(msg: Any, help_text: Any = None, obj: Any = None) -> str:
+    """Ansible's warning as one line: message, help text and origin (file:line), without the
+    source-context lines Ansible would print (they may hold a secret)."""
+    origin = ""
+    try:
+        from ansible._internal._datatag._tags import Origin
+
+        tag = Origin.get_tag(obj) if obj is not None else None
+        origin = f" Origin: {tag}" if tag is not None else ""
+    except ImportError:  # ansible-core < 2.19
+        pass
+    first = next((ln.strip() for ln in str(msg).splitlines() if ln.strip()), "")
+    return f"{first} {help_text or ''}".strip() + origin
+
+
 @contextlib.contextmanager
-def _ansible_failures(causes: list[str]) -> Iterator[None]:
+def _ansible_failures(causes: list[str], warnings: list[str] | None = None) -> Iterator[None]:
     """Fail on any unparsable inventory source, and collect the parse failures Ansible
-    reports (as warnings) into ``causes``: the YAML plugin's first (the one that says why)."""
+    reports (as warnings) into ``causes``: the YAML plugin's first (the one that says why).
+    Ansible's other warnings go to ``warnings`` (:func:`_warning_line`), not to the terminal."""
     import ansible.constants as C
     from ansible.utils.display import Display
 
     display = Display()
     saved = C.INVENTORY_ANY_UNPARSED_IS_FAILED, C.INVENTORY_UNPARSED_IS_FAILED
     had_own = "error_as_warning" in vars(display)
+    had_warning = "warning" in vars(display)
 
     def collect(msg: str = "", exception: BaseException | None = None, *args: Any, **kw: Any) -> None:
         text = _first_line(str(exception.__cause__ or exception)) if exception is not None else ""
@@ -81,53 +119,178 @@ def _ansible_failures(causes: list[str]) -> Iterator[None]:
         causes.insert(0 if "'yaml'" in msg else len(causes), entry)
 
     C.INVENTORY_ANY_UNPARSED_IS_FAILED = C.INVENTORY_UNPARSED_IS_FAILED = True
+    def warn(msg: str = "", formatted: bool = False, *args: Any, help_text: Any = None, obj: Any = None, **kw: Any) -> None:
+        if warnings is not None:
+            warnings.append(_warning_line(msg, help_text, obj))
+
     display.error_as_warning = collect  # type: ignore[method-assign]
+    if warnings is not None and not had_warning:
+        display.warning = warn  # type: ignore[method-assign]
     try:
         yield
     finally:
         C.INVENTORY_ANY_UNPARSED_IS_FAILED, C.INVENTORY_UNPARSED_IS_FAILED = saved
         if not had_own:
             del display.error_as_warning
+        if warnings is not None and not had_warning:
+            del display.warning
+
+
+MAX_VARS_ENTRIES = 10_000
+"""Most files and directories the group_vars/host_vars check walks (a link to ``/`` would walk the disk)."""
 
 
 def _check_vars_files(path: Path) -> None:
-    """Refuse a dangling symlink or unreadable file under the inventory's group_vars/host_vars."""
+    """Refuse a dangling symlink, an unreadable file or directory under the inventory's
+    group_vars/host_vars, linked directories followed (Ansible reads them too; each directory
+    once, so a link loop ends), at most :data:`MAX_VARS_ENTRIES` entries."""
     base = path if path.is_dir() else path.parent
+
+    def refuse(f: str | Path, why: str) -> None:
+        raise ConfigError([Finding("error", "inventory", str(f), why,
+                                   "fix or remove the file (its variables would be missing)")])
+
+    def unlistable(exc: OSError) -> None:
+        refuse(exc.filename or top, "cannot be listed by this user; Ansible would skip its variables")
+
     for sub in ("group_vars", "host_vars"):
         top = base / sub
         if not top.is_dir():
             continue
-        for dirpath, dirnames, filenames in os.walk(top):
+        seen: set[tuple[int, int]] = set()
+        entries = 0
+        for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=True):
+            st = os.stat(dirpath)
+            if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or one directory linked twice
+                dirnames[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            entries += len(dirnames) + len(filenames)
+            if entries > MAX_VARS_ENTRIES:
+                refuse(top, f"holds more than {MAX_VARS_ENTRIES} files and directories (a link to a large tree?)")
             for name in dirnames + filenames:
                 f = Path(dirpath) / name
                 if f.is_symlink() and not f.exists():
-                    why = f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently"
+                    refuse(f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently")
                 elif f.is_file() and not os.access(f, os.R_OK):
-                    why = "is not readable by this user; Ansible would skip its variables"
-                else:
-                    continue
-                raise ConfigError([Finding("error", "inventory", str(f), why,
-                                           "fix or remove the file (its variables would be missing)")])
+                    refuse(f, "is not readable by this user; Ansible would skip its variables")
 
 
-def _load(path: Path, limit: str | None) -> dict[str, dict[str, Any]]:
+def _yaml_causes(path: Path, loader: Any) -> list[str]:
+    """Why the inventory's ``.yml`` / ``.yaml`` / ``.json`` sources are no YAML inventory, for the
+    error when no host matches: Ansible tries its yaml plugin, then its ini plugin, and keeps the
+    ini result silently (a YAML list, binary garbage), dropping the yaml plugin's failure."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    out: list[str] = []
+    for f in files[:100]:
+        if f.suffix not in (".yml", ".yaml", ".json"):
+            continue
+        try:
+            data = loader.load_from_file(str(f))
+        except Exception as exc:  # noqa: BLE001 - any parse error is the cause we report
+            out.append(f"{f.name} is not valid YAML: {_first_line(str(exc))}")
+            continue
+        if data is not None and not isinstance(data, dict):
+            out.append(f"{f.name} is a YAML {type(data).__name__}, not a mapping of groups (sglang_servers: children: ...)")
+    return out
+
+
+class TemplateTimeout(BaseException):
+    """Templating one host ran past :data:`TEMPLATE_DEADLINE_S` (a ``BaseException``, so no
+    ``except Exception`` in Ansible or Jinja swallows it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`TemplateTimeout` in the block after ``seconds`` (``SIGALRM``; a no-op off
+    the main thread or without ``setitimer``, e.g. inside an Ansible worker)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise TemplateTimeout()
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _vault_secrets(loader: Any, files: list[str]) -> None:
+    """Give ``loader`` (and ansible-core 2.19's process-wide vault context) the vault secrets of
+    ``files``, ``ANSIBLE_VAULT_PASSWORD_FILE`` and ``ansible.cfg``, as ``ansible-inventory`` does
+    (``ansible.cli.CLI.setup_vault_secrets``; no prompt)."""
+    import ansible.constants as C
+    from ansible.cli import CLI
+
+    try:
+        from ansible.parsing.vault import VaultSecretsContext
+    except ImportError:  # ansible-core < 2.19: the loader is enough
+        VaultSecretsContext = None  # noqa: N806
+    if not files and not C.DEFAULT_VAULT_PASSWORD_FILE and not C.DEFAULT_VAULT_IDENTITY_LIST:
+        current = VaultSecretsContext.current(optional=True) if VaultSecretsContext else None
+        if current is not None:  # a long-lived process: no secrets of an earlier load carry over
+            current.secrets[:] = []
+        return
+    for f in files:
+        name = f.split("@", 1)[1] if "@" in f else f
+        if not Path(name).is_file():
+            raise ConfigError([Finding("error", "--vault-password-file", None, f"no such file: {shorten(f)}",
+                                       "give the path of a file holding the vault password (or a script printing it)")])
+    try:
+        secrets = CLI.setup_vault_secrets(loader, vault_ids=list(C.DEFAULT_VAULT_IDENTITY_LIST),
+                                          vault_password_files=list(files), ask_vault_pass=False,
+                                          auto_prompt=False, initialize_context=False)
+    except Exception as exc:  # noqa: BLE001 - AnsibleError and OSError alike: one finding
+        raise ConfigError([Finding("error", "--vault-password-file", None,
+                                   f"cannot read the vault password ({shorten(', '.join(files))}): {_first_line(str(exc))}",
+                                   "check the file (or ANSIBLE_VAULT_PASSWORD_FILE / ansible.cfg)")]) from None
+    loader.set_vault_secrets(secrets)
+    if VaultSecretsContext is None:
+        return
+    current = VaultSecretsContext.current(optional=True)
+    if current is None:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    else:  # a second load in one process (tests, a long-lived caller)
+        current.secrets[:] = secrets
+
+
+def _load(path: Path, limit: str | None, vault_password_files: list[str] | None = None,
+          causes: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
+    _vault_secrets(loader, list(vault_password_files or []))
     inv = InventoryManager(loader=loader, sources=[str(path)])
     vm = VariableManager(loader=loader, inventory=inv)
     pattern = SERVER_GROUP if not limit else f"{SERVER_GROUP}:&{limit}"
     hosts = inv.get_hosts(pattern)
     if not hosts:
+        causes = list(causes) + _yaml_causes(path, loader)
+        cause = (f"; {causes[0]} (Ansible's ini plugin then read it as INI, without that host group)"
+                 if causes else "")
         raise ConfigError([Finding("error", "--limit" if limit else "inventory", limit or str(path),
-                                   f"no host of group {SERVER_GROUP} matches",
-                                   f"add hosts under {SERVER_GROUP} (children b300 / ct200) or fix the pattern")])
+                                   f"no host of group {SERVER_GROUP} matches{cause}",
+                                   f"add hosts under {SERVER_GROUP} (children b300 / ct200) or fix the pattern"
+                                   + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
-        out[host.name] = deployment_vars(all_vars, templar.template, host.name)
+        try:
+            with _deadline(TEMPLATE_DEADLINE_S):
+                out[host.name] = deployment_vars(all_vars, templar.template, host.name)
+        except TemplateTimeout as exc:
+            raise ConfigError([Finding("error", getattr(exc, "variable", "inventory"), "…",
+                                       f"templating the host's variables took longer than {TEMPLATE_DEADLINE_S:g} s "
+                                       "(a Jinja loop or a slow lookup)",
+                                       "simplify the Jinja in its group_vars/host_vars (inventory Jinja is code Ansible "
+                                       "runs, lookups included)", host=host.name)]) from None
     return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -45,7 +45,7 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import RULE_FIX_SEP, ConfigError, Finding, is_secret_name, register_secret
+from .errors import REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, register_secret
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
@@ -129,6 +129,16 @@ def _ip_or_host(v: str) -> str:
     if getattr(ip, "scope_id", None):
         raise _fail("an IPv6 scope id cannot be used in a scrape target", "use a global or unique-local address")
     return v
+
+
+def _url_credentials(v: str) -> bool:
+    """True when URL ``v`` carries a secret in its userinfo (RFC 3986 §3.2.1): ``user:password@``
+    with any scheme (:data:`~.errors.URL_CREDENTIALS`), or any user in an ``http(s)://`` / ``git://``
+    URL (forges take a token as the user name: ``https://TOKEN@github.com/...``). An ssh user
+    (``ssh://git@host/x``, ``git@host:path``) names an account, not a secret: allowed."""
+    if URL_CREDENTIALS.search(v):
+        return True
+    return bool(re.match(r"(?i)(https?|git)://[^/?#]*@", v))
 
 
 def _fail(rule: str, fix: str) -> ValueError:
@@ -273,6 +283,16 @@ class SGLangPin(_Model):
     patches: Annotated[list[PatchPin], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     requirements: AbsPathOrRelative | None = None
     install_release: bool = False
+
+    @field_validator("url", "repo")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v is not None and _url_credentials(v):
+            raise _fail("holds credentials (user:password@ or a token as the user of an http(s)/git URL); the URL "
+                        "lands in the 0644 plan.json and in logs",
+                        "drop them from the URL and let git/pip find them on the controller: a git credential helper "
+                        "or ~/.netrc (an ssh user as in git@host:path stays allowed)")
+        return v
 
     @field_validator("url")
     @classmethod
@@ -546,6 +566,10 @@ class Service(_Model):
                             "auth); this env file is world-readable (0644) and copied into plan.json",
                             f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it); it then lands only in "
                             "the 0600 secrets.env")
+            if isinstance(v[key], str) and _url_credentials(v[key]):
+                raise _fail(f"the value of {key} holds URL credentials (user:password@); this env file is "
+                            "world-readable (0644) and copied into plan.json",
+                            f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it)")
             if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these
                 raise _fail(f"{key} is derived from the validated config (the SGLang plugin checks the server's "
                             "graph sizes against it; an override defeats that guard)",
@@ -817,26 +841,162 @@ def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
             stack.extend((key, x, sec) for x in v)
 
 
+SECRET_VARS = ("ddtree_hf_token", "ddtree_secret_env")
+"""The only deployment variables that may hold a secret (they land in the 0600 secrets.env alone)."""
+
+SKIP_VARS = frozenset({"hostvars", "vars", "groups", "omit", "play_hosts", "ansible_play_hosts",
+                       "ansible_play_hosts_all", "ansible_play_batch"})
+"""Ansible magic variables the vault walk skips (other hosts' variables, group lists)."""
+
+MAX_VAULT_NODES = 200_000
+"""Most values the vault walk over all of one host's variables visits."""
+
+_JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
+_LITERAL = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
+
+
+def _strings(value: Any, limit: int = MAX_VAR_NODES) -> Iterator[tuple[str, Any]]:
+    """``(path-suffix, leaf)`` for every leaf of ``value`` (keys included as leaves), bounded."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    n = 0
+    while stack and n < limit:
+        path, v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            for k, x in v.items():
+                yield path, k
+                stack.append((f"{path}.{k}" if isinstance(k, str) and len(k) < 64 else f"{path}.<key>", x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
+        else:
+            yield path, v
+
+
+def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) -> tuple[set[str], set[str]]:
+    """Walk every variable of the host (not :data:`SKIP_VARS`; at most :data:`MAX_VAULT_NODES`
+    values) for vaulted values; return (their plaintexts, registered as secrets; the names of the
+    variables that hold one or whose Jinja refers to one, transitively)."""
+    from .errors import _is_vaulted
+
+    plain: set[str] = set()
+    holders: set[str] = set()
+    budget = MAX_VAULT_NODES
+    for name, value in list(all_vars.items()):
+        if name in SKIP_VARS or budget <= 0:
+            continue
+        for _, leaf in _strings(value, budget):
+            budget -= 1
+            if _is_vaulted(leaf):
+                holders.add(str(name))
+                try:
+                    text = template(leaf)
+                except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
+                    continue
+                if isinstance(text, str):
+                    register_secret(text)
+                    plain.add(text)
+    if not holders:
+        return plain, holders
+    jinja_of = {str(n): " ".join(_JINJA.findall(" ".join(x for _, x in _strings(v) if isinstance(x, str))))
+                for n, v in all_vars.items() if n not in SKIP_VARS and str(n) not in holders}
+    changed = True
+    while changed and holders:  # a variable whose Jinja names a holder holds the secret too
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
+        changed = False
+        for n, expr in jinja_of.items():
+            if n not in holders and expr and pattern.search(expr):
+                holders.add(n)
+                changed = True
+    return plain, holders
+
+
+def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], plain: set[str],
+                           holders: set[str]) -> None:
+    """Refuse a non-secret deployment field whose templated value is vaulted, contains a vault
+    plaintext (or a registered secret of this host), or whose Jinja refers to a vault-holding variable."""
+    from .errors import _is_vaulted
+
+    own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str)}
+    # containment only for secrets of >= 8 characters: a short vaulted word (a become password
+    # "sglang") would flag ordinary values; Jinja naming a vaulted variable is caught by name below
+    secrets = [s for s in plain | own if len(s) >= 8]
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b") if holders else None
+    found: list[Finding] = []
+    for k, v in out.items():
+        if k in SECRET_VARS:
+            continue
+        hits = [path for path, leaf in _strings(v)
+                if _is_vaulted(leaf) or (isinstance(leaf, str) and any(s in leaf for s in secrets))]
+        if pattern is not None:  # Jinja naming a vault-holding variable (a filter may have changed the text)
+            hits += [path for path, leaf in _strings(raw.get(k))
+                     if isinstance(leaf, str) and any(pattern.search(e) for e in _JINJA.findall(leaf))]
+        if hits:
+            found.append(Finding(
+                "error", f"{k}{hits[0]}", REDACTED,
+                "holds a secret (a vaulted value, or text made from one); only ddtree_hf_token and "
+                "ddtree_secret_env may: this field would land in plan.json / 0644 files and in messages",
+                "put the secret in ddtree_secret_env (or ddtree_hf_token); they land only in the 0600 "
+                "secrets.env", host=host))
+    if found:
+        raise ConfigError(found)
+
+
+def template_error(name: str, raw: Any, exc: BaseException, host: str = "") -> Finding:
+    """A finding for a variable whose Jinja failed: Ansible's first line, with every quoted
+    literal of the template source (and the source itself) replaced by ``…`` (a literal may be
+    a secret: ``mandatory('<s>')``, ``lookup('file', '<s>')``)."""
+    from .errors import shorten
+
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    sources = [x for _, x in _strings(raw) if isinstance(x, str)]
+    literals = {m[0] or m[1] for src in sources for expr in _JINJA.findall(src) + [src]
+                for m in _LITERAL.findall(expr)}
+    if name in SECRET_VARS or is_secret_name(name):  # even a name in a secret's Jinja may be the secret
+        literals |= {w for src in sources for expr in _JINJA.findall(src) for w in re.findall(r"\w{3,}", expr)}
+    for lit in sorted(literals | set(sources) | {lit for src in sources for lit in _JINJA.findall(src)},
+                      key=len, reverse=True):
+        if len(lit) >= 2 and lit in text:
+            text = text.replace(lit, "…")
+    fix = ("give the vault password: --vault-password-file FILE (or ANSIBLE_VAULT_PASSWORD_FILE / ansible.cfg)"
+           if "undecryptable" in text or "vault" in text.lower() else
+           "fix the Jinja expression of this variable (ansible-inventory -i INV --host HOST shows the same)")
+    return Finding("error", name, "…", f"templating failed: {shorten(text, 300)}", fix, host=host)
+
+
 def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], host: str = "") -> dict[str, Any]:
     """The variables of one host the config loader reads (:data:`INVENTORY_VARS` and every
     ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar),
     plus ``group_names`` (:data:`GROUPS_VAR`) when present.
 
     Before anything walks them, their size is bounded (:data:`MAX_VAR_NODES`,
-    :data:`MAX_VAR_CHARS`; again after templating), and every secret string (under a
-    secret-looking name, ``ddtree_hf_token``, ``ddtree_secret_env``, or vaulted: Ansible
-    2.19 tags a decrypted value with ``VaultedValue``) is registered for redaction.
+    :data:`MAX_VAR_CHARS`; again after templating). Every vaulted value among ALL the host's
+    variables (ansible-core 2.19 ``EncryptedString`` / ``VaultedValue``; 2.17/18
+    ``AnsibleVaultEncryptedUnicode``) is decrypted and its plaintext registered for redaction,
+    as is every string under a secret-looking name, ``ddtree_hf_token`` or ``ddtree_secret_env``.
 
     Raises:
-        ConfigError: the variables are too large (one finding naming the path where the bound ran out).
+        ConfigError: the variables are too large (one finding naming the path where the bound
+            ran out); a variable's Jinja fails (:func:`template_error`); a field other than
+            :data:`SECRET_VARS` holds a vaulted value or text made from one.
     """
     names = [k for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)]
     raw = {k: all_vars[k] for k in names}
     _check_size(host, raw)
-    out = {k: template(v) for k, v in raw.items()}
+    plain, holders = _vault_plaintexts(all_vars, template)
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[k] = template(v)
+        except Exception as exc:  # noqa: BLE001 - Ansible raises many types; each is one finding
+            raise ConfigError([template_error(k, v, exc, host)]) from None
+        except BaseException as exc:  # a deadline (inventory.TemplateTimeout): say which variable
+            exc.__dict__.setdefault("variable", k)
+            raise
     _check_size(host, out)
     for k, v in out.items():
-        _register_secrets(k, v, secret=k in ("ddtree_hf_token", "ddtree_secret_env"))
+        _register_secrets(k, v, secret=k in SECRET_VARS)
+    _secret_in_plain_field(host, raw, out, plain, holders)
     groups = all_vars.get(GROUPS_VAR)
     if isinstance(groups, (list, tuple)) and len(groups) <= 1000:
         out[GROUPS_VAR] = [str(g) for g in groups if isinstance(g, str)]
