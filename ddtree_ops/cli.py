@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,7 +37,7 @@ LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Ansible hos
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 VaultOpt = Annotated[list[str] | None, typer.Option(
     "--vault-password-file", help="Vault password file ([id@]path; repeatable). ANSIBLE_VAULT_PASSWORD_FILE and "
-    "ansible.cfg are honoured too, as by ansible-inventory.")]
+    "ansible.cfg are honoured too, as by ansible-inventory.", callback=lambda v: _vault_files(v))]
 
 
 class CheckFailed(Exception):
@@ -67,6 +68,22 @@ def _url(url: str) -> str:
     if not ok:
         raise typer.BadParameter(f"URL {shorten(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
     return url
+
+
+def _vault_files(files: list[str] | None) -> list[str] | None:
+    """``--vault-password-file`` values (``[id@]path``) whose path is a regular file (a password
+    file, or an executable script Ansible runs); anything else is a usage error naming it (a FIFO,
+    a directory or ``/dev/zero`` otherwise surfaced as "no such file" or hung the read)."""
+    for spec in files or []:
+        path = spec.split("@", 1)[1] if "@" in spec and not spec.startswith("/") else spec
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise typer.BadParameter(f"--vault-password-file {shorten(path)!r}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise typer.BadParameter(f"--vault-password-file {shorten(path)!r}: not a regular file (a password file "
+                                     "or an executable script that prints the password)")
+    return files
 
 
 def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = False) -> float:

@@ -142,3 +142,19 @@ def test_deploy_checks_the_fleet_before_any_host_changes():
     assert result["failed"] and "h2 and h1 both reach machine 10.0.0.5" in result["msg"]
     result = _prometheus_action(task_vars, ["h1", "h3"], fleet_only=True)
     assert not result.get("failed") and result["targets"] == ["h1", "h3"] and "prometheus_yml" not in result
+
+
+def test_one_machine_is_one_host_class_and_mapped_ipv6_is_the_same_machine():
+    """Attack pass 2: ``::ffff:10.0.0.5`` is 10.0.0.5; one machine listed as b300 and ct200 is refused."""
+    from ddtree_ops.config.fleet import fleet_findings
+
+    a = validate_hostvars("h1", {**base_hostvars(), "ansible_host": "10.0.0.5"})
+    b = validate_hostvars("h2", {**base_hostvars(), "ansible_host": "::ffff:10.0.0.5"})
+    assert any("both reach machine 10.0.0.5" in f.rule for f in fleet_findings([a, b]))
+    ct = {**base_hostvars(), "ansible_host": "10.0.0.5", "ddtree_host_class": "ct200",
+          "ddtree_server": {"tp_size": 8, "port": 30001}, "ddtree_ops": {"exporter_port": 19401},
+          "ddtree_service": {"name": "other"}, "ddtree_accepted_risks": []}
+    ct["ddtree_speculative"] = {**ct["ddtree_speculative"]}
+    c = validate_hostvars("h3", ct)
+    found = fleet_findings([a, c])
+    assert [f.field for f in found] == ["ddtree_host_class"] and "a ct200 and a b300" in found[0].rule

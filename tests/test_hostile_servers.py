@@ -644,3 +644,14 @@ def test_warmup_keeps_only_the_counts_of_each_answer():
     assert _meta(out, "bs 1") == {"prompt_tokens": 5, "completion_tokens": 32, "spec_accept_length": 3.0}
     assert set(META_KEYS) == {"prompt_tokens", "completion_tokens", "spec_accept_length"}
     assert generate_cap(32) == 64 * 1024 + 64 * 32  # a 1 MB answer is refused, not buffered per request
+
+
+def test_an_html_page_with_a_metric_line_is_not_metrics():
+    """Attack pass 2: an HTML /metrics body holding one matching line gave ddtree_up 1."""
+    from ddtree_ops.sglang.client import Answer, SGLangError, metrics_text
+
+    html = Answer("http://h/metrics", 200, "text/html; charset=utf-8", b"<pre>\nsglang:num_running_reqs 1\n</pre>")
+    with pytest.raises(SGLangError, match="not Prometheus text"):
+        metrics_text(html)
+    ok = Answer("http://h/metrics", 200, "text/plain; version=0.0.4; charset=utf-8", b"sglang:num_running_reqs 1\n")
+    assert metrics_text(ok) == "sglang:num_running_reqs 1\n"

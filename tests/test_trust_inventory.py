@@ -818,3 +818,49 @@ def test_ssh_user_in_repo_stays_allowed(repo):
     hv = base_hostvars()
     hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "repo": repo, "commit": "a" * 40}
     assert validate_hostvars("h1", hv).deployment.sglang.repo == repo
+
+
+# ---- attack pass 2: values that still got through -------------------------------------------
+_C2 = "CANARY2tok9q"
+
+
+@pytest.mark.parametrize("var,value,field", [
+    ("ddtree_model", {"path": f"https://user:{_C2}@hf.example/org/m"}, "ddtree_model.path"),
+    ("ddtree_speculative", {"algorithm": "DDTREE", "draft_model_path": f"http://{_C2}@x/y", "block_size": 8,
+                            "budget": 32}, "ddtree_speculative.draft_model_path"),
+    ("ddtree_service", {"env": {"SGLANG_X": f"Authorization: Bearer {_C2}"}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"HF_ENDPOINT": f"https://{_C2}:x-oauth-basic@h"}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"PIP_INDEX_URL": f"https://h/simple?token={_C2}"}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"OTEL_EXPORTER_OTLP_HEADERS": f"api-key={_C2}"}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"HTTPS_PROXY": f"socks5://{_C2}@p"}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"GITHUB_PAT": _C2}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"SESSION_COOKIE": _C2}}, "ddtree_service.env"),
+    ("ddtree_service", {"env": {"SIGNING_SALT": _C2}}, "ddtree_service.env"),
+    ("ddtree_service", {"state_dir": "/var/lib/" + "a" * 300}, "ddtree_service.state_dir"),
+    ("ddtree_service", {"name": "nvidia-devices"}, "ddtree_service.name"),
+    ("ddtree_service", {"name": "sglang-exporter"}, "ddtree_service.name"),
+    ("ddtree_ops", {"scrape_host": "0x7f000001"}, "ddtree_ops.scrape_host"),
+    ("ddtree_ops", {"scrape_host": "0177.1"}, "ddtree_ops.scrape_host"),
+    ("ansible_host", "0x0a000005", "ansible_host"),
+])
+def test_second_attack_values_refused_without_echoing_secrets(var, value, field):
+    hv = base_hostvars()
+    hv[var] = {**hv[var], **value} if isinstance(hv.get(var), dict) and isinstance(value, dict) else value
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    text = str(exc.value) + json.dumps([f.as_dict() for f in exc.value.findings])
+    assert field in text and _C2 not in text, text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "/dev/zero"])
+def test_vault_password_file_must_be_a_regular_file(tmp_path, kind, capsys):
+    """Attack pass 2: a FIFO, a directory or /dev/zero was reported as "no such file" (or hung)."""
+    path = tmp_path / "pw"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    assert main(["validate", "-i", str(REPO / "inventory" / "example"), "--vault-password-file", str(path)]) == 2
+    assert "not a regular file" in capsys.readouterr().err

@@ -15,9 +15,10 @@ from pydantic import ValidationError
 
 
 SECRET_NAME = re.compile(r"[a-z0-9]*(token|key)|pass(wd|word|phrase)?[a-z0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
-                         r"|credentials?|auth[a-z0-9]*", re.IGNORECASE)
+                         r"|credentials?|auth[a-z0-9]*|pat|bearer|cookies?|salt|jwt|signature", re.IGNORECASE)
 """One word (between ``_``, ``.``, ``-``) of a name whose value is a secret: ``*token``,
-``*key``, ``password``/``passwd``, ``*secret*``, ``credential(s)``, ``auth*``, any case
+``*key``, ``password``/``passwd``, ``*secret*``, ``credential(s)``, ``auth*``, ``pat`` (a
+personal access token), ``bearer``, ``cookie(s)``, ``salt``, ``jwt``, ``signature``, any case
 (``HF_TOKEN``, ``hf_token``, ``WANDB_API_KEY``, ``DB_PASSWORD``, ``ddtree_secret_env``);
 ``tokens`` (a count, e.g. ``draft_tokens_per_req``) is not one. Such values are never
 printed; findings say ``(redacted)``."""
@@ -39,15 +40,17 @@ def register_secret(value: str) -> None:
 
 def scrub(text: str) -> str:
     """``text`` with every registered secret replaced by ``(redacted)``, URL credentials
-    (``scheme://user:pass@`` -> ``scheme://user:(redacted)@``, :data:`URL_CREDENTIALS`; the bare user
-    of an http(s)/git URL, which may be a token: ``https://(redacted)@host``) and the
+    (the whole user info of any URL, ``scheme://user:pass@`` or a bare token user ->
+    ``scheme://(redacted)@``), HTTP authorization credentials, secret-looking query
+    parameters, and the
     value of every ``NAME=value`` / ``NAME: value`` whose NAME looks secret (:func:`is_secret_name`,
     e.g. ``X_API_KEY=...``) redacted."""
     for s in sorted(_known_secrets, key=len, reverse=True):
         if s in text:
             text = text.replace(s, REDACTED)
-    text = URL_CREDENTIALS.sub(lambda m: f"{m['pre']}:{REDACTED}@", text)
-    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)
+    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
+    text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
+    text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     return _NAMED_VALUE.sub(_redact_named, text)
 
 
@@ -76,8 +79,34 @@ URL_CREDENTIALS = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]
 """``scheme://user:password@`` in a URL (RFC 3986 §3.2.1 userinfo; the password part is deprecated
 there because it is shown wherever the URL is)."""
 
-_URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>(?:https?|git)://)(?P<user>[^\s/?#@:'\"]+)@")
-"""A bare user in an ``http(s)://`` / ``git://`` URL: forges take a token as the user name."""
+_URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>[a-z][a-z0-9+.-]*://)(?P<user>[^\s/?#@'\"]+)@")
+"""A bare user in a URL (``https://TOKEN@host``, ``socks5://TOKEN@proxy``): forges and proxies
+take a token as the user name, so echoed text never shows it (an ssh user is refused nowhere,
+only not echoed)."""
+
+_AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
+"""An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
+
+_SECRET_QUERY = re.compile(r"(?i)(?P<pre>[?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|"
+                           r"credential|session)[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+)")
+"""A query parameter whose name looks secret (``?token=``, ``&sig=``, ``X-Amz-Signature=``)."""
+
+
+def value_secret_reason(value: str) -> str | None:
+    """Why a plain string value holds a secret, or None: URL user info (any scheme),
+    an HTTP authorization credential (``Bearer ...``), a secret-looking query parameter, or a
+    ``name=value`` / ``name: value`` pair with a secret-looking name (``api-key=X``, as in
+    ``OTEL_EXPORTER_OTLP_HEADERS``). Used to refuse such values where they would land in
+    world-readable files; :func:`scrub` redacts the same shapes in echoed text."""
+    if URL_CREDENTIALS.search(value) or _URL_TOKEN_USER.search(value):
+        return "URL credentials (user info before @)"
+    if _AUTH_SCHEME.search(value):
+        return "an HTTP authorization credential (Bearer/Basic/Token ...)"
+    if _SECRET_QUERY.search(value):
+        return "a secret-looking query parameter (token=, key=, sig=, ...)"
+    if any(is_secret_name(m["name"]) for m in _NAMED_VALUE.finditer(value)):
+        return "a name=value pair with a secret-looking name"
+    return None
 
 _NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
                           r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")

@@ -33,9 +33,11 @@ def _norm(address: str) -> str:
     names lower-case (DNS names compare case-insensitively, RFC 4343)."""
     bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
     try:
-        return ipaddress.ip_address(bare).compressed
+        ip = ipaddress.ip_address(bare)
     except ValueError:
         return bare.lower()
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:10.0.0.5 is 10.0.0.5 (RFC 4291 §2.5.5.2)
+    return (mapped or ip).compressed
 
 
 def machine_names(v: Validated) -> tuple[str, ...]:
@@ -99,4 +101,25 @@ def fleet_findings(validated: Iterable[Validated], focus: set[str] | None = None
                     f"give {host_r} its own ansible_host / ddtree_ops.scrape_host, or (several instances on one "
                     "machine) another ddtree_server.port, ddtree_ops.exporter_port and ddtree_service.name",
                     SOURCE, host=host_r))
+    out += _class_clashes(unique, focus)
+    return out
+
+
+def _class_clashes(unique: dict[str, Validated], focus: set[str] | None) -> list[Finding]:
+    """One machine is one host class: two hosts reaching the same machine with different
+    ``ddtree_host_class`` would render different GPU counts, arches and device units for it."""
+    first: dict[str, tuple[str, str]] = {}
+    out: list[Finding] = []
+    for host in sorted(unique):
+        d = unique[host].deployment
+        for name in machine_names(unique[host]):
+            other = first.setdefault(name, (host, d.host_class))
+            if other[1] == d.host_class or (focus is not None and host not in focus and other[0] not in focus):
+                continue
+            out.append(Finding(
+                "error", "ddtree_host_class", d.host_class,
+                f"{host} and {other[0]} both reach machine {name} but say it is a {d.host_class} and a {other[1]}",
+                "list the machine under one host-class group only (one inventory name, or the same class for both)",
+                SOURCE, host=host))
+            break
     return out

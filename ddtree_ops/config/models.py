@@ -45,7 +45,8 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, register_secret
+from .errors import (REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, register_secret,
+                     value_secret_reason)
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
@@ -66,6 +67,18 @@ MAX_ITEMS = 64
 """Most entries in a list or mapping of the inventory (env, patches, accepted risks)."""
 
 
+def _inet_aton(name: str) -> bool:
+    """True when the C resolver reads ``name`` as an IPv4 address (``inet_aton``: hex, octal and
+    short forms such as ``0x7f000001``, ``0177.1``, ``10.5``)."""
+    import socket
+
+    try:
+        socket.inet_aton(name)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def host_name_problem(name: object) -> str | None:
     """Why ``name`` is not an RFC 1123 host name, or ``None`` when it is one.
 
@@ -84,7 +97,7 @@ def host_name_problem(name: object) -> str | None:
     if not all(_HOST_LABEL.fullmatch(label) for label in labels):
         return ("must be an RFC 1123 host name: dot-separated labels of letters, digits and -, each 1-63 "
                 "characters, not starting or ending with -")
-    if labels[-1].isdigit():
+    if labels[-1].isdigit() or _inet_aton(name):
         return ("is not a host name: its last label is all digits, so resolvers read it as an IPv4 address "
                 "(1234 = 0.0.4.210, 0177.0.0.1 = 127.0.0.1; RFC 1123 §2.1, RFC 3696 §2)")
     return None
@@ -164,10 +177,18 @@ def _safe_arg(v: str) -> str:
     parser reads such a value as an option ("argument --model-path: expected one argument";
     Python ``argparse``, "Arguments containing -")."""
     _safe_chars(v)
+    if URL_CREDENTIALS.search(v) or re.search(r"://[^/?#]*@", v):
+        raise _fail("holds URL credentials (user info before @); argv values are shown in the unit, plan.json and "
+                    "the process list", "give a Hugging Face repo id or a local path; put tokens in ddtree_hf_token")
     if v.startswith("-"):
         raise _fail("starts with -, which SGLang's argument parser reads as an option, not as this flag's value",
                     "give the real model name or path (a local checkpoint named like an option: give its absolute path)")
     return v
+
+
+NAME_MAX = 255
+"""Longest path component, bytes (Linux ``NAME_MAX``; systemd refuses a unit path with a longer
+one: "path has invalid length", and the unit is not started)."""
 
 
 def _safe_path(v: str) -> str:
@@ -176,6 +197,9 @@ def _safe_path(v: str) -> str:
             "must be an absolute path below / (not / itself) of letters, digits and . _ / + - only, without . or .. parts",
             "use a plain absolute path such as /var/lib/ddtree-ops/sglang",
         )
+    if any(len(part) > NAME_MAX for part in v.split("/")):
+        raise _fail(f"has a component longer than {NAME_MAX} characters (Linux NAME_MAX; systemd refuses the unit)",
+                    "shorten the directory names")
     return v
 
 
@@ -553,6 +577,19 @@ class Service(_Model):
             raise _fail("must be lower-case letters, digits, _ or - (max 32, starting with a letter)", "e.g. sglang")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _unit_name_free(cls, v: str) -> str:
+        """The units ``ddtree-<name>.service``, ``ddtree-<name>-exporter.service`` and the
+        host's ``ddtree-nvidia-devices.service`` must stay distinct: a service named
+        ``nvidia-devices`` would overwrite the device unit, one named ``x-exporter`` the
+        exporter unit of a service ``x``."""
+        if v == "nvidia-devices" or v.endswith("-exporter"):
+            raise _fail(f"unit ddtree-{v}.service would collide with ddtree-ops' own units "
+                        "(ddtree-nvidia-devices.service, ddtree-<service>-exporter.service)",
+                        "pick another service name, e.g. sglang or kimi")
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
@@ -566,10 +603,10 @@ class Service(_Model):
                             "auth); this env file is world-readable (0644) and copied into plan.json",
                             f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it); it then lands only in "
                             "the 0600 secrets.env")
-            if isinstance(v[key], str) and _url_credentials(v[key]):
-                raise _fail(f"the value of {key} holds URL credentials (user:password@); this env file is "
-                            "world-readable (0644) and copied into plan.json",
-                            f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it)")
+            why = value_secret_reason(v[key]) if isinstance(v[key], str) else None
+            if why:
+                raise _fail(f"the value of {key} holds {why}; this env file is world-readable (0644) and copied "
+                            "into plan.json", f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it)")
             if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these
                 raise _fail(f"{key} is derived from the validated config (the SGLang plugin checks the server's "
                             "graph sizes against it; an override defeats that guard)",

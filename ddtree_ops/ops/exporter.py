@@ -63,6 +63,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..sglang.client import (LOCAL_WORK_S, SERVER_INFO_PATHS, SERVER_INFO_REQUESTS, SGLangClient, SGLangError,
+                             metrics_text,
                              select_samples, sum_lowest_rank)
 from .drift import compared_settings, find_drift
 from .health import LOAD_GAUGES, PROGRESS_COUNTERS, Load, load_of
@@ -292,7 +293,7 @@ class Exporter:
             if r.status != 200:
                 s.error = f"/metrics answered HTTP {r.status}"
             else:
-                u = parse_upstream(r.text())
+                u = parse_upstream(metrics_text(r))
                 if u.load is None:
                     raise SGLangError(f"/metrics answered 200 without {' or '.join(LOAD_GAUGES)}: not SGLang's metrics")
                 s.gen_tokens, s.verify_calls, s.sglang_accept_length, s.load = (u.gen_tokens, u.verify_calls,

@@ -349,11 +349,27 @@ class SGLangClient:
         raise SGLangError(f"{self.name}: no /server_info or /get_server_info")
 
     def metrics(self, timeout: float | None = None) -> str:
-        """Prometheus text of ``/metrics`` (needs ``--enable-metrics``). Raises :class:`SGLangError`."""
+        """Prometheus text of ``/metrics`` (needs ``--enable-metrics``). Raises :class:`SGLangError`
+        (also for a body that is not Prometheus text: :func:`metrics_text`)."""
         r = self.get("/metrics", timeout)
         if r.status != 200:
             raise SGLangError(f"{self.name}/metrics: HTTP {r.status}")
-        return r.text()
+        return metrics_text(r)
+
+
+METRICS_CONTENT_TYPES = ("text/plain", "application/openmetrics-text")
+"""Content types of a Prometheus exposition (prometheus_client, which SGLang uses, serves
+``text/plain; version=0.0.4`` or OpenMetrics); an HTML page holding a metric-like line is not one."""
+
+
+def metrics_text(r: Answer) -> str:
+    """The text of a ``/metrics`` answer. Raises :class:`SGLangError` when its content type is
+    not a Prometheus exposition (:data:`METRICS_CONTENT_TYPES`; an absent type is accepted)."""
+    ctype = r.content_type.split(";", 1)[0].strip().lower()
+    if ctype and ctype not in METRICS_CONTENT_TYPES:
+        raise SGLangError(f"{r.url}: answered Content-Type {preview(ctype, 60)!r}, not Prometheus text "
+                          "(not SGLang's /metrics?)")
+    return r.text()
 
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
