@@ -11,18 +11,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import math
 
-import httpx
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from .config import ConfigError, Validated, validate_hostvars
-from .config.errors import Finding, shorten, show_host
+# Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
+# `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
+if TYPE_CHECKING:
+    from .config import Validated
+    from .config.errors import Finding
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
@@ -45,6 +46,8 @@ def say(console: Console, label: str, style: str, message: str) -> None:
 
 
 def _url(url: str) -> str:
+    import httpx
+
     try:
         u = httpx.URL(url)
         ok = u.scheme in ("http", "https") and bool(u.host) and (u.port is None or 0 < u.port < 65536)
@@ -62,6 +65,7 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
 
 
 def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], list[Finding]]:
+    from .config import ConfigError, validate_hostvars
     from .config.inventory import load_hostvars
 
     hostvars = load_hostvars(inventory, limit)
@@ -76,6 +80,8 @@ def _validate_all(inventory: str, limit: str | None) -> tuple[list[Validated], l
 
 
 def _require_valid(inventory: str, limit: str | None) -> list[Validated]:
+    from .config import ConfigError
+
     ok, errors = _validate_all(inventory, limit)
     if errors:
         raise ConfigError(errors)
@@ -85,6 +91,8 @@ def _require_valid(inventory: str, limit: str | None) -> list[Validated]:
 @app.command()
 def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False) -> None:
     """Validate every server host of an inventory (exit 2 on any error)."""
+    from .config.errors import show_host
+
     ok, errors = _validate_all(inventory, limit)
     warnings = [w for v in ok for w in v.warnings]
     checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
@@ -106,6 +114,8 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
 @app.command()
 def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False) -> None:
     """Show what each host will run: sizes per request, capture list, graph token maxima."""
+    from rich.table import Table
+
     validated = _require_valid(inventory, limit)
     if as_json:
         print(json.dumps({"ok": True, "checks": [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"}
@@ -495,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here
         return rc if isinstance(rc, int) else 0
-    except ConfigError as exc:
+    except _config_error() as exc:
+        from .config.errors import shorten, show_host
+
         if _wants_json(argv):
             print(json.dumps({"ok": False, "checks": [{"name": f"config:{show_host(f.host) or shorten(f.field)}", "ok": False,
                                                        "detail": f.message()} for f in exc.findings],
@@ -515,6 +527,14 @@ def main(argv: list[str] | None = None) -> int:
         return _usage(argv, msg)
     except Exception as exc:  # anything unexpected: one line, no traceback
         return _usage(argv, f"{type(exc).__name__}: {exc}")
+
+
+def _config_error() -> type[Exception]:
+    """:class:`ddtree_ops.config.ConfigError`, imported only when an exception reaches
+    :func:`main` (an ``except`` clause's class is evaluated then), so start-up skips pydantic."""
+    from .config.errors import ConfigError
+
+    return ConfigError
 
 
 def _wants_json(argv: list[str] | None) -> bool:

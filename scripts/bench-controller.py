@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Benchmark the controller commands at 1/10/100/1000 hosts, side by side with Ansible's own
+``ansible-inventory --list`` on the same inventory, in one run (issue 15).
+
+For each size N an inventory is generated from the shipped ``inventory/example`` (its
+``group_vars`` copied unchanged; N hosts split between the ``b300`` and ``ct200`` groups),
+then each command runs ``--repeat`` times as a fresh process, interleaved (one round runs
+every command once), and the median wall time and median CPU time (user + sys of the child,
+``os.wait4``) are printed with their ratio to ``ansible-inventory --list``:
+
+    validate -i INV            (target: <= 1.1x ansible-inventory at 100 and 1000 hosts)
+    plan -i INV --json
+    render -i INV --out DIR    (target: <= 2x validate at 1000 hosts)
+
+and ``ddtree-ops --help`` start-up (target: <= 0.3 s), beside ``python -c pass``.
+
+Usage: .venv/bin/python scripts/bench-controller.py [--sizes 1,10,100,1000] [--repeat 5]
+Prints figures; it is not a test. CPU figures are the ones to trust on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def make_inventory(base: Path, n: int) -> Path:
+    """An inventory of ``n`` server hosts: ``inventory/example``'s group_vars, hosts split
+    evenly between b300 and ct200 (names ``b300-0001``, ``ct200-0002``, ...)."""
+    inv = base / f"inv-{n}"
+    shutil.copytree(REPO / "inventory" / "example" / "group_vars", inv / "group_vars")
+    groups: dict[str, list[str]] = {"b300": [], "ct200": []}
+    for i in range(1, n + 1):
+        cls = "b300" if i % 2 else "ct200"
+        groups[cls].append(f"{cls}-{i:04d}")
+    lines = ["sglang_servers:", "  children:"]
+    for cls, hosts in groups.items():
+        lines += [f"    {cls}:", "      hosts:" if hosts else "      hosts: {}"]
+        lines += [f"        {h}:\n          ansible_host: {h}.example.internal" for h in hosts]
+    (inv / "hosts.yml").write_text("\n".join(lines) + "\n")
+    return inv
+
+
+def timed(argv: list[str]) -> tuple[float, float, int]:
+    """Run ``argv`` (output discarded); return (wall s, CPU s of the child, exit code)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, ru.ru_utime + ru.ru_stime, proc.returncode
+
+
+def measure(commands: dict[str, list[str]], repeat: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) per command, the commands interleaved round by round."""
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in commands}
+    for _ in range(repeat):
+        for name, argv in commands.items():
+            wall, cpu, rc = timed(argv)
+            if rc != 0:
+                sys.exit(f"bench-controller: {name} exited {rc}: {' '.join(argv)}")
+            samples[name].append((wall, cpu))
+    return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in samples.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1,10,100,1000", help="comma-separated host counts")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per command and size (median)")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    ddtree = [sys.executable, "-m", "ddtree_ops"]  # run from the checkout: this tree's ddtree_ops
+    ansible_inv = str(BIN / "ansible-inventory")
+    for exe in (ansible_inv,):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"bench-controller: {exe} not found; run it with the project venv's python")
+
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, median of {args.repeat} runs; "
+          "wall s / CPU s, ratio = CPU / CPU of ansible-inventory --list (wall ratio in brackets)")
+    start = measure({"python -c pass": [sys.executable, "-c", "pass"],
+                     "ddtree-ops --help": ddtree + ["--help"]}, args.repeat)
+    for name, (wall, cpu) in start.items():
+        print(f"  {name:<22} {wall:6.3f} s wall  {cpu:6.3f} s CPU")
+    help_wall = start["ddtree-ops --help"][0]
+    print(f"  --help {help_wall:.3f} s (target <= 0.3 s: {'met' if help_wall <= 0.3 else 'NOT met'})")
+
+    with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
+        base = Path(tmp)
+        print(f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'ratio':>7} {'(wall)':>8}")
+        for n in sizes:
+            inv = make_inventory(base, n)
+            out = base / f"out-{n}"
+            cmds = {
+                "ansible-inventory": [ansible_inv, "-i", str(inv), "--list"],
+                "validate": ddtree + ["validate", "-i", str(inv)],
+                "plan --json": ddtree + ["plan", "-i", str(inv), "--json"],
+                "render": ddtree + ["render", "-i", str(inv), "--out", str(out)],
+            }
+            res = measure(cmds, args.repeat)
+            ref_wall, ref_cpu = res["ansible-inventory"]
+            for name, (wall, cpu) in res.items():
+                print(f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {cpu / ref_cpu:6.2f}x {wall / ref_wall:7.2f}x")
+            v_cpu = res["validate"][1]
+            r_cpu = res["render"][1]
+            notes = [f"validate/ansible-inventory {v_cpu / ref_cpu:.2f}x"
+                     + (f" (target <= 1.1: {'met' if v_cpu / ref_cpu <= 1.1 else 'NOT met'})" if n >= 100 else ""),
+                     f"render/validate {r_cpu / v_cpu:.2f}x"
+                     + (f" (target <= 2: {'met' if r_cpu / v_cpu <= 2 else 'NOT met'})" if n >= 1000 else "")]
+            print(f"{'':>5}  " + "; ".join(notes))
+            shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
