@@ -175,7 +175,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     an OUT owned by another user is refused.
     """
     from .render import render_host, render_prometheus
-    from .render.write import UnsafeOutput, check_out_dir, write_under
+    from .render.write import OpenDirs, UnsafeOutput, check_out_dir, write_under
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
@@ -193,14 +193,15 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
                    render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
-    for rel, content, mode, secret in writes:
-        try:
-            target = write_under(out_dir, rel, content, mode)
-        except UnsafeOutput as exc:
-            raise typer.BadParameter(f"--out {out_dir}: {exc}") from None
-        except OSError as exc:
-            raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
-        say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
+    with OpenDirs() as dirs:
+        for rel, content, mode, secret in writes:
+            try:
+                target = write_under(out_dir, rel, content, mode, dirs)
+            except UnsafeOutput as exc:
+                raise typer.BadParameter(f"--out {out_dir}: {exc}") from None
+            except OSError as exc:
+                raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
+            say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
 
 
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:

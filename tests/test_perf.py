@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 from rich.text import Text
 
@@ -18,6 +19,8 @@ from ddtree_ops.config import inventory as inventory_mod
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.render import files as files_mod
 from ddtree_ops.render import render_host, render_prometheus
+from ddtree_ops.render.monitoring import render_rules
+from ddtree_ops.render.write import OpenDirs, UnsafeOutput, write_under
 
 from helpers import REPO
 
@@ -53,19 +56,22 @@ def _render_all(inv: Path | str) -> dict[str, str]:
     hostvars = inventory_mod.load_hostvars(str(inv))
     validated = [validate_hostvars(h, hv) for h, hv in sorted(hostvars.items())]
     out = {f"{v.deployment.host}:{f.path}:{f.mode}:{f.secret}": f.content for v in validated for f in render_host(v)}
-    out["prometheus"] = render_prometheus(validated)
+    out["prometheus"] = render_prometheus(validated, rule_files=["/etc/prometheus/rules.yml"])
+    out["rules"] = render_rules(validated=validated)
     return out
 
 
 @pytest.mark.parametrize("inv", [*SHIPPED, "templated"])
 def test_template_skip_and_cached_environment_render_identically(inv, tmp_path, monkeypatch):
-    """Every file of every host is the same with the gate + cached environment as with Ansible's
-    Templar on every value and a fresh Jinja environment per render (the code before issue 15)."""
+    """Every file of every host is the same with the gate, the cached environment and libyaml's
+    emitter as with Ansible's Templar on every value, a fresh Jinja environment per render and
+    PyYAML's pure-Python ``safe_dump`` (the code before issue 15)."""
     path = _templated_inventory(tmp_path) if inv == "templated" else REPO / inv
     fast = _render_all(path)
     with monkeypatch.context() as m:
         m.setattr(inventory_mod, "_template_if_marked", lambda templar: templar.template)
         m.setattr(files_mod, "_env", files_mod._env.__wrapped__)  # uncached: one environment per call
+        m.setattr(files_mod, "YAML_DUMPER", yaml.SafeDumper)
         slow = _render_all(path)
     assert fast == slow
     if inv == "templated":
@@ -143,3 +149,33 @@ def test_config_error_still_maps_to_one_line_exit_2(tmp_path, capsys):
     assert main(["validate", "-i", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "inventory not found" in err and "Traceback" not in err
+
+
+TRICKY = ["x: y", "'q'", '"d"', "#c", "é", "\u2028", "a" * 300, "", "null", "1.0", "yes", " lead", "trail ",
+          "k\tt", "multi\nline", "- x", "@x", "*x", "!x", "%x", "`x", "{x", "[x", "~", "0o17", "2026-11-30"]
+
+
+@pytest.mark.parametrize("allow_unicode,width", [(False, 1 << 16), (True, 1000)])
+def test_yaml_dumper_emits_what_safe_dump_emits(allow_unicode, width):
+    doc = {"k": TRICKY, "nested": [{"a": s, "b": [s, 1, 2.5, None, True]} for s in TRICKY]}
+    kw = {"sort_keys": False, "default_flow_style": False, "allow_unicode": allow_unicode, "width": width}
+    assert yaml.dump(doc, Dumper=files_mod.YAML_DUMPER, **kw) == yaml.safe_dump(doc, **kw)
+
+
+def test_open_dirs_write_many_files_and_never_follow_a_symlink(tmp_path):
+    out = tmp_path / "out"
+    with OpenDirs() as dirs:
+        for i in range(3):
+            write_under(out, f"h{i % 2}/etc/ddtree-ops/f{i}", f"c{i}\n", 0o640, dirs)
+        (tmp_path / "elsewhere").mkdir()
+        (out / "h2").symlink_to(tmp_path / "elsewhere")  # appears while writing
+        with pytest.raises(UnsafeOutput, match="symlink"):
+            write_under(out, "h2/x", "no", 0o644, dirs)
+        # a kept directory replaced by a symlink: the write lands in the directory opened, under OUT
+        (out / "h0" / "etc").rename(out / "h0" / "etc-moved")
+        (out / "h0" / "etc").symlink_to(tmp_path / "elsewhere")
+        write_under(out, "h0/etc/ddtree-ops/f9", "kept\n", 0o644, dirs)
+    assert (out / "h1/etc/ddtree-ops/f1").read_text() == "c1\n"
+    assert oct((out / "h0/etc-moved/ddtree-ops/f0").stat().st_mode & 0o777) == "0o640"
+    assert (out / "h0/etc-moved/ddtree-ops/f9").read_text() == "kept\n"
+    assert list((tmp_path / "elsewhere").iterdir()) == []

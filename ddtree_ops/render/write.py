@@ -69,9 +69,71 @@ def _open_dir(parent_fd: int, name: str, create: bool) -> int:
         raise
 
 
-def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
+class OpenDirs:
+    """The directories under one OUT that :func:`write_under` has opened, kept open for the
+    next file (a context manager; closes them on exit).
+
+    Rendering 1000 hosts writes ~5000 files five directories deep; walking each path again
+    from OUT cost two system calls a component (``mkdir`` + ``open``), ~40 % of ``render``
+    (issue 15). A kept descriptor is the directory opened (``O_NOFOLLOW``) under OUT, so a
+    symlink swapped in later is still never followed, as with a fresh walk.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[Path, tuple[str, ...]], int] = {}
+
+    def get(self, out_dir: Path, parts: tuple[str, ...]) -> int | None:
+        """The kept descriptor of ``out_dir/parts`` (not to be closed by the caller), or None."""
+        return self._fds.get((out_dir, parts))
+
+    def keep(self, out_dir: Path, parts: tuple[str, ...], fd: int) -> int:
+        """Keep ``fd`` (now owned by this object) as ``out_dir/parts``; returns it."""
+        self._fds[(out_dir, parts)] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> OpenDirs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dir_fd(out_dir: Path, dir_parts: list[str], dirs: OpenDirs | None) -> tuple[int, bool]:
+    """A descriptor of ``out_dir/dir_parts`` (created as needed, walked with ``O_NOFOLLOW``)
+    and whether the caller must close it (False when ``dirs`` keeps it)."""
+    key = tuple(dir_parts)
+    if dirs is not None and (kept := dirs.get(out_dir, key)) is not None:
+        return kept, False
+    if dirs is not None and key:
+        parent, _ = _dir_fd(out_dir, dir_parts[:-1], dirs)
+        return dirs.keep(out_dir, key, _open_dir(parent, dir_parts[-1], create=True)), False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out_dir)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if dirs is not None:
+        return dirs.keep(out_dir, key, fd), False
+    try:
+        for name in dir_parts:
+            nfd = _open_dir(fd, name, create=True)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, True
+
+
+def write_under(out_dir: Path, rel: str, content: str, mode: int, dirs: OpenDirs | None = None) -> Path:
     """Write ``content`` (UTF-8) to ``out_dir/rel`` with ``mode``, atomically and without
     following any symlink below ``out_dir`` (see the module docstring).
+
+    ``dirs``: keep the directories opened for the next call (many files under one OUT);
+    without it every call walks from ``out_dir`` again.
 
     Returns:
         The path written.
@@ -81,14 +143,8 @@ def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
         OSError: the file system refused (permissions, space).
     """
     parts = relative_parts(rel)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    check_out_dir(out_dir)
-    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd, own = _dir_fd(out_dir, parts[:-1], dirs)
     try:
-        for name in parts[:-1]:
-            nfd = _open_dir(fd, name, create=True)
-            os.close(fd)
-            fd = nfd
         tmp = f".{parts[-1]}.{secrets.token_hex(6)}.tmp"
         tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o600,
                       dir_fd=fd)
@@ -110,5 +166,6 @@ def write_under(out_dir: Path, rel: str, content: str, mode: int) -> Path:
             os.unlink(tmp, dir_fd=fd)
             raise
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     return out_dir.joinpath(*parts)
