@@ -179,3 +179,10 @@ def test_open_dirs_write_many_files_and_never_follow_a_symlink(tmp_path):
     assert oct((out / "h0/etc-moved/ddtree-ops/f0").stat().st_mode & 0o777) == "0o640"
     assert (out / "h0/etc-moved/ddtree-ops/f9").read_text() == "kept\n"
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_control_pattern_is_the_old_character_test():
+    """``files._CONTROL`` (one regex search) refuses exactly what the per-character test did."""
+    old = {i for i in range(0x110000) if i < 0x20 or i == 0x7F}
+    new = {i for i in range(0x110000) if not 0xD800 <= i < 0xE000 and files_mod._CONTROL.search(chr(i))}
+    assert new == old

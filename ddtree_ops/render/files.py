@@ -31,6 +31,8 @@ the time of the pure-Python one for a 1000-host prometheus.yml, the same bytes:
 ``tests/test_perf.py``), else PyYAML's ``SafeDumper`` (what ``yaml.safe_dump`` uses)."""
 
 _PLAIN = re.compile(r"^[A-Za-z0-9._/@+:=,-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""A control character (C0 or DEL): no quoting keeps it on one unit or env-file line."""
 
 
 def systemd_quote(arg: str) -> str:
@@ -44,7 +46,7 @@ def systemd_quote(arg: str) -> str:
         ValueError: the argument holds a newline or another control character, which no
             quoting can keep on one ``Exec`` line.
     """
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
+    if _CONTROL.search(arg):
         raise ValueError(f"argument {arg!r} holds a control character; refusing to put it in a unit file")
     if _PLAIN.match(arg):
         return arg
@@ -63,7 +65,7 @@ def env_value(value: str) -> str:
     Raises:
         ValueError: newline or control character.
     """
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if _CONTROL.search(value):
         raise ValueError("environment values may not hold newlines or control characters")
     if _PLAIN.match(value):
         return value
