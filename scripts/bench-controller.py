@@ -11,6 +11,8 @@ every command once), and the median wall time and median CPU time (user + sys of
     validate -i INV            (target: <= 1.1x ansible-inventory at 100 and 1000 hosts)
     plan -i INV --json
     render -i INV --out DIR    (target: <= 2x validate at 1000 hosts)
+    file-tree floor            the same files written by a bare Python loop (what the kernel
+                               and file system cost, whoever renders)
 
 and ``ddtree-ops --help`` start-up (target: <= 0.3 s), beside ``python -c pass``.
 
@@ -49,6 +51,31 @@ def make_inventory(base: Path, n: int) -> Path:
         lines += [f"        {h}:\n          ansible_host: {h}.example.internal" for h in hosts]
     (inv / "hosts.yml").write_text("\n".join(lines) + "\n")
     return inv
+
+
+FLOOR = """
+import json, os, sys
+out, manifest = sys.argv[1], json.load(open(sys.argv[2]))
+for rel, size in manifest:
+    path = os.path.join(out, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, b"x" * size)
+    os.fsync(fd)
+    os.close(fd)
+    os.replace(tmp, path)
+"""
+"""The file-system floor of ``render``: the same tree (directories, files, sizes) written by a
+bare Python loop, temporary file + fsync + rename per file as ``render`` does."""
+
+
+def manifest_of(out: Path, dest: Path) -> None:
+    """Write ``[[relative path, size], ...]`` of every file under ``out`` to ``dest`` (JSON)."""
+    import json
+
+    files = [[str(p.relative_to(out)), p.stat().st_size] for p in sorted(out.rglob("*")) if p.is_file()]
+    dest.write_text(json.dumps(files))
 
 
 def timed(argv: list[str], before=None) -> tuple[float, float, float, int]:
@@ -110,20 +137,29 @@ def main() -> int:
                 "plan --json": ddtree + ["plan", "-i", str(inv), "--json"],
                 "render": ddtree + ["render", "-i", str(inv), "--out", str(out)],
             }
-            res = measure(cmds, args.repeat, {"render": lambda: shutil.rmtree(out, ignore_errors=True)})
+            subprocess.run(cmds["render"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+            manifest = base / f"manifest-{n}.json"
+            manifest_of(out, manifest)
+            floor_out = base / f"floor-{n}"
+            cmds["file-tree floor"] = [sys.executable, "-c", FLOOR, str(floor_out), str(manifest)]
+            res = measure(cmds, args.repeat, {"render": lambda: shutil.rmtree(out, ignore_errors=True),
+                                              "file-tree floor": lambda: shutil.rmtree(floor_out, ignore_errors=True)})
             ref_wall, ref_cpu = res["ansible-inventory"][:2]
             for name, (wall, cpu, user, sys_s) in res.items():
                 print(f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {user:7.3f} {sys_s:7.3f} {cpu / ref_cpu:6.2f}x "
                       f"{wall / ref_wall:7.2f}x")
             v_cpu, v_user = res["validate"][1:3]
             r_cpu, r_user = res["render"][1:3]
+            f_cpu = res["file-tree floor"][1]
             notes = [f"validate/ansible-inventory {v_cpu / ref_cpu:.2f}x"
                      + (f" (target <= 1.1: {'met' if v_cpu / ref_cpu <= 1.1 else 'NOT met'})" if n >= 100 else ""),
                      f"render/validate {r_cpu / v_cpu:.2f}x"
                      + (f" (target <= 2: {'met' if r_cpu / v_cpu <= 2 else 'NOT met'})" if n >= 1000 else "")
-                     + f", user CPU only {r_user / v_user:.2f}x (render's system time is one fsync per file)"]
+                     + f"; user CPU only {r_user / v_user:.2f}x; (render - file-tree floor) / validate "
+                     f"{(r_cpu - f_cpu) / v_cpu:.2f}x"]
             print(f"{'':>5}  " + "; ".join(notes))
             shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(floor_out, ignore_errors=True)
     return 0
 
 
