@@ -8,7 +8,7 @@ CPU (``time.process_time``: every thread of this process, user + system) is read
 batch size. The client's CPU is what ddtree-ops costs per request on the host; the rest of
 the wall time is the server's (here: the simulator's step time, not a GPU).
 
-Usage: .venv/bin/python scripts/bench-warmup.py [--batch-sizes 1,2,4,8,16,32] [--repeat 3]
+Usage: .venv/bin/python scripts/bench-warmup.py [--batch-sizes 1,2,4,8,16] [--repeat 3]
 Prints figures; it is not a test.
 """
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))  # this checkout's ddtree_ops
 
 SIM_ARGS = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",
             "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32",
-            "--cuda-graph-max-bs-decode", "64", "--max-running-requests", "64"]
+            "--cuda-graph-max-bs-decode", "16"]
 
 
 def free_port() -> int:
@@ -53,21 +53,43 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     sys.exit(f"bench-warmup: the simulator did not get ready in {timeout:g} s")
 
 
+def hide_sniffio() -> None:
+    """Fail ``import sniffio`` the way a missing module fails: the path finders search every
+    ``sys.path`` entry (for a name that is nowhere), then ``ModuleNotFoundError``."""
+    import importlib.abc
+    import importlib.machinery
+
+    class Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "sniffio" or name.startswith("sniffio."):
+                importlib.machinery.PathFinder.find_spec("sniffio_not_installed_probe")
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.modules.pop("sniffio", None)
+    sys.meta_path.insert(0, Hide())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16", help="within the captured 1..16")
     ap.add_argument("--repeat", type=int, default=3, help="warmups (median per batch size)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--without-sniffio", action="store_true",
+                    help="make `import sniffio` fail as when it is not installed (a full sys.path search, then "
+                         "ModuleNotFoundError): the cost issue 15 found before sniffio was pinned")
     args = ap.parse_args()
+    if args.without_sniffio:
+        hide_sniffio()
     sizes = [int(x) for x in args.batch_sizes.split(",")]
 
     from ddtree_ops.ops.warmup import WarmupPlan, warmup
 
     try:
-        import sniffio  # noqa: F401  (httpcore rescans sys.path per request without it)
+        import sniffio  # noqa: F401  (httpcore searches sys.path per request without it)
         have_sniffio = "installed"
     except ImportError:
-        have_sniffio = "NOT installed"
+        have_sniffio = "NOT installed" + (" (hidden: --without-sniffio)" if args.without_sniffio else "")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_WARMUP_SECONDS": "0.2",
