@@ -542,12 +542,16 @@ def main(argv: list[str] | None = None) -> int:
         return _usage(argv, f"{type(exc).__name__}: {exc}")
 
 
-def _config_error() -> type[Exception]:
-    """:class:`ddtree_ops.config.ConfigError`, imported only when an exception reaches
-    :func:`main` (an ``except`` clause's class is evaluated then), so start-up skips pydantic."""
-    from .config.errors import ConfigError
+class _NotRaised(Exception):
+    """Stands in for ConfigError in :func:`main` while its module is not loaded."""
 
-    return ConfigError
+
+def _config_error() -> type[Exception]:
+    """:class:`ddtree_ops.config.ConfigError` for :func:`main`'s ``except`` clause (evaluated only
+    when an exception gets there). A ConfigError exists only once its module is loaded, so
+    while it is not, nothing is imported (pydantic: ~40 ms) and a stand-in never matches."""
+    errors = sys.modules.get(f"{__package__}.config.errors")
+    return errors.ConfigError if errors is not None else _NotRaised
 
 
 def _wants_json(argv: list[str] | None) -> bool:
