@@ -186,3 +186,21 @@ def test_control_pattern_is_the_old_character_test():
     old = {i for i in range(0x110000) if i < 0x20 or i == 0x7F}
     new = {i for i in range(0x110000) if not 0xD800 <= i < 0xE000 and files_mod._CONTROL.search(chr(i))}
     assert new == old
+
+
+def test_open_dirs_keeps_a_bounded_number_of_descriptors(tmp_path):
+    """1000 hosts are ~6000 directories (80 here: ~400); OpenDirs keeps at most MAX_OPEN of them open (the usual
+    limit is 1024 open files), and every file still lands where it belongs."""
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    out = tmp_path / "out"
+    with OpenDirs() as dirs:
+        for h in range(80):  # ~400 directories
+            for f in ("etc/systemd/system/a.service", "etc/ddtree-ops/x/plan.json"):
+                write_under(out, f"h{h}/{f}", f"{h}\n", 0o644, dirs)
+            assert len(os.listdir("/proc/self/fd")) - before <= OpenDirs.MAX_OPEN
+        write_under(out, "h0/etc/ddtree-ops/x/again", "0\n", 0o644, dirs)  # an evicted directory, reopened
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (out / "h79/etc/ddtree-ops/x/plan.json").read_text() == "79\n"
+    assert (out / "h0/etc/ddtree-ops/x/again").read_text() == "0\n"

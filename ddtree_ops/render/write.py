@@ -16,6 +16,7 @@ import errno
 import os
 import secrets
 import stat
+from collections import OrderedDict
 from pathlib import Path
 
 
@@ -70,25 +71,36 @@ def _open_dir(parent_fd: int, name: str, create: bool) -> int:
 
 
 class OpenDirs:
-    """The directories under one OUT that :func:`write_under` has opened, kept open for the
-    next file (a context manager; closes them on exit).
+    """The directories under one OUT that :func:`write_under` opened last, kept open for the
+    next files (a context manager; closes them on exit).
 
     Rendering 1000 hosts writes ~5000 files five directories deep; walking each path again
     from OUT cost two system calls a component (``mkdir`` + ``open``), ~40 % of ``render``
     (issue 15). A kept descriptor is the directory opened (``O_NOFOLLOW``) under OUT, so a
-    symlink swapped in later is still never followed, as with a fresh walk.
+    symlink swapped in later is still never followed, as with a fresh walk. At most
+    :attr:`MAX_OPEN` are kept (least recently used closed first): far below the usual limit
+    of 1024 open files, and files are written host by host, so the recent ones are the ones used.
     """
 
+    MAX_OPEN = 64
+
     def __init__(self) -> None:
-        self._fds: dict[tuple[Path, tuple[str, ...]], int] = {}
+        self._fds: OrderedDict[tuple[Path, tuple[str, ...]], int] = OrderedDict()
 
     def get(self, out_dir: Path, parts: tuple[str, ...]) -> int | None:
-        """The kept descriptor of ``out_dir/parts`` (not to be closed by the caller), or None."""
-        return self._fds.get((out_dir, parts))
+        """The kept descriptor of ``out_dir/parts`` (valid until the next :meth:`keep`; not to
+        be closed by the caller), or None."""
+        fd = self._fds.get((out_dir, parts))
+        if fd is not None:
+            self._fds.move_to_end((out_dir, parts))
+        return fd
 
     def keep(self, out_dir: Path, parts: tuple[str, ...], fd: int) -> int:
-        """Keep ``fd`` (now owned by this object) as ``out_dir/parts``; returns it."""
+        """Keep ``fd`` (now owned by this object) as ``out_dir/parts``, closing the least
+        recently used beyond :attr:`MAX_OPEN`; returns ``fd``."""
         self._fds[(out_dir, parts)] = fd
+        while len(self._fds) > self.MAX_OPEN:
+            os.close(self._fds.popitem(last=False)[1])
         return fd
 
     def close(self) -> None:
