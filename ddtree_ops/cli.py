@@ -45,7 +45,7 @@ def say(console: Console, label: str, style: str, message: str) -> None:
 
     When ``console`` is not a terminal (no colour: a pipe, a file, CI) and the line holds no
     control character (which rich would strip, or expand, as tabs), the line is written to
-    the console's file directly: the same bytes rich writes (``tests/test_render.py``
+    the console's file directly: the same bytes rich writes (``tests/test_perf.py``
     compares them), without rich's ~40-150 µs of rendering a line, which was 0.6 s of a
     1000-host ``validate`` (issue 15). Otherwise rich prints it.
     """

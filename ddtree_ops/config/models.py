@@ -761,9 +761,14 @@ def _check_size(host: str, variables: dict[str, Any]) -> None:
                 "shorten it: no deployment setting needs that much (paths are <= 4096 characters)", host=host)])
 
 
-@functools.lru_cache(maxsize=4096)
 def _secret_key(name: str) -> bool:
-    """:func:`is_secret_name`, remembered: every host repeats the same few dozen keys."""
+    """:func:`is_secret_name`, remembered for names up to 128 characters: every host repeats
+    the same few dozen keys (a long, odd key is checked each time and not kept)."""
+    return _secret_key_cached(name) if len(name) <= 128 else is_secret_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key_cached(name: str) -> bool:
     return is_secret_name(name)
 
 
