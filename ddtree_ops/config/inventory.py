@@ -141,7 +141,7 @@ def _template_if_marked(templar: Any) -> Callable[[Any], Any]:
     values must be decrypted by the Templar) nor, by Ansible's own test
     (``Templar.is_possibly_template``: a ``{{``/``{%``/``{#`` start string or a ``#jinja2:``
     header), possibly a template. For such values the Templar returns an equal value of the
-    same types (``tests/test_render.py`` checks the rendered output is byte-identical); the
+    same types (``tests/test_perf.py`` checks the rendered output is byte-identical); the
     Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (issue 15).
     Anything else (a marker, a vaulted string, another type) goes through the Templar.
     """
