@@ -1,5 +1,5 @@
 # Entry points for people and CI (.ci/run -> scripts/test.sh, which includes the peer tier).
-.PHONY: test peer peer-venvs
+.PHONY: test peer peer-venvs bench
 
 # Everything: set up, boot the systemd test host, run all tests (unit, hosts, peer tier).
 test:
@@ -12,3 +12,11 @@ peer:
 # Only build/reuse the cached real-SGLang venvs the peer tier needs.
 peer-venvs:
 	bash scripts/peer.sh --venvs
+
+# Speed, side by side in one run (issue 15): controller commands vs ansible-inventory at
+# 1/10/100/1000 hosts and --help; the exporter vs a bare prometheus_client server; the warmup
+# client's CPU per request. Prints figures (not tests); needs the venv of scripts/setup.sh.
+bench:
+	.venv/bin/python scripts/bench-controller.py
+	.venv/bin/python scripts/bench-exporter.py
+	.venv/bin/python scripts/bench-warmup.py

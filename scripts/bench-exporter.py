@@ -10,8 +10,15 @@ CLI (``python -m ddtree_ops exporter``) in its own process; CPU is read from
 ``/proc/<pid>/stat`` (utime + stime) of each server process, and the exporter's idle CPU
 (its background polling) is measured separately and subtracted.
 
-Usage: .venv/bin/python scripts/bench-exporter.py [--scrapes 1000] [--slow-delay 5]
-Prints figures; it is not a test (target: exporter p99 < 10 ms, never blocked by a slow upstream).
+The reference is a bare ``prometheus_client`` server (``start_http_server``, the default
+registry plus as many gauges as the exporter exposes series) on the same machine in the same
+run: each exporter row prints its p50/p99 as a ratio to it (issue 15: an absolute 10 ms
+target is at this machine's noise floor; target p99 ratio <= 1.2 with a normal, slow or dead
+upstream). Rows are measured in rounds (``--rounds``), the bare server and the exporters
+alternating, so a load spike on the shared machine hits all of them.
+
+Usage: .venv/bin/python scripts/bench-exporter.py [--scrapes 1000] [--rounds 3] [--slow-delay 5]
+Prints figures; it is not a test.
 """
 
 from __future__ import annotations
@@ -114,6 +121,17 @@ def upstream_main(port: int, delay: float) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 
 
+def bare_main(port: int, series: int) -> None:
+    """The reference: prometheus_client's own server, default registry + ``series`` gauges."""
+    from prometheus_client import Gauge, start_http_server
+
+    g = Gauge("bare_value", "reference series", ["i"])
+    for i in range(series):
+        g.labels(str(i)).set(i * 0.5)
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    thread.join()
+
+
 # --------------------------------------------------------------------------- measuring
 def free_port() -> int:
     with socket.socket() as s:
@@ -141,6 +159,7 @@ def wait_http(url: str, timeout: float = 30) -> None:
 
 
 def scrape(url: str, n: int, pid: int, idle_cpu_per_s: float = 0.0) -> dict:
+    """``n`` sequential scrapes over one keep-alive connection: latencies and the server's CPU."""
     import httpx
 
     lat = []
@@ -155,9 +174,16 @@ def scrape(url: str, n: int, pid: int, idle_cpu_per_s: float = 0.0) -> dict:
             size = len(r.content)
         wall = time.monotonic() - t0
         cpu = cpu_s(pid) - c0 - idle_cpu_per_s * wall
+    return {"lat": lat, "cpu_ms_per_scrape": max(0.0, cpu) / n * 1e3, "bytes": size, "text": r.text}
+
+
+def summary(samples: list[dict]) -> dict:
+    """Quantiles over the latencies of every round, CPU per scrape averaged."""
+    lat = [x for s in samples for x in s["lat"]]
     q = statistics.quantiles(lat, n=100)
     return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": max(lat) * 1e3,
-            "cpu_ms_per_scrape": max(0.0, cpu) / n * 1e3, "bytes": size, "text": r.text}
+            "cpu_ms_per_scrape": statistics.mean(s["cpu_ms_per_scrape"] for s in samples),
+            "bytes": samples[-1]["bytes"], "text": samples[-1]["text"]}
 
 
 def plan_file(tmp: Path, upstream_port: int) -> Path:
@@ -182,49 +208,71 @@ def run(args) -> None:
         procs.append(p)
         return p
 
-    rows = []
+    modes = (("normal", 0.0), ("slow", args.slow_delay), ("dead", None))
+    servers: dict[str, tuple[str, subprocess.Popen, float]] = {}  # name -> (url, process, idle CPU/s)
+    samples: dict[str, list[dict]] = {}
+    notes: dict[str, str] = {}
     try:
-        for mode, delay in (("normal", 0.0), ("slow", args.slow_delay)):
+        for mode, delay in modes:
             up_port, ex_port = free_port(), free_port()
-            up = start([sys.executable, __file__, "--upstream", str(up_port), "--delay", str(delay)])
-            if not delay:
-                wait_http(f"http://127.0.0.1:{up_port}/metrics")
-            else:
-                time.sleep(1.0)
+            if delay is not None:  # "dead": nothing listens on up_port
+                up = start([sys.executable, __file__, "--upstream", str(up_port), "--delay", str(delay)])
+                if not delay:
+                    wait_http(f"http://127.0.0.1:{up_port}/metrics")
+                    servers["upstream /metrics directly"] = (f"http://127.0.0.1:{up_port}/metrics", up, 0.0)
+                    notes["upstream /metrics directly"] = f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"
             ex = start([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan_file(tmp, up_port)),
                         "--upstream", f"http://127.0.0.1:{up_port}", "--listen", f"127.0.0.1:{ex_port}",
                         "--poll-interval", str(args.poll_interval), "--timeout", "3"])
             wait_http(f"http://127.0.0.1:{ex_port}/metrics")
-            time.sleep(2 * args.poll_interval + 0.5)  # at least two polls: a window exists
-            c0, t0 = cpu_s(ex.pid), time.monotonic()
-            time.sleep(args.idle_seconds)
-            idle = (cpu_s(ex.pid) - c0) / (time.monotonic() - t0)
-            res = scrape(f"http://127.0.0.1:{ex_port}/metrics", args.scrapes, ex.pid, idle)
-            up_line = next((ln for ln in res["text"].splitlines() if ln.startswith("ddtree_up{")), "?")
-            acc_line = next((ln for ln in res["text"].splitlines() if ln.startswith("ddtree_accept_length{")), "absent")
-            rows.append((f"exporter ({mode} upstream)", res, f"poll CPU {idle * 1e3:.1f} ms/s; "
-                         f"{up_line.rsplit(' ', 1)[1]} up, accept_length {acc_line.rsplit(' ', 1)[-1]}"))
-            if not delay:
-                res_up = scrape(f"http://127.0.0.1:{up_port}/metrics", args.scrapes, up.pid)
-                rows.append(("upstream /metrics directly", res_up,
-                             f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"))
-            for p in (ex, up):
-                p.terminate()
-                p.wait(10)
+            servers[f"exporter ({mode} upstream)"] = (f"http://127.0.0.1:{ex_port}/metrics", ex, 0.0)
+        time.sleep(2 * args.poll_interval + 0.5)  # at least two polls: a window exists
+        for name, (url, proc, _) in list(servers.items()):
+            if name.startswith("exporter"):
+                c0, t0 = cpu_s(proc.pid), time.monotonic()
+                time.sleep(args.idle_seconds)
+                servers[name] = (url, proc, (cpu_s(proc.pid) - c0) / (time.monotonic() - t0))
+        normal_url, normal_proc, _ = servers["exporter (normal upstream)"]
+        ex_series = sum(1 for ln in scrape(normal_url, 1, normal_proc.pid)["text"].splitlines()
+                        if ln and not ln.startswith("#"))
+        bare_port = free_port()
+        bare = start([sys.executable, __file__, "--bare", str(bare_port), "--series", str(ex_series)])
+        wait_http(f"http://127.0.0.1:{bare_port}/metrics")
+        servers = {"bare prometheus_client": (f"http://127.0.0.1:{bare_port}/metrics", bare, 0.0), **servers}
+        notes["bare prometheus_client"] = f"reference: start_http_server, {ex_series} series like the exporter"
+        for _ in range(args.rounds):
+            for name, (url, proc, idle) in servers.items():
+                n = args.scrapes if not name.startswith("upstream") else min(args.scrapes, 50)  # context only: ~0.1 s each
+                samples.setdefault(name, []).append(scrape(url, n, proc.pid, idle))
+        for name, (_, _, idle) in servers.items():
+            if name.startswith("exporter"):
+                text = samples[name][-1]["text"]
+                up_line = next((ln for ln in text.splitlines() if ln.startswith("ddtree_up{")), "? ?")
+                acc_line = next((ln for ln in text.splitlines() if ln.startswith("ddtree_accept_length{")), "absent")
+                notes[name] = (f"poll CPU {idle * 1e3:.1f} ms/s; ddtree_up {up_line.rsplit(' ', 1)[1]}, "
+                               f"accept_length {acc_line.rsplit(' ', 1)[-1]}")
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait()
-    print(f"\nddtree-ops exporter benchmark: {args.scrapes} sequential scrapes per row, loopback, "
-          f"poll interval {args.poll_interval:g} s, slow upstream = {args.slow_delay:g} s per request")
-    print(f"{'target':34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'CPU ms/scrape':>14} {'bytes':>9}  notes")
-    for name, r, note in rows:
-        print(f"{name:34} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} {r['cpu_ms_per_scrape']:14.3f} "
-              f"{r['bytes']:9d}  {note}")
-    worst = max(r["p99_ms"] for n, r, _ in rows if n.startswith("exporter"))
-    print(f"exporter p99 (worst of normal/slow upstream): {worst:.2f} ms -> target < 10 ms: "
-          f"{'met' if worst < 10 else 'NOT met'}")
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    rows = {name: summary(v) for name, v in samples.items()}
+    ref = rows["bare prometheus_client"]
+    print(f"\nddtree-ops exporter benchmark: {args.rounds} rounds x {args.scrapes} sequential scrapes per row, "
+          f"loopback, poll interval {args.poll_interval:g} s, slow upstream = {args.slow_delay:g} s per request, "
+          "dead upstream = nothing listening")
+    print(f"{'target':30} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p50 x':>6} {'p99 x':>6} {'CPU ms/scrape':>13} "
+          f"{'bytes':>8}  notes")
+    for name, r in rows.items():
+        print(f"{name:30} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['max_ms']:7.2f} {r['p50_ms'] / ref['p50_ms']:6.2f} "
+              f"{r['p99_ms'] / ref['p99_ms']:6.2f} {r['cpu_ms_per_scrape']:13.3f} {r['bytes']:8d}  {notes.get(name, '')}")
+    worst = max(r["p99_ms"] / ref["p99_ms"] for n, r in rows.items() if n.startswith("exporter"))
+    print(f"exporter p99 / bare prometheus_client p99 (worst of normal/slow/dead upstream): {worst:.2f}x -> "
+          f"target <= 1.2: {'met' if worst <= 1.2 else 'NOT met'}")
 
 
 def main() -> None:
@@ -233,11 +281,16 @@ def main() -> None:
     ap.add_argument("--poll-interval", type=float, default=1.0)
     ap.add_argument("--idle-seconds", type=float, default=3.0)
     ap.add_argument("--slow-delay", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bare", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--series", type=int, default=30, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.upstream:
         upstream_main(args.upstream, args.delay)
+    elif args.bare:
+        bare_main(args.bare, args.series)
     else:
         run(args)
 

@@ -370,3 +370,26 @@ def test_unpatched_ddtree_large_batch_eager_then_crash(tmp_path: Path) -> None:
         assert SIZE_MISMATCH in sim.output()
     finally:
         sim.stop()
+
+
+def test_reused_connection_answers_without_delayed_ack(ddtree_sim: Sim) -> None:
+    """Like uvicorn (TCP_NODELAY, keep-alive), a response on a reused connection does not wait
+    for the client's delayed ACK (~40 ms on Linux): the header and body writes go out at once."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", ddtree_sim.port, timeout=10)
+    try:
+        latencies, sockets = [], set()
+        for _ in range(12):
+            t0 = time.perf_counter()
+            conn.request("GET", "/v1/models")
+            resp = conn.getresponse()
+            body = resp.read()
+            latencies.append(time.perf_counter() - t0)
+            assert resp.status == 200 and json.loads(body)["object"] == "list"
+            sockets.add(id(conn.sock))
+        assert len(sockets) == 1  # one connection for all twelve: keep-alive
+    finally:
+        conn.close()
+    latencies.sort()
+    assert latencies[len(latencies) // 2] < 0.015, f"median {latencies[len(latencies) // 2] * 1000:.1f} ms: {latencies}"

@@ -7,7 +7,9 @@ rule comes from. The CLI prints them one per line; Ansible fails the play with t
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -117,6 +119,13 @@ def _is_vaulted(v: Any) -> bool:
     """True for a value that came from an Ansible vault: ansible-core 2.19 tags decrypted
     values with ``VaultedValue`` (and keeps undecrypted ones as ``EncryptedString``);
     2.17/2.18 hand out ``AnsibleVaultEncryptedUnicode``."""
+    return _vault_check()(v)
+
+
+@functools.cache
+def _vault_check() -> Callable[[Any], bool]:
+    """The test of :func:`_is_vaulted` for the installed ansible-core, its imports resolved
+    once (they cost ~10 µs a call, called for every string of every host: issue 15)."""
     try:
         from ansible._internal._datatag._tags import VaultedValue
         from ansible.parsing.vault import EncryptedString
@@ -124,9 +133,9 @@ def _is_vaulted(v: Any) -> bool:
         try:
             from ansible.parsing.yaml.objects import AnsibleVaultEncryptedUnicode
         except ImportError:
-            return False
-        return isinstance(v, AnsibleVaultEncryptedUnicode)
-    return isinstance(v, EncryptedString) or VaultedValue.is_tagged_on(v)
+            return lambda v: False
+        return lambda v: isinstance(v, AnsibleVaultEncryptedUnicode)
+    return lambda v: isinstance(v, EncryptedString) or VaultedValue.is_tagged_on(v)
 
 
 def redact(value: Any, _depth: int = 0) -> Any:

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +286,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
         templar = Templar(loader=loader, variables=all_vars)
         try:
             with _deadline(TEMPLATE_DEADLINE_S):
-                out[host.name] = deployment_vars(all_vars, templar.template, host.name)
+                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar), host.name)
         except TemplateTimeout as exc:
             raise ConfigError([Finding("error", getattr(exc, "variable", "inventory"), "…",
                                        f"templating the host's variables took longer than {TEMPLATE_DEADLINE_S:g} s "
@@ -294,3 +294,41 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                        "simplify the Jinja in its group_vars/host_vars (inventory Jinja is code Ansible "
                                        "runs, lookups included)", host=host.name)]) from None
     return out
+
+
+def _template_if_marked(templar: Any) -> Callable[[Any], Any]:
+    """``templar.template``, skipped for a value that cannot template to anything but itself.
+
+    A value is passed through unchanged when every scalar in it (keys included) is ``None``,
+    a bool, int or float, or a string that is neither vaulted (``errors._is_vaulted``: vault
+    values must be decrypted by the Templar) nor, by Ansible's own test
+    (``Templar.is_possibly_template``: a ``{{``/``{%``/``{#`` start string or a ``#jinja2:``
+    header), possibly a template. For such values the Templar returns an equal value of the
+    same types (``tests/test_perf.py`` checks the rendered output is byte-identical); the
+    Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (issue 15).
+    Anything else (a marker, a vaulted string, another type) goes through the Templar.
+    """
+    from .errors import _is_vaulted
+
+    def plain(value: Any) -> bool:
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if v is None or isinstance(v, (bool, int, float)):
+                continue
+            if isinstance(v, str):
+                if _is_vaulted(v) or templar.is_possibly_template(v):
+                    return False
+            elif isinstance(v, dict):
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                stack.extend(v)
+            else:
+                return False
+        return True
+
+    def template(value: Any) -> Any:
+        return value if plain(value) else templar.template(value)
+
+    return template

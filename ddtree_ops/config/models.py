@@ -30,6 +30,7 @@ character set here, so no value can inject a systemd directive or a second comma
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterator
@@ -861,6 +862,17 @@ def _check_size(host: str, variables: dict[str, Any]) -> None:
                 "shorten it: no deployment setting needs that much (paths are <= 4096 characters)", host=host)])
 
 
+def _secret_key(name: str) -> bool:
+    """:func:`is_secret_name`, remembered for names up to 128 characters: every host repeats
+    the same few dozen keys (a long, odd key is checked each time and not kept)."""
+    return _secret_key_cached(name) if len(name) <= 128 else is_secret_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key_cached(name: str) -> bool:
+    return is_secret_name(name)
+
+
 def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
     """Register every string that is secret: under a secret-looking name or key, or vaulted."""
     from .errors import _is_vaulted
@@ -868,7 +880,7 @@ def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
     stack = [(name, value, secret)]
     while stack:
         key, v, sec = stack.pop()
-        sec = sec or is_secret_name(key) or _is_vaulted(v)
+        sec = sec or _secret_key(key) or _is_vaulted(v)
         if isinstance(v, str):
             if sec:
                 register_secret(v)
@@ -1030,7 +1042,8 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
         except BaseException as exc:  # a deadline (inventory.TemplateTimeout): say which variable
             exc.__dict__.setdefault("variable", k)
             raise
-    _check_size(host, out)
+    if any(out[k] is not raw[k] for k in raw):  # templating changed something (else: checked above)
+        _check_size(host, out)
     for k, v in out.items():
         _register_secrets(k, v, secret=k in SECRET_VARS)
     _secret_in_plain_field(host, raw, out, plain, holders)

@@ -258,11 +258,11 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
 def render_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[Validated] = ()) -> str:
     """The rules file (YAML) for Prometheus ``rule_files``: :func:`alert_rules` of the fleet's
     validated deployments (the same list ``render_prometheus`` gets)."""
-    from .files import MANAGED
+    from .files import MANAGED, YAML_DUMPER
 
     doc = {"groups": [{"name": "ddtree-ops", "interval": settings.interval,
                        "rules": alert_rules(settings, validated)}]}
-    return f"# {MANAGED}\n" + yaml.safe_dump(doc, sort_keys=False, width=1000, allow_unicode=True)
+    return f"# {MANAGED}\n" + yaml.dump(doc, Dumper=YAML_DUMPER, sort_keys=False, width=1000, allow_unicode=True)
 
 
 # --------------------------------------------------------------------------- dashboard
