@@ -788,6 +788,23 @@ def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
     assert "ddtree_model" in line and "longer than 0.5 s" in line
 
 
+def test_deadline_kills_what_a_lookup_started(tmp_path):
+    """Attack F3 M3: past the deadline the pipe lookup's processes are killed, so a caller that
+    captures the output (here subprocess pipes, as Ansible or ``| cat``) gets EOF at once, not
+    after the 30 s sleep."""
+    gv = _with("ddtree_model", "path", "{{ lookup('pipe', 'sleep 30; echo x') }}")
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=gv))
+    code = ("import sys; import ddtree_ops.config.inventory as i; i.TEMPLATE_DEADLINE_S = 1.0; "
+            "from ddtree_ops.cli import main; sys.exit(main(sys.argv[1:]))")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, "validate", "-i", str(inv), "--json"], capture_output=True,
+                       text=True, timeout=25, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert took < 1.0 + 6, took  # deadline + start-up; the sleep would hold the pipes for 30 s
+    assert "longer than 1 s" in r.stdout and ("was killed" in r.stdout or "were killed" in r.stdout), r.stdout
+
+
 def test_linked_group_vars_walk_is_bounded(tmp_path, capsys, monkeypatch):
     """A group_vars link to a large tree is refused at MAX_VARS_ENTRIES (5 here), not walked whole."""
     import ddtree_ops.config.inventory as inventory
