@@ -1014,10 +1014,11 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     plus ``group_names`` (:data:`GROUPS_VAR`) when present.
 
     Before anything walks them, their size is bounded (:data:`MAX_VAR_NODES`,
-    :data:`MAX_VAR_CHARS`; again after templating). Every vaulted value among ALL the host's
-    variables (ansible-core 2.19 ``EncryptedString`` / ``VaultedValue``; 2.17/18
-    ``AnsibleVaultEncryptedUnicode``) is decrypted and its plaintext registered for redaction,
-    as is every string under a secret-looking name, ``ddtree_hf_token`` or ``ddtree_secret_env``.
+    :data:`MAX_VAR_CHARS`; again after templating). Every vaulted value the deployment variables
+    can reach (ansible-core 2.19 ``EncryptedString`` / ``VaultedValue``; 2.17/18
+    ``AnsibleVaultEncryptedUnicode``; :func:`_vault_plaintexts`) is decrypted and its plaintext
+    registered for redaction, as is every string under a secret-looking name,
+    ``ddtree_hf_token`` or ``ddtree_secret_env``.
 
     Raises:
         ConfigError: the variables are too large (one finding naming the path where the bound

@@ -22,6 +22,7 @@ on the real ``/proc`` the check also binds the port itself for an instant, with
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -188,14 +189,12 @@ def bind_refused(port: int, host: str | None = None) -> bool:
     binds, fail with EADDRINUSE right now? The socket is closed at once (never listens)."""
     addr = ipaddress.ip_address(host or "0.0.0.0")
     fam = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+    try:
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((str(addr), port))
-        except OSError as exc:
-            import errno
-
-            return exc.errno == errno.EADDRINUSE  # EADDRNOTAVAIL, EACCES: not a holder's doing
+    except OSError as exc:  # EADDRNOTAVAIL, EACCES, EAFNOSUPPORT (no IPv6): not a holder's doing
+        return exc.errno == errno.EADDRINUSE
     return False
 
 
