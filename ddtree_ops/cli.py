@@ -535,12 +535,13 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
 @app.command("port-check")
 def port_check(port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
                unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
+               host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
                as_json: JsonOpt = False) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
     from .ops.ports import check_port
 
     try:
-        result = check_port(port, unit)
+        result = check_port(port, unit, host=host)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _print_checks([{"name": "port", "ok": result.ok, "detail": result.detail}], as_json,

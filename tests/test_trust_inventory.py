@@ -788,6 +788,62 @@ def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
     assert "ddtree_model" in line and "longer than 0.5 s" in line
 
 
+def test_deadline_kills_what_a_lookup_started(tmp_path):
+    """Attack F3 M3: past the deadline the pipe lookup's processes are killed, so a caller that
+    captures the output (here subprocess pipes, as Ansible or ``| cat``) gets EOF at once, not
+    after the 30 s sleep."""
+    gv = _with("ddtree_model", "path", "{{ lookup('pipe', 'sleep 30; echo x') }}")
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=gv))
+    code = ("import sys; import ddtree_ops.config.inventory as i; i.TEMPLATE_DEADLINE_S = 1.0; "
+            "from ddtree_ops.cli import main; sys.exit(main(sys.argv[1:]))")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, "validate", "-i", str(inv), "--json"], capture_output=True,
+                       text=True, timeout=25, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert took < 1.0 + 6, took  # deadline + start-up; the sleep would hold the pipes for 30 s
+    assert "longer than 1 s" in r.stdout and ("was killed" in r.stdout or "were killed" in r.stdout), r.stdout
+
+
+def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
+    """Attack F3 L3: each vaulted string costs a key derivation; one no deployment variable refers to
+    (by name, through other variables' Jinja) is never decrypted, yet still marks its holder."""
+    from ddtree_ops.config.models import _reachable_vars, _vault_plaintexts
+
+    _, enc = _vaulted(tmp_path, "VCANARY_reachable_secret")
+    all_vars = {**base_hostvars(), "junk_vaulted": [enc] * 50, "used": enc, "mid": "{{ used ~ 'x' }}",
+                "by_lookup": enc, "unrelated": "{{ junk_vaulted | length }}"}
+    all_vars["ddtree_service"] = {"env": {"FOO": "{{ mid }}", "BAR": "{{ lookup('vars', 'by_lookup') }}"}}
+    assert {"used", "mid", "by_lookup", "ddtree_service"} <= _reachable_vars(all_vars)
+    assert not {"junk_vaulted", "unrelated"} & _reachable_vars(all_vars)
+    decrypted = []
+    plain, holders = _vault_plaintexts(all_vars, lambda v: decrypted.append(v) or "plain-of-a-vault")
+    assert len(decrypted) == 2 and plain == {"plain-of-a-vault"}  # used, by_lookup; not the 50
+    assert {"junk_vaulted", "used", "mid", "by_lookup", "unrelated", "ddtree_service"} <= holders
+
+
+def test_decryption_past_the_deadline_names_decryption(tmp_path, capsys, monkeypatch):
+    """Attack F3 L3: many vaulted values the deployment refers to, past the (shortened) deadline:
+    the finding names decryption and the variable, not "a Jinja loop or a slow lookup"."""
+    import ddtree_ops.config.inventory as inventory
+
+    monkeypatch.setattr(inventory, "TEMPLATE_DEADLINE_S", 0.1)
+    pw = tmp_path / "pw"
+    pw.write_text("vpw-many\n")
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_with("ddtree_service", "env",
+                                                                            {"FOO": "{{ many | length }}"})))
+    # encrypted in another process: Ansible caches derived keys per process, which would make decryption free
+    code = ("import sys; from ansible.parsing.vault import VaultLib, VaultSecret; v = VaultLib([('default', "
+            "VaultSecret(b'vpw-many'))]); sys.stdout.write('many:\\n' + ''.join('  - !vault |\\n' + ''.join("
+            "'      ' + ln + '\\n' for ln in v.encrypt('v%d' % i).decode().splitlines()) for i in range(150)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    (inv / "group_vars" / "all.yml").write_text(r.stdout)
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 2
+    [line] = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert "many" in line and "decrypting the vaulted values" in line and "longer than 0.1 s" in line, line
+    assert "Jinja loop" not in line
+
+
 def test_linked_group_vars_walk_is_bounded(tmp_path, capsys, monkeypatch):
     """A group_vars link to a large tree is refused at MAX_VARS_ENTRIES (5 here), not walked whole."""
     import ddtree_ops.config.inventory as inventory

@@ -433,6 +433,51 @@ def test_port_holder_unit_from_cgroup_v1_and_a_hostile_name(tmp_path):
     assert unit_of(4242, proc) == "dcgm-exporter.service"
 
 
+def test_port_held_by_a_user_manager_unit_of_the_same_name_is_not_ours(tmp_path):
+    """Attack F3 M1: any user's ``systemd --user`` unit may be named ddtree-sglang.service; only the
+    system unit's own cgroup counts (the first non-slice component, as systemd's cg_path_get_unit)."""
+    user_unit = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/ddtree-sglang.service\n"
+    r = check_port(30000, "ddtree-sglang.service", _fake_proc(tmp_path, 30000, user_unit))
+    assert not r.ok and "unit user@1000.service" in r.detail, r
+    (tmp_path / "proc/4242/cgroup").write_text("1:name=systemd:/user.slice/user-1000.slice/user@1000.service/"
+                                              "app.slice/ddtree-sglang.service\n")
+    assert unit_of(4242, tmp_path / "proc") == "user@1000.service"
+    for cgroup, unit in (("0::/system.slice/ddtree-sglang.service/payload\n", "ddtree-sglang.service"),
+                         ("0::/ddtree.slice/ddtree-x.slice/ddtree-sglang.service\n", "ddtree-sglang.service"),
+                         ("0::/user.slice/user-1000.slice/session-3.scope/ddtree-sglang.service\n", None),
+                         ("0::/init.scope\n", None)):
+        (tmp_path / "proc/4242/cgroup").write_text(cgroup)
+        assert unit_of(4242, tmp_path / "proc") == unit, cgroup
+
+
+def test_port_bound_but_not_listening_is_taken(tmp_path):
+    """Attack F3 M1: a socket bound and never listening (CLOSE) makes the server's bind fail with
+    EADDRINUSE: it counts; TIME_WAIT and orphans (inode 0) do not; --host narrows to overlapping addresses."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        r = check_port(port, "ddtree-sglang.service")  # in no /proc/net table: the probe bind finds it
+        assert not r.ok and "bound but not listening" in r.detail and "EADDRINUSE" in r.detail, r
+        assert main(["port-check", "--port", str(port), "--unit", "ddtree-sglang.service", "--host", "0.0.0.0"]) == 1
+        assert not check_port(port, "ddtree-sglang.service", host="127.0.0.1").ok
+        assert check_port(port, "ddtree-sglang.service", host="127.0.0.2").ok  # no overlap: that bind succeeds
+        with socket.socket() as t, pytest.raises(OSError):
+            t.bind(("0.0.0.0", port))  # what port-check predicts
+    with pytest.raises(ValueError, match="must be an IP address"):
+        check_port(30000, "ddtree-sglang.service", host="example.org")
+    proc = _fake_proc(tmp_path, 30000, "0::/init.scope\n")
+    head = (proc / "net/tcp").read_text().splitlines()[0]
+    (proc / "net/tcp").write_text(
+        head + "\n   0: 0100007F:7530 0100007F:9C40 06 00000000:00000000 00:00000000 00000000     0        0 0 1 0\n"
+        "   1: 0100007F:7530 0100007F:9C41 05 00000000:00000000 00:00000000 00000000     0        0 0 1 0\n")
+    assert check_port(30000, "ddtree-sglang.service", proc).detail == "port 30000 is free"
+    (proc / "net/tcp6").write_text(  # [::]:30000 bound (CLOSE) by pid 4242: overlaps IPv4 too
+        head + "\n   0: 00000000000000000000000000000000:7530 00000000000000000000000000000000:0000 07 "
+        "00000000:00000000 00:00000000 00000000     0        0 12345 1 0\n")
+    for host in ("10.0.0.1", "::1", None):
+        assert not check_port(30000, "ddtree-sglang.service", proc, host=host).ok, host
+
+
 def test_port_check_on_real_sockets_and_the_cli(capsys):
     with socket.socket() as s4, socket.socket(socket.AF_INET6) as s6:
         s4.bind(("127.0.0.1", 0))

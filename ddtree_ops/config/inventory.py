@@ -41,7 +41,9 @@ def load_hostvars(inventory: str | Path, limit: str | None = None,
             as ``ansible-inventory`` does.
 
     Inventory Jinja is code that Ansible runs (lookups included), as ``ansible-playbook`` would:
-    templating one host may take at most :data:`TEMPLATE_DEADLINE_S` seconds (on the main thread).
+    templating one host may take at most :data:`TEMPLATE_DEADLINE_S` seconds (on the main thread);
+    past it, the processes templating started (a ``pipe`` lookup's shell and command, their
+    children) are killed, so none keeps the caller's stdout/stderr open.
     Ansible's warnings during the load (e.g. a duplicate YAML key) are printed to stderr after
     it, as one line each (message and origin, never the source line) with secrets scrubbed.
 
@@ -220,6 +222,46 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def _descendants(root: int, proc: Path = Path("/proc")) -> set[tuple[int, int]]:
+    """``(pid, start time)`` of every live descendant of ``root`` (proc(5) ``/proc/<pid>/stat``:
+    field 4 ppid, field 22 start time in clock ticks, which tells a reused pid apart)."""
+    parent: dict[int, tuple[int, int]] = {}
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return set()
+    for e in entries:
+        try:
+            stat = (proc / e / "stat").read_text(encoding="ascii", errors="replace")
+            fields = stat[stat.rindex(")") + 2:].split()  # comm (field 2) may hold spaces and ")"
+            parent[int(e)] = (int(fields[1]), int(fields[19]))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    out: set[tuple[int, int]] = set()
+    frontier = [root]
+    while frontier:
+        p = frontier.pop()
+        for pid, (ppid, start) in parent.items():
+            if ppid == p and (pid, start) not in out:
+                out.add((pid, start))
+                frontier.append(pid)
+    return out
+
+
+def _kill_started(before: set[tuple[int, int]]) -> int:
+    """SIGKILL the descendants of this process that did not exist in ``before`` (what a ``pipe``
+    lookup started: its shell, the command, their children), twice (one may fork meanwhile);
+    return how many. An orphaned ``sleep`` would keep our stderr open and make every caller that
+    captures it (``| cat``, Ansible, ``subprocess``) wait for it."""
+    killed: set[tuple[int, int]] = set()
+    for _ in range(2):
+        for pid, start in _descendants(os.getpid()) - before - killed:
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.kill(pid, signal.SIGKILL)
+            killed.add((pid, start))
+    return len(killed)
+
+
 def _vault_secrets(loader: Any, files: list[str]) -> None:
     """Give ``loader`` (and ansible-core 2.19's process-wide vault context) the vault secrets of
     ``files``, ``ANSIBLE_VAULT_PASSWORD_FILE`` and ``ansible.cfg``, as ``ansible-inventory`` does
@@ -281,6 +323,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                    f"add hosts under {SERVER_GROUP} (children b300 / ct200) or fix the pattern"
                                    + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
+    before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
@@ -288,11 +331,16 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
             with _deadline(TEMPLATE_DEADLINE_S):
                 out[host.name] = deployment_vars(all_vars, _template_if_marked(templar), host.name)
         except TemplateTimeout as exc:
+            killed = _kill_started(before)
+            what = getattr(exc, "cause", None) or "templating the host's variables"
+            why = "" if getattr(exc, "cause", None) else " (a Jinja loop or a slow lookup)"
+            fix = getattr(exc, "fix", None) or ("simplify the Jinja in its group_vars/host_vars (inventory Jinja is "
+                                                "code Ansible runs, lookups included)")
+            ended = (f"; the {killed} process{'es' if killed != 1 else ''} it started "
+                     f"{'were' if killed != 1 else 'was'} killed" if killed else "")
             raise ConfigError([Finding("error", getattr(exc, "variable", "inventory"), "…",
-                                       f"templating the host's variables took longer than {TEMPLATE_DEADLINE_S:g} s "
-                                       "(a Jinja loop or a slow lookup)",
-                                       "simplify the Jinja in its group_vars/host_vars (inventory Jinja is code Ansible "
-                                       "runs, lookups included)", host=host.name)]) from None
+                                       f"{what} took longer than {TEMPLATE_DEADLINE_S:g} s{why}{ended}",
+                                       fix, host=host.name)]) from None
     return out
 
 

@@ -921,15 +921,49 @@ def _strings(value: Any, limit: int = MAX_VAR_NODES) -> Iterator[tuple[str, Any]
             yield path, v
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _reachable_vars(all_vars: dict[str, Any]) -> set[str]:
+    """Names of the variables whose values can reach the loader's output: the deployment
+    variables (:data:`INVENTORY_VARS`, ``ddtree_*``) and, transitively, every variable named
+    anywhere inside their Jinja (``{{ x }}``, ``hostvars[h]['x']``, ``lookup('vars', 'x')``).
+    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed (README: limits)."""
+    known = {str(n) for n in all_vars if n not in SKIP_VARS}
+    todo = [n for n in known if n in INVENTORY_VARS.values() or is_deployment_var(n)]
+    seen = set(todo)
+    budget = MAX_VAULT_NODES
+    while todo and budget > 0:
+        value = all_vars[todo.pop()]
+        words: set[str] = set()
+        for _, leaf in _strings(value, budget):
+            budget -= 1
+            if isinstance(leaf, str) and ("{{" in leaf or "{%" in leaf):
+                words.update(w for expr in _JINJA.findall(leaf) for w in _NAME.findall(expr))
+        for w in (words & known) - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
 def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) -> tuple[set[str], set[str]]:
     """Walk every variable of the host (not :data:`SKIP_VARS`; at most :data:`MAX_VAULT_NODES`
-    values) for vaulted values; return (their plaintexts, registered as secrets; the names of the
-    variables that hold one or whose Jinja refers to one, transitively)."""
+    values) for vaulted values; return (the plaintexts of those in :func:`_reachable_vars`,
+    registered as secrets; the names of the variables that hold one or whose Jinja refers to
+    one, transitively).
+
+    Only reachable values are decrypted: each vaulted string costs a key derivation (PBKDF2,
+    ~3 ms), so 2,000 of them in an unrelated variable took 7-12 s, and a value no deployment
+    variable refers to cannot reach a field. A deadline firing while decrypting (inventory's
+    ``TemplateTimeout``) gets ``cause``, ``variable`` and ``fix`` attributes naming decryption,
+    not Jinja, as the cause."""
     from .errors import _is_vaulted
 
     plain: set[str] = set()
     holders: set[str] = set()
+    reachable = _reachable_vars(all_vars)
     budget = MAX_VAULT_NODES
+    done = 0
     for name, value in list(all_vars.items()):
         if name in SKIP_VARS or budget <= 0:
             continue
@@ -937,10 +971,20 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) 
             budget -= 1
             if _is_vaulted(leaf):
                 holders.add(str(name))
+                if str(name) not in reachable:
+                    continue
                 try:
                     text = template(leaf)
                 except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
                     continue
+                except BaseException as exc:  # a deadline while decrypting: say so, not "Jinja"
+                    exc.__dict__.setdefault("variable", str(name))
+                    exc.__dict__.setdefault("cause", f"decrypting the vaulted values the deployment variables refer to "
+                                                     f"({done} done; one key derivation each)")
+                    exc.__dict__.setdefault("fix", "vault fewer separate values the ddtree_* variables refer to (one "
+                                                   "vaulted file, ansible-vault encrypt, costs one key derivation)")
+                    raise
+                done += 1
                 if isinstance(text, str):
                     register_secret(text)
                     plain.add(text)
@@ -1019,10 +1063,11 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     plus ``group_names`` (:data:`GROUPS_VAR`) when present.
 
     Before anything walks them, their size is bounded (:data:`MAX_VAR_NODES`,
-    :data:`MAX_VAR_CHARS`; again after templating). Every vaulted value among ALL the host's
-    variables (ansible-core 2.19 ``EncryptedString`` / ``VaultedValue``; 2.17/18
-    ``AnsibleVaultEncryptedUnicode``) is decrypted and its plaintext registered for redaction,
-    as is every string under a secret-looking name, ``ddtree_hf_token`` or ``ddtree_secret_env``.
+    :data:`MAX_VAR_CHARS`; again after templating). Every vaulted value the deployment variables
+    can reach (ansible-core 2.19 ``EncryptedString`` / ``VaultedValue``; 2.17/18
+    ``AnsibleVaultEncryptedUnicode``; :func:`_vault_plaintexts`) is decrypted and its plaintext
+    registered for redaction, as is every string under a secret-looking name,
+    ``ddtree_hf_token`` or ``ddtree_secret_env``.
 
     Raises:
         ConfigError: the variables are too large (one finding naming the path where the bound
