@@ -731,6 +731,8 @@ def test_vault_password_file_option(tmp_path, capsys, monkeypatch):
     assert main(["validate", "-i", str(inv)]) == 0
     assert main(["validate", "-i", str(inv), "--vault-password-file", str(tmp_path / "missing")]) == 2
     assert "--vault-password-file" in capsys.readouterr().err
+    monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", None)
+    assert main(["validate", "-i", str(inv), "--vault-password-file", f"default@{pw}"]) == 0  # [id@]path form
 
 
 def test_vaulted_value_in_plain_env_refused_by_the_cli(tmp_path, capsys):

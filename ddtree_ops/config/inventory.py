@@ -278,14 +278,17 @@ def _vault_secrets(loader: Any, files: list[str]) -> None:
         if current is not None:  # a long-lived process: no secrets of an earlier load carry over
             current.secrets[:] = []
         return
+    # "id@path" is a vault id (ansible-inventory --vault-id); a plain path a password file
+    with_id = [f for f in files if "@" in f and not f.startswith("/")]
+    plain = [f for f in files if f not in with_id]
     for f in files:
-        name = f.split("@", 1)[1] if "@" in f else f
+        name = f.split("@", 1)[1] if f in with_id else f
         if not Path(name).is_file():
             raise ConfigError([Finding("error", "--vault-password-file", None, f"no such file: {shorten(f)}",
                                        "give the path of a file holding the vault password (or a script printing it)")])
     try:
-        secrets = CLI.setup_vault_secrets(loader, vault_ids=list(C.DEFAULT_VAULT_IDENTITY_LIST),
-                                          vault_password_files=list(files), ask_vault_pass=False,
+        secrets = CLI.setup_vault_secrets(loader, vault_ids=list(C.DEFAULT_VAULT_IDENTITY_LIST) + with_id,
+                                          vault_password_files=plain, ask_vault_pass=False,
                                           auto_prompt=False, initialize_context=False)
     except Exception as exc:  # noqa: BLE001 - AnsibleError and OSError alike: one finding
         raise ConfigError([Finding("error", "--vault-password-file", None,
