@@ -62,12 +62,11 @@ for rel, size in manifest:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     os.write(fd, b"x" * size)
-    os.fsync(fd)
     os.close(fd)
     os.replace(tmp, path)
 """
 """The file-system floor of ``render``: the same tree (directories, files, sizes) written by a
-bare Python loop, temporary file + fsync + rename per file as ``render`` does."""
+bare Python loop, temporary file + rename per file as ``render`` does."""
 
 
 def manifest_of(out: Path, dest: Path) -> None:
