@@ -263,9 +263,8 @@ def write_under(out_dir: Path, rel: str, content: str, mode: int, dirs: OpenDirs
             view = memoryview(data)
             while view:
                 view = view[os.write(tfd, view):]
-            # no fsync: readers never see a partial file (the rename is atomic); what a crash of
-            # the controller mid-render could lose is re-rendered by running render again, and an
-            # fsync a file was ~60 % of render's time at 1000 hosts (issue 15)
+            # no fsync: readers never see a partial file (the rename is atomic), and what a crash of
+            # the controller mid-render could lose is re-rendered by running render again
         except BaseException:
             os.close(tfd)
             os.unlink(tmp, dir_fd=fd)
