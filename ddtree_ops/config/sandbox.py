@@ -244,6 +244,22 @@ def _fix_for(field: str) -> str:
             }.get(field, "use a directory of its own, e.g. /opt/ddtree-ops/venv or /opt/ddtree-ops/sglang-venv")
 
 
+_HIDING_DIRECTIVES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (HIDDEN_BY_PROTECT_HOME,
+     "the unit runs with ProtectHome=yes, which hides {tree}; a directory the service {kind}s cannot live there",
+     "use a system path such as /var/lib/ddtree-ops/<name> (state), /var/cache/ddtree-ops/<name> (cache), "
+     "/opt/ddtree-ops/venv (venvs) or /etc/ddtree-ops/<name> (config)"),
+    (PRIVATE_TMP,
+     "the unit runs with PrivateTmp=yes: it sees its own empty {tree}, not this directory "
+     "(and systemd-tmpfiles ages files there)", "use a persistent path under /var or /opt"),
+    (KERNEL_TREES,
+     "{tree} is a kernel API file system (read-only or closed in the unit: ProtectKernelTunables, "
+     "ProtectControlGroups, DevicePolicy=closed)", "use a path on a real file system under /var or /opt"),
+)
+"""(trees, rule, fix) of each directive that hides a tree from the unit, for the service's own
+paths (``{kind}``: ``write`` for state/cache, ``read`` for venvs and the config dir)."""
+
+
 def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
     """Every path the unit needs survives its sandbox and is the deployment's own
     (:func:`_system_tree_findings`): state/cache (written) not under a tree
@@ -254,26 +270,10 @@ def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
     writable, readonly = _service_paths(d)
     for field, path in writable + readonly:
         kind = "write" if (field, path) in writable else "read"
-        for tree in HIDDEN_BY_PROTECT_HOME:
-            if _under(path, tree):
-                yield Finding("error", field, path,
-                              f"the unit runs with ProtectHome=yes, which hides {tree}; a directory the service "
-                              f"{kind}s cannot live there",
-                              "use a system path such as /var/lib/ddtree-ops/<name> (state), /var/cache/ddtree-ops/"
-                              "<name> (cache), /opt/ddtree-ops/venv (venvs) or /etc/ddtree-ops/<name> (config)",
-                              SYSTEMD_EXEC)
-        for tree in PRIVATE_TMP:
-            if _under(path, tree):
-                yield Finding("error", field, path,
-                              f"the unit runs with PrivateTmp=yes: it sees its own empty {tree}, not this directory "
-                              "(and systemd-tmpfiles ages files there)", "use a persistent path under /var or /opt",
-                              SYSTEMD_EXEC)
-        for tree in KERNEL_TREES:
-            if _under(path, tree):
-                yield Finding("error", field, path,
-                              f"{tree} is a kernel API file system (read-only or closed in the unit: "
-                              "ProtectKernelTunables, ProtectControlGroups, DevicePolicy=closed)",
-                              "use a path on a real file system under /var or /opt", SYSTEMD_EXEC)
+        for trees, rule, fix in _HIDING_DIRECTIVES:
+            for tree in trees:
+                if _under(path, tree):
+                    yield Finding("error", field, path, rule.format(tree=tree, kind=kind), fix, SYSTEMD_EXEC)
     yield from _system_tree_findings(d)
     for field, path in _local_model_paths(d):
         for tree in HIDDEN_BY_PROTECT_HOME:
