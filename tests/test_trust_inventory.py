@@ -922,3 +922,15 @@ def test_vault_password_file_must_be_a_regular_file(tmp_path, kind, capsys):
         path = Path("/dev/zero")
     assert main(["validate", "-i", str(REPO / "inventory" / "example"), "--vault-password-file", str(path)]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tokens", "api_keys", "lower"])
+def test_a_refused_env_map_shows_names_never_values(name):
+    """Attack pass 3: ``ddtree_service.env: {tokens: CANARY}`` (an invalid name the secret check
+    does not flag) echoed the whole map with its values."""
+    hv = base_hostvars()
+    hv["ddtree_service"] = {"env": {name: "CANARY3envv4l"}}
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    text = str(exc.value) + json.dumps([f.as_dict() for f in exc.value.findings])
+    assert "ddtree_service.env" in text and name in text and "CANARY3envv4l" not in text, text

@@ -289,5 +289,9 @@ def findings_from_validation_error(
         value = err.get("input") if err.get("type") != "missing" else None
         if path.startswith(prefix_of.get("hf_token", "hf_token")):
             value = REDACTED
+        elif isinstance(value, dict) and path.endswith(".env"):
+            # an environment map is refused as a whole for one bad name: show its names, never its
+            # values (a name the secret check misses, e.g. lower-case "tokens", may hold a secret)
+            value = dict.fromkeys(value, REDACTED)
         out.append(Finding("error", path, value, rule, fix, host=host))
     return out
