@@ -934,3 +934,26 @@ def test_a_refused_env_map_shows_names_never_values(name):
         validate_hostvars("h1", hv)
     text = str(exc.value) + json.dumps([f.as_dict() for f in exc.value.findings])
     assert "ddtree_service.env" in text and name in text and "CANARY3envv4l" not in text, text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_a_vars_file_that_blocks_or_never_ends_is_refused(tmp_path, kind, capsys):
+    """Attack pass 3: host_vars/h1.yml as a FIFO hung validate; a link to /dev/zero ate 7.8 GB."""
+    import shutil
+
+    inv = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory" / "example", inv)
+    f = inv / "host_vars" / "h1.yml"
+    f.parent.mkdir(exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "dev-zero":
+        f.symlink_to("/dev/zero")
+    else:
+        with open(f, "wb") as fh:
+            fh.truncate(17 << 20)
+    t0 = time.monotonic()
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert time.monotonic() - t0 < 10
+    err = capsys.readouterr().err
+    assert "h1.yml" in err and ("not a regular file" in err or "larger than 16 MiB" in err), err

@@ -142,9 +142,15 @@ MAX_VARS_ENTRIES = 10_000
 """Most files and directories the group_vars/host_vars check walks (a link to ``/`` would walk the disk)."""
 
 
+MAX_VARS_FILE_BYTES = 16 << 20
+"""Largest group_vars/host_vars file read, bytes (a deployment's variables are a few KB; vaulted
+ones a few times that)."""
+
+
 def _check_vars_files(path: Path) -> None:
     """Refuse a dangling symlink, an unreadable file or directory under the inventory's
-    group_vars/host_vars, linked directories followed (Ansible reads them too; each directory
+    group_vars/host_vars, a file there that is not a regular file or is over
+    :data:`MAX_VARS_FILE_BYTES`, linked directories followed (Ansible reads them too; each directory
     once, so a link loop ends), at most :data:`MAX_VARS_ENTRIES` entries."""
     base = path if path.is_dir() else path.parent
 
@@ -176,6 +182,11 @@ def _check_vars_files(path: Path) -> None:
                     refuse(f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently")
                 elif f.is_file() and not os.access(f, os.R_OK):
                     refuse(f, "is not readable by this user; Ansible would skip its variables")
+                elif name in filenames and not f.is_file():  # a FIFO or device blocks or never ends
+                    refuse(f, "is not a regular file (a FIFO, socket or device: reading it would block "
+                              "or never end)")
+                elif name in filenames and f.stat().st_size > MAX_VARS_FILE_BYTES:
+                    refuse(f, f"is larger than {MAX_VARS_FILE_BYTES >> 20} MiB (not a variables file?)")
 
 
 def _yaml_causes(path: Path, loader: Any) -> list[str]:
