@@ -5,13 +5,17 @@
 # The test host stays up afterwards; stop it with: scripts/testhost.sh down
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/phase.sh
+phase "set up (apt packages, .venv, test-host rootfs)"
 bash scripts/setup.sh
 # The SGLang wheelhouse is content-keyed: share it across checkouts (as test.sh does).
 export DDTREE_SGLANG_WHEELHOUSE=${DDTREE_SGLANG_WHEELHOUSE:-/var/cache/ddtree-ops/sglang-wheelhouse}
+phase "boot the test host"
 bash scripts/testhost.sh up
+phase "test-host stand-ins (NVIDIA apt repository, nvidia-smi)"
 bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 export PATH="$PWD/.venv/bin:$PATH"
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; phase "$*"; }
 
 step "Plan for the shipped b300 inventory (inventory/example)"
 ddtree-ops plan -i inventory/example -l b300
@@ -51,3 +55,4 @@ done
 echo "Prometheus: $res"
 echo
 echo "The test host stays up: scripts/testhost.sh ssh ddt-th1 | scripts/testhost.sh down"
+phase "demo done"

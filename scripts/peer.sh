@@ -27,4 +27,4 @@ if [[ ${1:-} == --venvs ]]; then
 fi
 [[ -x .venv/bin/python ]] || bash scripts/setup.sh
 venvs
-DDTREE_PEER=1 exec .venv/bin/python -m pytest -p no:cacheprovider -rs tests/peer "$@"
+DDTREE_PEER=1 exec .venv/bin/python -m pytest -p no:cacheprovider -ra tests/peer "$@"

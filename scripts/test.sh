@@ -3,16 +3,25 @@
 # stop the test host again. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/phase.sh
+phase "set up (apt packages, .venv, test-host rootfs)"
 bash scripts/setup.sh
 # The SGLang wheelhouse is content-keyed: share it across checkouts (~540 MiB download once).
 export DDTREE_SGLANG_WHEELHOUSE=${DDTREE_SGLANG_WHEELHOUSE:-/var/cache/ddtree-ops/sglang-wheelhouse}
 # Peer tier (tests/peer, real released SGLang): build/reuse its cached venvs and make a
 # missing one a failure. DDTREE_PEER=0 scripts/test.sh leaves the tier to skip instead.
 if [[ ${DDTREE_PEER:-1} == 1 ]]; then
+  phase "peer tier: build or reuse the released-SGLang venvs"
   bash scripts/peer.sh --venvs
   export DDTREE_PEER=1
 fi
 trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
+phase "boot the test host"
 bash scripts/testhost.sh up
+phase "test-host stand-ins (NVIDIA apt repository, nvidia-smi)"
 bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
-DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -rs "$@"
+phase "pytest"
+rc=0
+DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -ra "$@" || rc=$?
+phase "done (pytest rc=$rc)"
+exit "$rc"
