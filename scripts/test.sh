@@ -16,6 +16,8 @@ if [[ ${DDTREE_PEER:-1} == 1 ]]; then
   export DDTREE_PEER=1
 fi
 trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
+phase "downloads the tests need (Triton 3.6.0 venv)"
+PYTHON=.venv/bin/python bash scripts/triton-venv.sh >/dev/null
 phase "boot the test host"
 bash scripts/testhost.sh up
 phase "test-host stand-ins (NVIDIA apt repository, nvidia-smi)"

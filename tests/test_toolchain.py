@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -26,7 +27,6 @@ from helpers import REPO
 
 
 PTXAS_CACHE = Path("/var/cache/ddtree-ops/ptxas-bin")
-TRITON_VENV_CACHE = Path("/var/cache/ddtree-ops/triton-venv")
 
 
 def _standin():
@@ -56,18 +56,14 @@ def real_ptxas() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def triton_python() -> str:
-    """Python of a venv holding the real Triton 3.6.0 wheel (no deps needed to pick ptxas)."""
-    venv = TRITON_VENV_CACHE / "3.6.0"
-    if not (venv / ".complete").exists():
-        whl = Path("/var/cache/ddtree-ops/ptxas-wheels")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "triton==3.6.0",
-                        "-d", str(whl)], check=True)
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(venv / "bin/pip"), "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check",
-                        *map(str, whl.glob("triton-3.6.0-*.whl"))], check=True)
-        (venv / ".complete").touch()
-    return str(venv / "bin/python")
+    """Python of a venv holding the real Triton 3.6.0 wheel (no deps needed to pick ptxas).
+
+    Built by ``scripts/triton-venv.sh`` (scripts/test.sh runs it in set-up, before pytest,
+    so a cold run downloads nothing here; a plain ``pytest`` builds it on first use)."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "triton-venv.sh")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
 
 
 # ----------------------------------------------------------------------------- data + plan

@@ -154,7 +154,7 @@ def test_triton_role_real_ptxas_13_passes_12_8_fails(repo_url, addr):
 def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path):
     """Real Triton 3.6.0 in a venv on the host: its own get_ptxas(103) under the rendered env."""
     if not TRITON_WHEEL.exists():
-        pytest.fail(f"{TRITON_WHEEL} missing: run scripts/cuda_apt_standin.py's wheel cache step (pip download triton==3.6.0)")
+        pytest.fail(f"{TRITON_WHEEL} missing: run scripts/triton-venv.sh (scripts/test.sh does, before pytest)")
     from hostutil import ssh_options
     if ssh(addr, "test -x /opt/triton-venv/bin/python && /opt/triton-venv/bin/python -c 'import triton'").returncode != 0:
         cp = subprocess.run(["scp", *ssh_options(), str(TRITON_WHEEL), f"root@{addr}:/tmp/"], capture_output=True,
