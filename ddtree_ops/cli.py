@@ -1,8 +1,11 @@
 """``ddtree-ops`` command line (Typer + rich).
 
-Exit codes: 0 ok, 1 a check failed, 2 usage or configuration error.
+Exit codes: 0 ok, 1 a check failed, 2 usage or configuration error (or an environment
+problem the message names: a missing file, a missing controller dependency), 70 an internal
+error (a bug in ddtree-ops: the message asks for a report), 130 interrupted.
 ``--json`` prints one object with a stable ``checks`` list of ``{name, ok, detail}``.
-Every error is mapped to a one-line message in :func:`main`; no traceback reaches users.
+Every error is mapped to a one-line message in :func:`main` (:data:`KNOWN_ERRORS`); no
+traceback reaches users unless ``DDTREE_DEBUG=1`` asks for one.
 """
 
 from __future__ import annotations
@@ -593,8 +596,59 @@ def main(argv: list[str] | None = None) -> int:
     except typer.exceptions.TyperException as exc:  # usage errors (bad option, unknown command)
         msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         return _usage(argv, msg)
-    except Exception as exc:  # anything unexpected: one line, no traceback
-        return _usage(argv, f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the table below decides what users see
+        return _unexpected(argv, exc)
+
+
+EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+def _missing_module(exc: BaseException) -> str | None:
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if name == "ansible":
+        return ("this command reads Ansible inventory and needs ansible-core on the controller: "
+                "pip install 'ddtree-ops[controller]'")
+    return f"a dependency is missing: {name or exc}; reinstall ddtree-ops (pip install 'ddtree-ops[controller]')"
+
+
+def _os_error(exc: BaseException) -> str:
+    what = getattr(exc, "strerror", None) or type(exc).__name__
+    where = getattr(exc, "filename", None)
+    return f"{where}: {what}" if where else f"{what}: {exc}"
+
+
+KNOWN_ERRORS: tuple[tuple[type[BaseException], Any], ...] = (
+    (ModuleNotFoundError, _missing_module),
+    (FileNotFoundError, _os_error),
+    (PermissionError, lambda exc: f"{_os_error(exc)} (run as a user who may read/write it)"),
+    (IsADirectoryError, _os_error),
+    (NotADirectoryError, _os_error),
+)
+"""Exceptions users cause (environment, files), in the order they are matched: each maps to
+its one-line message and exit 2. Anything else is an internal error (exit 70)."""
+
+
+def _unexpected(argv: list[str] | None, exc: Exception) -> int:
+    """One line for an exception no command handled: a known kind (exit 2) or a bug (exit 70).
+    ``DDTREE_DEBUG=1`` prints the traceback first. The text goes through the secrets scrub."""
+    from .config.errors import scrub
+
+    if os.environ.get("DDTREE_DEBUG") == "1":
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    for kind, message in KNOWN_ERRORS:
+        if isinstance(exc, kind):
+            return _usage(argv, scrub(message(exc)))
+    msg = scrub(f"internal error: {type(exc).__name__}: {exc}"[:400])
+    hint = " (a bug in ddtree-ops: please report it with the output of DDTREE_DEBUG=1 and the same arguments)"
+    if _wants_json(argv):
+        print(json.dumps({"ok": False, "checks": [{"name": "internal-error", "ok": False, "detail": msg}]}, indent=2))
+    say(err, "error:", "red", msg + hint)
+    return EXIT_INTERNAL
 
 
 class _NotRaised(Exception):
