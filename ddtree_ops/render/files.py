@@ -1,4 +1,4 @@
-"""Render the files of a deployment from ``templates/*.j2``.
+"""Render the files of a deployment from ``ddtree_ops/templates/*.j2`` (package data).
 
 Templates hold layout only; every value comes from the validated config and its plan.
 :func:`render_host` is what both ``ddtree-ops render`` and the Ansible action plugin call,
@@ -22,7 +22,6 @@ from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from .argv import build_argv
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MANAGED = "Managed by ddtree-ops: do not edit; re-render with `ddtree-ops render` or deploy.yml."
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -78,7 +77,7 @@ def _env() -> jinja2.Environment:
     templates and re-reads a template whose file changed). Building one per host cost ~20 ms
     a host (issue 15)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.PackageLoader("ddtree_ops", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
