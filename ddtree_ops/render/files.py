@@ -12,7 +12,6 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 import yaml
