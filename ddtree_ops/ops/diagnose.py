@@ -549,7 +549,7 @@ SIGNATURES: tuple[Signature, ...] = (
         _nccl),
     Signature(
         "scheduler-watchdog", ("watchdog timeout",),
-        (re.compile(r"(?P<who>[\w ]{1,40}) watchdog timeout \(self\.watchdog_timeout=(?P<t>[\d.]{1,12})"),),
+        (re.compile(r"\b(?P<who>[A-Za-z]\w{0,39}) watchdog timeout \(self\.watchdog_timeout=(?P<t>[\d.]{1,12})"),),
         "SGLang's {who} watchdog fired: a forward batch made no progress for {t} s (a hang: often a collective)",
         "py-spy dump the scheduler if it recurs, check NCCL/GPUs (nvidia-smi, dmesg Xid); raise "
         "--watchdog-timeout only for legitimately long batches",
