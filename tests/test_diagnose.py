@@ -19,6 +19,7 @@ from ddtree_ops.ops import diagnose as dg
 from helpers import FIXTURES, base_hostvars
 
 LOGS = FIXTURES / "logs"
+IMA = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
 def run(lines: list[str] | str, plan: dg.PlanFacts | None = None) -> dict[str, dg.Finding]:
@@ -130,6 +131,21 @@ def test_the_simulators_mis_sized_verify_crash_is_recognised(plan_doc: dict) -> 
     assert "this plan: draft 8, verify 33 tokens/req (block_size 8, budget 32 + 1)" in msg
 
 
+def test_sglang_0_5_23_capture_lines_set_the_phase_and_the_logged_width() -> None:
+    """0.5.23 (model_runner_components/cuda_graph_setup.py) logs ``Capture target verify CUDA graph begin.
+    backend=..., num_tokens_per_req=N``: the mismatch names the width the log says was captured."""
+    begin = ("[2026-01-01 00:00:00 TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8, "
+             "avail mem=40.10 GB")
+    end = "[2026-01-01 00:00:05 TP0] Capture target verify CUDA graph end. elapsed=5.01 s, mem usage=0.61 GB."
+    crash = ['  File "/venv/sglang/srt/speculative/ddtree_worker.py", line 412, in forward_batch_generation',
+             '  File "/venv/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", line 801, in replay',
+             "RuntimeError: The size of tensor a (8) must match the size of tensor b (33) at non-singleton dimension 1"]
+    f = run([begin, end, *crash])["graph-size-mismatch"]
+    assert "at replay" in f.cause and "captured at num_tokens_per_req=8" in f.cause
+    assert list(run([begin, IMA])) == ["illegal-memory-access-capture"]  # no end line yet: capturing
+    assert list(run([begin, end, *crash[:2], IMA])) == ["illegal-memory-access-replay"]
+
+
 def test_graph_mismatch_needs_context_or_the_plan(plan_doc: dict) -> None:
     line = "RuntimeError: The size of tensor a (32) must match the size of tensor b (99) at non-singleton dimension 0"
     assert run([line]) == {}  # a bare tensor mismatch could be anything
@@ -138,9 +154,6 @@ def test_graph_mismatch_needs_context_or_the_plan(plan_doc: dict) -> None:
 
 
 # ------------------------------------------------------------------ capture vs replay, OOM, plan
-
-
-IMA = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
 def test_illegal_access_capture_and_replay_are_told_apart_by_context() -> None:
@@ -304,6 +317,8 @@ def test_registered_secrets_never_appear() -> None:
     register_secret("s3cr3t-vault-value-xyz")
     f = run(["lstat /dev/nvidia-uvm: no such file or directory s3cr3t-vault-value-xyz"])["device-nodes-missing"]
     assert "s3cr3t-vault-value-xyz" not in f.message()
+    f = run(["/dev/nvidia-uvm s3cr3t-vault-value-xyz: No such file or directory"])["device-nodes-missing"]
+    assert "s3cr3t" not in f.message() and "s3cr3t" not in json.dumps(f.as_dict())
 
 
 def test_tail_of_large_input_only(tmp_path: Path) -> None:

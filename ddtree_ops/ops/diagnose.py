@@ -307,7 +307,13 @@ def read_journal(unit: str, lines: int = JOURNAL_LINES, max_bytes: int = DEFAULT
     timer.start()
     try:
         err_box: list[bytes] = []
-        t = threading.Thread(target=lambda: err_box.append(proc.stderr.read(64 << 10)), daemon=True)  # type: ignore[union-attr]
+
+        def drain_stderr() -> None:  # keep the first 64 KiB, read the rest so journalctl never blocks on it
+            err_box.append(proc.stderr.read(64 << 10))  # type: ignore[union-attr]
+            while proc.stderr.read(1 << 16):  # type: ignore[union-attr]
+                pass
+
+        t = threading.Thread(target=drain_stderr, daemon=True)
         t.start()
         data, dropped = _read_tail(proc.stdout, max_bytes)  # type: ignore[arg-type]
         proc.wait()
@@ -338,6 +344,8 @@ class Scan:
     before: deque[str]
     capturing: bool
     """A ``Capture ... cuda graph begin`` was seen and no ``... end`` after it."""
+    verify_capture_width: int | None = None
+    """``num_tokens_per_req`` of the last ``Capture target verify CUDA graph begin`` line (SGLang 0.5.23)."""
 
 
 @dataclass(frozen=True)
@@ -374,7 +382,12 @@ _REPLAY_FRAME = re.compile(r"(?i)in replay\b|in replay_prepare\b|\.replay\(|in f
                            r"in run_batch\b|in event_loop|in verify\b|TARGET_VERIFY|Decode batch")
 _SPEC_WORDS = re.compile(r"(?i)eagle|dflash|ddtree|speculative|spec_info|draft|verify")
 _GRAPH_WORDS = re.compile(r"(?i)cuda_graph|cuda graph|graph_runner|replay|capture")
-_PHASE_MARK = re.compile(r"(?i)capture (?:draft )?cuda graph (begin|end)")
+_PHASE_MARK = re.compile(r"(?i)\bcapture (?:[\w-]{1,24} ){0,4}(?:cuda|npu|xpu|cpu) graph (begin|end)")
+"""SGLang's capture start/end lines: ``Capture cuda graph begin`` (<= 0.5.13), ``Capture draft cuda graph
+begin``, ``Capture draft extend cuda graph begin (step 0)``, ``Capture target verify CUDA graph begin.
+backend=..., num_tokens_per_req=33`` (0.5.23 ``model_runner_components/cuda_graph_setup.py``)."""
+_VERIFY_CAPTURE = re.compile(r"(?i)capture target verify cuda graph begin\.[^\n]{0,200}?num_tokens_per_req=(\d{1,6})")
+"""0.5.23 logs the width its target-verify graphs are captured at: the width the mismatch compares."""
 
 
 def _plan_widths(p: PlanFacts) -> str:
@@ -396,7 +409,9 @@ def _graph_mismatch(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] |
     if min(a, b) > 4096 or not (context or plan_fit):
         return None
     where = "during capture" if s.capturing or _any(near, _CAPTURE_FRAME) else "at replay (first verify)"
-    return {"a": a, "b": b, "dim": m["dim"] or "?", "where": where, "plan": _plan_widths(p)}
+    logged = (f"; the log's verify graphs were captured at num_tokens_per_req={s.verify_capture_width}"
+              if s.verify_capture_width is not None else "")
+    return {"a": a, "b": b, "dim": m["dim"] or "?", "where": where, "plan": _plan_widths(p), "logged": logged}
 
 
 def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
@@ -488,7 +503,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "graph-size-mismatch", ("must match the size of tensor",),
         (re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b \((?P<b>\d{1,9})\)"
                     r"(?: at non-singleton dimension (?P<dim>\d{1,3}))?"),),
-        "draft/verify CUDA-graph width mismatch {where}: captured width a ({a}) vs needed b ({b}), dimension {dim}",
+        "draft/verify CUDA-graph width mismatch {where}: captured width a ({a}) vs needed b ({b}), dimension {dim}"
+        "{logged}",
         "the rule is: draft graphs use block_size tokens per request, DDTree target-verify graphs budget + 1{plan}; "
         "this SGLang build sized verify graphs from block_size: pin ddtree_sglang.ddtree_source sglang-pr-29907 "
         "(or install the ddtree-ops plugin), check with `ddtree-ops probe-sglang` (verify-graph-sizing), "
@@ -620,9 +636,13 @@ class Finding:
     values: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-safe: the values extracted from the log (numbers as numbers; text scrubbed and cut)."""
+        from ..config.errors import scrub, shorten
+
+        values = {k: v if isinstance(v, (int, float)) else shorten(scrub(_clean(str(v))))
+                  for k, v in self.values.items() if k not in ("plan", "logged")}
         return {"name": self.name, "line": self.line, "count": self.count, "cause": self.cause, "fix": self.fix,
-                "source": self.source, "quote": self.quote,
-                "values": {k: v for k, v in self.values.items() if k != "plan"}}
+                "source": self.source, "quote": self.quote, "values": values}
 
     def message(self) -> str:
         """One line: ``name (line N[, xK]): cause: "quote". Fix: fix [source]``."""
@@ -646,9 +666,12 @@ def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
         if len(line) > MAX_LINE:
             line = line[:MAX_LINE]
         lower = line.lower()
-        mark = _PHASE_MARK.search(line) if "cuda graph" in lower else None
+        mark = _PHASE_MARK.search(line) if " graph " in lower and "capture" in lower else None
         if mark:
             scan.capturing = mark[1].lower() == "begin"
+            width = _VERIFY_CAPTURE.search(line) if scan.capturing else None
+            if width:
+                scan.verify_capture_width = int(width[1])
         for sig in SIGNATURES:
             if not any(n in lower for n in sig.needles):
                 continue
