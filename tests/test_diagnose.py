@@ -238,6 +238,16 @@ def test_ptxas_fix_names_the_triton_variables_and_the_plans_override(plan_doc: d
     assert env and all(f"{k}={v}" in with_plan.fix for k, v in env.items())
 
 
+@pytest.mark.parametrize("log", sorted(p.name for p in LOGS.glob("*.log") if not p.name.startswith("nearmiss")))
+def test_line_numbers_are_the_files(log: str) -> None:
+    """Blank lines and CRLF endings count as in the file: ``line`` points at the quoted line."""
+    raw = (LOGS / log).read_bytes()
+    for data in (raw, raw.replace(b"\n", b"\r\n")):
+        file_lines = data.decode().splitlines()
+        for f in dg.diagnose(dg.split_lines(data)):
+            assert f.quote[:60] in file_lines[f.line - 1].replace('"', "'"), (log, f.line)
+
+
 def test_one_finding_per_signature_with_count_and_first_line() -> None:
     found = fixture_findings("ima-replay-eagle-sglang-6309.log")["illegal-memory-access-replay"]
     assert (found.line, found.count) == (17, 2)  # the error line and the cudaErrorIllegalAddress hint
@@ -400,7 +410,7 @@ def test_cli_stdin(capsys, monkeypatch) -> None:
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((LOGS / "nccl-timeout-sglang-1693.log").read_bytes())))
     rc, out, _ = cli(capsys, ["-"])
-    assert rc == 1 and out.startswith("FAIL nccl-timeout (line 6)")
+    assert rc == 1 and out.startswith("FAIL nccl-timeout (line 7)")
 
 
 def test_cli_json_shape(capsys, plan_file: Path) -> None:

@@ -200,19 +200,14 @@ def _shown_path(path: str | Path) -> str:
 
 
 def split_lines(data: bytes, max_lines: int = DEFAULT_MAX_LINES) -> list[str]:
-    """The last ``max_lines`` lines of ``data``, decoded (invalid UTF-8 replaced), cleaned
-    (:func:`_clean`) and each cut to :data:`MAX_LINE` characters. ``\\r\\n``, ``\\n`` and a
-    lone ``\\r`` (progress bars) end a line."""
+    """The last ``max_lines`` lines of ``data`` (split at ``\\n``, so a finding's line number is
+    the input's; a trailing ``\\r`` is dropped, an inner one, as progress bars write, becomes a
+    space), decoded (invalid UTF-8 replaced), cleaned (:func:`_clean`) and each cut to
+    :data:`MAX_LINE` characters."""
     raw = data.split(b"\n")
     if raw and raw[-1] == b"":
         raw.pop()
-    raw = raw[-max_lines:]
-    out: list[str] = []
-    for b in raw:
-        for part in b.split(b"\r"):
-            if part:
-                out.append(_clean(part[: MAX_LINE * 4].decode("utf-8", "replace"))[:MAX_LINE])
-    return out[-max_lines:]
+    return [_clean(b[: MAX_LINE * 4].rstrip(b"\r").decode("utf-8", "replace"))[:MAX_LINE] for b in raw[-max_lines:]]
 
 
 def _read_tail(stream: IO[bytes], max_bytes: int, cap: int | None = None) -> tuple[bytes, bool]:
@@ -624,7 +619,10 @@ NAMES = tuple(s.name for s in SIGNATURES)
 
 @dataclass
 class Finding:
-    """One signature found: where first, how often, and its cause and fix filled in."""
+    """One signature found: where first, how often, and its cause and fix filled in.
+
+    ``line`` is 1-based in the examined input (the tail that was read: the last ``--max-mib`` /
+    ``--lines`` of a file, the journal's output for ``--unit``)."""
 
     name: str
     line: int
