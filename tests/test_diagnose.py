@@ -184,6 +184,15 @@ def test_capture_oom_quotes_the_plans_sizes_and_memory_estimate(plan_doc: dict) 
     assert "cuda_graph_max_bs 16, mem_fraction_static 0.85" in f.fix
     assert "e.g. 8" in f.fix
     assert "memory estimate: weights_gib_per_gpu=74.2, kv_gib_per_gpu=31.5, note=±15 %" in f.fix
+    # the checkpoint reader's estimate (plan.checkpoint.memory, another branch of issue 10): GiB figures quoted
+    doc["plan"].pop("memory_estimate")
+    doc["plan"]["checkpoint"] = {"memory": {"weights_per_gpu": 79_671_214_899, "error_bound": "weights +-3 %",
+                                            "kv_for": "16 requests x 8192 tokens",
+                                            "gib": {"weights_per_gpu": 74.2, "kv_needed": 31.5, "graph_bound": 0.5,
+                                                    "budget": 234.6, "gpu_memory": 276.0}}}
+    f = fixture_findings("capture-oom-sglang-5285.log", dg.plan_facts(doc))["capture-oom"]
+    assert ("memory estimate: weights_per_gpu 74.2 GiB, kv_needed 31.5 GiB (16 requests x 8192 tokens), graph_bound "
+            "0.5 GiB, budget 234.6 GiB, gpu_memory 276 GiB (weights +-3 %)") in f.fix
     without = fixture_findings("capture-oom-sglang-5285.log")["capture-oom"]
     assert "this plan" not in without.fix and "cuda_graph_max_bs" in without.fix
 

@@ -106,8 +106,25 @@ def _text(v: Any, limit: int = 120) -> str | None:
 
 
 def _memory_text(plan: dict) -> str | None:
-    """The plan's memory estimate, if it has one (any top-level plan key holding ``memory``):
-    a string as it is, a mapping as ``key=value`` for its scalar entries (first 8)."""
+    """The plan's per-GPU memory estimate as one short text, if the plan has one.
+
+    ``plan.checkpoint.memory`` (the checkpoint reader's estimate: ``gib`` figures per GPU,
+    ``kv_for``, ``error_bound``) is quoted as ``weights_per_gpu 74.2 GiB, kv_needed 31.5 GiB
+    (48 requests x 8192 tokens), ... (error bound)``; otherwise any plan key naming ``memory``
+    (a string as it is, a mapping as ``key=value`` of its first 8 scalar entries)."""
+    ck = plan.get("checkpoint")
+    est = ck.get("memory") if isinstance(ck, dict) else None
+    if isinstance(est, dict) and isinstance(est.get("gib"), dict):
+        gib = est["gib"]
+        parts = []
+        for k in ("weights_per_gpu", "kv_needed", "graph_bound", "budget", "gpu_memory"):
+            v = gib.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                kv_for = est.get("kv_for") if k == "kv_needed" and isinstance(est.get("kv_for"), str) else None
+                parts.append(f"{k} {v:g} GiB" + (f" ({_clean(kv_for)[:80]})" if kv_for else ""))
+        bound = est.get("error_bound")
+        if parts:
+            return (", ".join(parts) + (f" ({_clean(bound)[:120]})" if isinstance(bound, str) and bound else ""))[:400]
     for key, v in plan.items():
         if "memory" not in str(key).lower() or v in (None, "", {}, []):
             continue
