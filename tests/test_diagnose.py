@@ -146,6 +146,33 @@ def test_sglang_0_5_23_capture_lines_set_the_phase_and_the_logged_width() -> Non
     assert list(run([begin, end, *crash[:2], IMA])) == ["illegal-memory-access-replay"]
 
 
+def test_the_simulator_process_log_end_to_end(tmp_path: Path, plan_file: Path, capsys) -> None:
+    """The SGLang simulator run as the unit runs it, as an unpatched DDTree build (verify graphs captured
+    at block_size): it dies on the first verify; diagnose reads its whole log and names 8 vs 33."""
+    import socket
+
+    from helpers import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "sim.log"
+    env = {**os.environ, "SGLANG_SIM_BUILD": "ddtree-unpatched", "SGLANG_SIM_VERSION": "0.5.13",
+           "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_WARMUP_SECONDS": "0.2",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "w") as out:
+        rc = subprocess.run([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(port),
+                             "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",
+                             "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32"],
+                            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=60).returncode
+    assert rc == 1
+    rc, out, _ = cli(capsys, ["--file", str(log), "--plan", str(plan_file)])
+    assert rc == 1
+    (line,) = out.splitlines()
+    assert line.startswith("FAIL graph-size-mismatch (line ") and "captured width a (8) vs needed b (33)" in line
+    assert "this plan: draft 8, verify 33 tokens/req (block_size 8, budget 32 + 1)" in line
+
+
 def test_graph_mismatch_needs_context_or_the_plan(plan_doc: dict) -> None:
     line = "RuntimeError: The size of tensor a (32) must match the size of tensor b (99) at non-singleton dimension 0"
     assert run([line]) == {}  # a bare tensor mismatch could be anything
