@@ -62,7 +62,7 @@ def plan_file(tmp_path: Path, plan_doc: dict) -> Path:
     ("port-in-use-uvicorn-vllm-8204.log", "port-in-use", {"portnum": "44319"}),
     ("device-uvm-missing-nvidia-docker-139.log", "device-nodes-missing", {}),
     ("health-timeout-sglang-10856.log", "health-timeout", {}),
-    ("own-unit-start-post-timeout.log", "health-timeout", {"what": "the unit's readiness check timed out"}),
+    ("own-unit-start-post-timeout.log", "health-timeout", {"what": "the unit's readiness checks and warmup (ExecStartPost) ran past TimeoutStartSec"}),
     ("own-unit-warmup-failed.log", "warmup-failed", {}),
 ])
 def test_each_signature_in_a_real_shaped_log(log: str, name: str, values: dict) -> None:

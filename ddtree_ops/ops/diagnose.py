@@ -492,9 +492,12 @@ def _devices(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
 
 def _health(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
     d = m.groupdict()
+    phase = (d.get("phase") or "").lower()
     return {"what": (f"SGLang's /health got no scheduler response for {d['secs']} s" if d.get("secs")
-                     else "the unit's readiness check timed out" if d.get("phase")
-                     else "/health did not answer 200")}
+                     else "the unit's readiness checks and warmup (ExecStartPost) ran past TimeoutStartSec"
+                     if phase == "start-post"
+                     else "the unit's start (load and graph capture) ran past TimeoutStartSec" if phase
+                     else "/health did not answer 200 in consecutive probes")}
 
 
 def _warmup(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
