@@ -408,6 +408,10 @@ def test_cli_exit_codes_and_lines(capsys, tmp_path: Path, plan_file: Path) -> No
     rc, out, _ = cli(capsys, ["--file", str(unknown)])
     assert (rc, out) == (0, "ok   no known failure signature in 2 lines\n")
 
+    unknown.write_text("one line, no newline")
+    rc, out, _ = cli(capsys, ["--file", str(unknown)])
+    assert (rc, out) == (0, "ok   no known failure signature in 1 line\n")
+
     empty = tmp_path / "empty.log"
     empty.write_text("")
     rc, out, _ = cli(capsys, ["--file", str(empty)])

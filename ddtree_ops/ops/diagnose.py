@@ -726,5 +726,5 @@ def report(findings: list[Finding], n_lines: int, source: str) -> dict[str, Any]
 
 
 def no_finding_text(n_lines: int) -> str:
-    return f"no known failure signature in {n_lines} lines"
+    return f"no known failure signature in {n_lines} line{'' if n_lines == 1 else 's'}"
 
