@@ -603,13 +603,17 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
         raise typer.BadParameter(str(exc)) from None
     text = dg.split_lines(data, lines)
     findings = dg.diagnose(text, plan)
+    doc = dg.report(findings, len(text), what)
+    if not text and unit is not None:  # journalctl answers nothing, and exit 0, for an unknown unit or a non-root user
+        doc["checks"][0]["detail"] += (f"; journalctl had no entries of {unit} in this boot (unit name? run as root or "
+                                       "in group systemd-journal)")
     if as_json:
-        print(json.dumps(dg.report(findings, len(text), what), indent=2))
+        print(json.dumps(doc, indent=2))
     elif findings:
         for f in findings:
             say(out, "FAIL", "red", f.message())
     else:
-        say(out, "ok  ", "green", dg.no_finding_text(len(text)))
+        say(out, "ok  ", "green", doc["checks"][0]["detail"])
     if findings:
         raise CheckFailed()
 

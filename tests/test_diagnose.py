@@ -497,6 +497,15 @@ def test_cli_unit_reads_the_journal(capsys, tmp_path: Path, monkeypatch) -> None
                                                        "-n", "500"]
 
 
+def test_cli_unit_without_entries_says_so(capsys, tmp_path: Path, monkeypatch) -> None:
+    bindir = stand_in(tmp_path, "exit 0\n")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    rc, out, _ = cli(capsys, ["--unit", "nosuch.service"])
+    assert rc == 0
+    assert out == ("ok   no known failure signature in 0 lines; journalctl had no entries of nosuch.service in this "
+                   "boot (unit name? run as root or in group systemd-journal)\n")
+
+
 def test_journal_failures_and_deadline(tmp_path: Path, monkeypatch, capsys) -> None:
     bindir = stand_in(tmp_path, 'echo "Failed to add match \'x\': Invalid argument" >&2\nexit 1\n')
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
