@@ -586,7 +586,10 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
     if len(given) != 1:
         raise typer.BadParameter("give exactly one input: --unit NAME, --file PATH, or - (stdin)")
     if stdin is not None and stdin != "-":
-        raise typer.BadParameter(f"argument {stdin[:200]!r}: only '-' (stdin) is an argument; use --file PATH")
+        from .config.errors import scrub, shorten
+
+        raise typer.BadParameter(f"argument {shorten(repr(scrub(stdin)))}: only '-' (stdin) is an argument; "
+                                 "use --file PATH")
     if not 1 <= lines <= 10_000_000:
         raise typer.BadParameter(f"--lines {lines}: must be 1..10000000")
     if not 1 <= max_mib <= 1024:
