@@ -379,6 +379,30 @@ def test_tail_of_large_input_only(tmp_path: Path) -> None:
     assert len(dg.split_lines(data, max_lines=10)) == 10
 
 
+def test_split_lines_keeps_the_last_lines_as_a_plain_split_would() -> None:
+    """split_lines only splits the tail it keeps; its answer equals splitting everything, then taking
+    the last N (2000 random inputs of a, b, CR and LF; empty input has no line, a lone LF one empty line)."""
+    import random
+
+    rnd = random.Random(7)
+    cases = [b"", b"\n", b"a", b"a\n", b"\n\n", b"a\r\n\r\nb"]
+    cases += [bytes(rnd.choice(b"ab\r\n") for _ in range(rnd.randint(0, 14))) for _ in range(2000)]
+    for data in cases:
+        raw = data.split(b"\n")
+        if raw and raw[-1] == b"":
+            raw.pop()
+        whole = [dg._clean(r.rstrip(b"\r").decode()) for r in raw]
+        for n in (1, 2, 5, 50):
+            assert dg.split_lines(data, n) == whole[-n:], (data, n)
+
+
+def test_many_short_lines_stay_cheap() -> None:
+    data = b"ab\n" * (5 << 20)  # 15 MiB, 5 M lines: only the last 1000 are split
+    t0 = time.process_time()
+    assert len(dg.split_lines(data, 1000)) == 1000
+    assert time.process_time() - t0 < 1.0
+
+
 def test_stream_is_bounded(tmp_path: Path) -> None:
     src = tmp_path / "s"
     src.write_bytes(b"a line\n" * 400_000)  # 2.8 MB

@@ -221,10 +221,14 @@ def split_lines(data: bytes, max_lines: int = DEFAULT_MAX_LINES) -> list[str]:
     the input's; a trailing ``\\r`` is dropped, an inner one, as progress bars write, becomes a
     space), decoded (invalid UTF-8 replaced), cleaned (:func:`_clean`) and each cut to
     :data:`MAX_LINE` characters."""
-    raw = data.split(b"\n")
-    if raw and raw[-1] == b"":
-        raw.pop()
-    return [_clean(b[: MAX_LINE * 4].rstrip(b"\r").decode("utf-8", "replace"))[:MAX_LINE] for b in raw[-max_lines:]]
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    start = end
+    for _ in range(max_lines):  # only the last max_lines lines are split (16 MiB of newlines stays cheap)
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            break
+    raw = data[start + 1:end].split(b"\n") if data else []
+    return [_clean(b[: MAX_LINE * 4].rstrip(b"\r").decode("utf-8", "replace"))[:MAX_LINE] for b in raw]
 
 
 def _read_tail(stream: IO[bytes], max_bytes: int, cap: int | None = None) -> tuple[bytes, bool]:
