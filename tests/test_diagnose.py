@@ -196,6 +196,15 @@ def test_illegal_access_capture_and_replay_are_told_apart_by_context() -> None:
     assert "eager" in found["illegal-memory-access-replay"].fix and "cuda_graph: false" in found["illegal-memory-access-replay"].fix
 
 
+def test_a_restart_ends_an_unfinished_capture() -> None:
+    """A run that died in capture (a begin, no end), then a restart that serves and faults at replay."""
+    lines = ["[2026-01-01 00:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.",
+             "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 1.00 GiB.",
+             "[2026-01-01 00:01:00 TP0] Load weight begin. avail mem=78.38 GB",
+             '  File "/venv/sglang/srt/speculative/eagle_worker.py", line 306, in forward_batch_generation', IMA]
+    assert list(run(lines)) == ["illegal-memory-access-replay", "capture-oom"]
+
+
 def test_replay_illegal_access_without_speculation_is_not_claimed(plan_doc: dict) -> None:
     lines = ['  File "/venv/sglang/srt/managers/scheduler.py", line 1060, in event_loop_normal', IMA]
     assert run(lines) == {}

@@ -688,6 +688,8 @@ def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
         if len(line) > MAX_LINE:
             line = line[:MAX_LINE]
         lower = line.lower()
+        if "load weight begin" in lower or "server_args=" in lower:  # a (re)start: no capture under way yet
+            scan.capturing = False
         mark = _PHASE_MARK.search(line) if " graph " in lower and "capture" in lower else None
         if mark:
             scan.capturing = mark[1].lower() == "begin"
