@@ -54,6 +54,7 @@ def plan_file(tmp_path: Path, plan_doc: dict) -> Path:
 
 @pytest.mark.parametrize("log, name, values", [
     ("graph-size-mismatch-ddtree.log", "graph-size-mismatch", {"a": 8, "b": 33, "dim": "1"}),
+    ("graph-batch-overflow-dflash-sglang-37531.log", "graph-batch-overflow", {"a": 8, "b": 9}),
     ("ptxas-sm103a-triton-bundled.log", "ptxas-unknown-arch", {"arch": "sm_103a", "need": "CUDA >= 12.9"}),
     ("ima-capture-sglang-5029.log", "illegal-memory-access-capture", {}),
     ("ima-replay-eagle-sglang-6309.log", "illegal-memory-access-replay", {}),
@@ -77,7 +78,7 @@ def test_each_signature_in_a_real_shaped_log(log: str, name: str, values: dict) 
 
 
 def test_every_signature_has_a_fixture_or_an_inline_case() -> None:
-    covered = {"graph-size-mismatch", "ptxas-unknown-arch", "illegal-memory-access-capture",
+    covered = {"graph-batch-overflow", "graph-size-mismatch", "ptxas-unknown-arch", "illegal-memory-access-capture",
                "illegal-memory-access-replay", "capture-oom", "nccl-timeout", "port-in-use", "device-nodes-missing",
                "health-timeout", "warmup-failed", "cuda-oom", "scheduler-watchdog"}
     assert covered == set(dg.NAMES)
@@ -171,6 +172,22 @@ def test_the_simulator_process_log_end_to_end(tmp_path: Path, plan_file: Path, c
     (line,) = out.splitlines()
     assert line.startswith("FAIL graph-size-mismatch (line ") and "captured width a (8) vs needed b (33)" in line
     assert "this plan: draft 8, verify 33 tokens/req (block_size 8, budget 32 + 1)" in line
+
+
+def test_batch_overflow_by_the_plan_is_not_a_width_mismatch(plan_doc: dict) -> None:
+    """A batch past cuda_graph_max_bs (16) under a DDTree plan: 16 vs 17 requests, no sampler frame in
+    sight; the plan's limits tell it from the draft/verify width mismatch."""
+    lines = ['  File "/venv/sglang/srt/speculative/dflash_worker_v2.py", line 900, in forward_batch_generation',
+             '  File "/venv/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", line 700, in replay',
+             "RuntimeError: The size of tensor a (16) must match the size of tensor b (17)"]
+    doc = json.loads(json.dumps(plan_doc))
+    doc["plan"]["max_running_requests"] = 24
+    found = run(lines, dg.plan_facts(doc))
+    assert list(found) == ["graph-batch-overflow"]
+    assert "this plan: max_running_requests 24, cuda_graph_max_bs 16" in found["graph-batch-overflow"].fix
+    # without the plan the lines alone cannot tell 16-vs-17 requests from widths: read as the width mismatch (a
+    # stated limit; the plan or the sampler frame decides)
+    assert list(run(lines)) == ["graph-size-mismatch"]
 
 
 def test_graph_mismatch_needs_context_or_the_plan(plan_doc: dict) -> None:
@@ -346,6 +363,19 @@ def test_every_regex_is_linear_on_uncut_megabyte_lines() -> None:
     assert big < 10 * max(small, 0.05), (small, big)
 
 
+def test_a_flood_of_matching_lines_costs_bounded_time() -> None:
+    """140k matching lines (each needing its context) among 210k: each line's context flags are computed
+    once, and a signature is examined MAX_EVALUATIONS times at most (its count then a lower bound)."""
+    frame = '  File "/venv/sglang/srt/speculative/eagle_worker.py", line 306, in forward_batch_generation'
+    lines = [frame, IMA, "RuntimeError: The size of tensor a (8) must match the size of tensor b (33)"] * 70_000
+    t0 = time.process_time()
+    found = dg.diagnose(lines)
+    assert time.process_time() - t0 < 5.0
+    (f,) = found
+    assert (f.name, f.count, f.count_capped) == ("illegal-memory-access-replay", dg.MAX_EVALUATIONS, True)
+    assert f", {dg.MAX_EVALUATIONS}+x)" in f.message()
+
+
 def test_nul_bytes_invalid_utf8_and_ansi_colour_are_tolerated() -> None:
     data = (b"\x00\x00\xff\xfe garbage \xc3\x28\n"
             b"\x1b[31mptxas fatal   : Value 'sm_103a' is not defined for option 'gpu-name'\x1b[0m\x00\n"
@@ -495,7 +525,8 @@ def test_cli_json_shape(capsys, plan_file: Path) -> None:
     assert doc["signatures"] == list(dg.NAMES)
     assert doc["checks"] == [{"name": "diagnose:capture-oom", "ok": False, "detail": doc["checks"][0]["detail"]}]
     (f,) = doc["findings"]
-    assert set(f) == {"name", "line", "count", "cause", "fix", "source", "quote", "values"}
+    assert set(f) == {"name", "line", "count", "count_capped", "cause", "fix", "source", "quote", "values"}
+    assert f["count_capped"] is False
     assert (f["name"], f["line"], f["count"]) == ("capture-oom", 18, 1)
     assert "cuda_graph_max_bs 16, mem_fraction_static 0.85" in f["fix"]
 

@@ -23,8 +23,7 @@ import re
 import stat
 import subprocess
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +44,8 @@ JOURNAL_LINES = 50_000
 """``journalctl -n``: entries asked for."""
 CONTEXT_LINES = 80
 """Lines before a match searched for its context (traceback frames precede the error line)."""
+AFTER_LINES = 5
+"""Lines after a match searched too (a summary that names the frame below the error, a hint)."""
 
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,254}")
 """A systemd unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@`` for templates;
@@ -72,6 +73,7 @@ class PlanFacts:
         block_size, budget: DFlash block size / DDTree budget (tokens).
         draft_width, verify_width: tokens per request of draft / verify graphs.
         cuda_graph_max_bs: largest captured batch size (requests).
+        max_running_requests: the effective running-request limit (requests).
         mem_fraction_static: the deployment's ``ddtree_server.mem_fraction_static``.
         memory: the plan's memory estimate as one short text (when the plan has one).
         unit: the SGLang unit name; port: its port; ptxas_env: the Triton ptxas override.
@@ -84,6 +86,7 @@ class PlanFacts:
     draft_width: int | None = None
     verify_width: int | None = None
     cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = None
     mem_fraction_static: float | None = None
     memory: str | None = None
     unit: str | None = None
@@ -164,7 +167,7 @@ def plan_facts(doc: Any) -> PlanFacts:
         algorithm=_text(p.get("algorithm"), 20),
         block_size=_int(p.get("block_size")), budget=_int(p.get("budget")),
         draft_width=_int(p.get("draft_tokens_per_req")), verify_width=_int(p.get("verify_tokens_per_req")),
-        cuda_graph_max_bs=max_bs,
+        cuda_graph_max_bs=max_bs, max_running_requests=_int(p.get("max_running_requests")),
         mem_fraction_static=float(mfs) if isinstance(mfs, (int, float)) and not isinstance(mfs, bool) and 0 < mfs <= 1 else None,
         memory=_memory_text(p),
         unit=unit if isinstance(unit, str) and UNIT_NAME.fullmatch(unit) else None,
@@ -353,15 +356,43 @@ def read_journal(unit: str, lines: int = JOURNAL_LINES, max_bytes: int = DEFAULT
 # Signatures.
 
 
+class _Lines:
+    """The examined lines with each one's context flags (:data:`_FLAG_PATTERNS`), computed at most
+    once a line and only for lines near a match: a log of 200k matching lines costs each line's
+    flag regexes once, not once per neighbouring match."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self._flags: list[int] = [-1] * len(lines)
+
+    def flags(self, j: int) -> int:
+        f = self._flags[j]
+        if f < 0:
+            line = self.lines[j][:MAX_LINE]
+            f = sum(bit for bit, pat in _FLAG_PATTERNS if pat.search(line))
+            self._flags[j] = f
+        return f
+
+
 @dataclass
 class Scan:
-    """The state a signature sees at a matching line: the lines before it and the phase."""
+    """What a signature sees at a matching line: the flags of the lines around it and the phase."""
 
-    before: deque[str]
+    src: _Lines
+    index: int
+    """0-based index of the matching line."""
     capturing: bool
-    """A ``Capture ... cuda graph begin`` was seen and no ``... end`` after it."""
+    """A ``Capture ... cuda graph begin`` was seen and no ``... end`` (nor a restart) after it."""
     verify_capture_width: int | None = None
     """``num_tokens_per_req`` of the last ``Capture target verify CUDA graph begin`` line (SGLang 0.5.23)."""
+
+    def before(self, flag: int, n: int = CONTEXT_LINES) -> bool:
+        """Whether one of the ``n`` lines before the match has ``flag``."""
+        return any(self.src.flags(j) & flag for j in range(max(0, self.index - n), self.index))
+
+    def after(self, flag: int, n: int = AFTER_LINES) -> bool:
+        """Whether one of the ``n`` lines after the match has ``flag``."""
+        return any(self.src.flags(j) & flag for j in range(self.index + 1, min(len(self.src.lines), self.index + 1 + n)))
 
 
 @dataclass(frozen=True)
@@ -387,10 +418,6 @@ class Signature:
     values: Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None] = lambda m, s, p: {}
 
 
-def _any(lines: Iterable[str], pattern: re.Pattern[str]) -> bool:
-    return any(pattern.search(x) for x in lines)
-
-
 _CAPTURE_FRAME = re.compile(r"(?i)capture cuda graph failed|in capture(?:_one_batch_size)?\b|init_cuda_graph|"
                             r"capture_one_batch_size|cuda_graph_runner\.py\", line \d{1,6}, in __init__|"
                             r"init_device_graphs|in capture_graph")
@@ -398,6 +425,12 @@ _REPLAY_FRAME = re.compile(r"(?i)in replay\b|in replay_prepare\b|\.replay\(|in f
                            r"in run_batch\b|in event_loop|in verify\b|TARGET_VERIFY|Decode batch")
 _SPEC_WORDS = re.compile(r"(?i)eagle|dflash|ddtree|speculative|spec_info|draft|verify")
 _GRAPH_WORDS = re.compile(r"(?i)cuda_graph|cuda graph|graph_runner|replay|capture")
+GRAPH, SPEC, CAPTURE, REPLAY, SAMPLER = 1, 2, 4, 8, 16
+"""Context flags of a line: graph words, speculative-decoding words, capture frames, replay frames,
+the DFlash sampler frame."""
+_SAMPLER_FRAME = re.compile(r"stage_sampling_params")
+_FLAG_PATTERNS = ((GRAPH, _GRAPH_WORDS), (SPEC, _SPEC_WORDS), (CAPTURE, _CAPTURE_FRAME), (REPLAY, _REPLAY_FRAME),
+                  (SAMPLER, _SAMPLER_FRAME))
 _PHASE_MARK = re.compile(r"(?i)\bcapture (?:[\w-]{1,24} ){0,4}(?:cuda|npu|xpu|cpu) graph (begin|end)")
 """SGLang's capture start/end lines: ``Capture cuda graph begin`` (<= 0.5.13), ``Capture draft cuda graph
 begin``, ``Capture draft extend cuda graph begin (step 0)``, ``Capture target verify CUDA graph begin.
@@ -419,26 +452,43 @@ def _graph_mismatch(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] |
     dw, vw = p.draft_width, p.verify_width
     # the captured width against the needed one: a multiple of one plan width against a multiple of the other
     plan_fit = bool(dw and vw and dw != vw and ((a % dw == 0 and b % vw == 0) or (a % vw == 0 and b % dw == 0)))
-    near = list(s.before)[-40:]
-    context = _any(near, _GRAPH_WORDS) and (_any(near, _SPEC_WORDS) or p.algorithm not in (None, "none"))
+    if _batch_overflow(m, s, p) is not None:
+        return None  # a batch past the captured batch size, not a width: graph-batch-overflow
+    context = s.before(GRAPH, 40) and (s.before(SPEC, 40) or p.algorithm not in (None, "none"))
     # widths of a draft block / tree are small: vocabulary (32000 vs 151936) or hidden-size mismatches are not this
     if min(a, b) > 4096 or not (context or plan_fit):
         return None
-    where = "during capture" if s.capturing or _any(near, _CAPTURE_FRAME) else "at replay (first verify)"
+    where = "during capture" if s.capturing or s.before(CAPTURE, 40) else "at replay (first verify)"
     logged = (f"; the log's verify graphs were captured at num_tokens_per_req={s.verify_capture_width}"
               if s.verify_capture_width is not None else "")
     return {"a": a, "b": b, "dim": m["dim"] or "?", "where": where, "plan": _plan_widths(p), "logged": logged}
 
 
+def _batch_overflow(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    """``a`` = the largest captured batch, ``b`` = a larger running batch: DFlash's graph-folded sampler
+    stages ``b`` requests into buffers sized for ``a`` (sgl-project/sglang#37531). Recognised by its
+    frame (``stage_sampling_params``) around the line, or by the plan (``a`` = cuda_graph_max_bs < ``b``
+    <= max_running_requests)."""
+    a, b = int(m["a"]), int(m["b"])
+    by_frame = b > a and (s.before(SAMPLER, 40) or s.after(SAMPLER))
+    by_plan = (p.cuda_graph_max_bs is not None and a == p.cuda_graph_max_bs and b > a
+               and (p.max_running_requests is None or b <= p.max_running_requests)
+               and p.algorithm in ("DFLASH", "DDTREE"))
+    if not (by_frame or by_plan):
+        return None
+    mrr = p.max_running_requests if p.max_running_requests is not None else "?"
+    plan = f" (this plan: max_running_requests {mrr}, cuda_graph_max_bs {p.cuda_graph_max_bs})" if p.given else ""
+    return {"a": a, "b": b, "plan": plan}
+
+
 def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
     def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
-        near = list(s.before)[-CONTEXT_LINES:]
         line = m.string
         capture = ("capture cuda graph failed" in line.lower() or s.capturing
-                   or (_any(near[-30:], _CAPTURE_FRAME) and not _any(near[-30:], _REPLAY_FRAME)))
+                   or (s.before(CAPTURE, 30) and not s.before(REPLAY, 30)))
         if (phase == "capture") != capture:
             return None
-        spec = _any(near, _SPEC_WORDS) or _SPEC_WORDS.search(line) is not None or p.algorithm not in (None, "none")
+        spec = s.before(SPEC) or _SPEC_WORDS.search(line) is not None or p.algorithm not in (None, "none")
         if phase == "replay" and not spec:
             return None  # an illegal access without speculative decoding is no signature of this stack
         return {"spec": f"speculative decoding ({p.algorithm})" if p.algorithm not in (None, "none")
@@ -448,8 +498,7 @@ def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any
 
 def _oom(capture_wanted: bool) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
     def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
-        near = list(s.before)[-30:]
-        capture = "capture cuda graph failed" in m.string.lower() or s.capturing or _any(near, _CAPTURE_FRAME)
+        capture = "capture cuda graph failed" in m.string.lower() or s.capturing or s.before(CAPTURE, 30)
         if capture != capture_wanted:
             return None
         mb = p.cuda_graph_max_bs
@@ -515,13 +564,25 @@ _OOM = re.compile(r"CUDA (?:error: )?out of memory\.?(?: Tried to allocate (?P<t
 """torch's allocator (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB``) and the
 CUDA runtime's ``cudaErrorMemoryAllocation`` (``CUDA error: out of memory``)."""
 
+_TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
+                              r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
+"""torch's broadcast/copy shape error (``RuntimeError: The size of tensor a (8) must match ...``)."""
+
 _SRC_PLAN = "sgl-project/sglang#29907 (DDTree verify graphs sized at budget + 1); ddtree_ops/config/plan.py"
 
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
+        "graph-batch-overflow", ("must match the size of tensor",),
+        (_TENSOR_MISMATCH,),
+        "a batch of {b} requests ran past the largest captured CUDA-graph batch ({a}) and overflowed the DFlash "
+        "sampler's graph buffers (sized for {a})",
+        "keep ddtree_server.max_running_requests <= cuda_graph_max_bs{plan}, or pin an SGLang build with the eager "
+        "fallback above the graph batch limit (sgl-project/sglang#37531)",
+        "sgl-project/sglang#37531 (DFlash sampler: The size of tensor a (8) must match the size of tensor b (9))",
+        _batch_overflow),
+    Signature(
         "graph-size-mismatch", ("must match the size of tensor",),
-        (re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b \((?P<b>\d{1,9})\)"
-                    r"(?: at non-singleton dimension (?P<dim>\d{1,3}))?"),),
+        (_TENSOR_MISMATCH,),
         "draft/verify CUDA-graph width mismatch {where}: captured width a ({a}) vs needed b ({b}), dimension {dim}"
         "{logged}",
         "the rule is: draft graphs use block_size tokens per request, DDTree target-verify graphs budget + 1{plan}; "
@@ -656,6 +717,8 @@ class Finding:
     source: str
     quote: str
     values: dict[str, Any]
+    count_capped: bool = False
+    """The signature matched :data:`MAX_EVALUATIONS` times and was not tried further: ``count`` is a lower bound."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: the values extracted from the log (numbers as numbers; text scrubbed and cut)."""
@@ -663,12 +726,12 @@ class Finding:
 
         values = {k: v if isinstance(v, (int, float)) else shorten(scrub(_clean(str(v))))
                   for k, v in self.values.items() if k not in ("plan", "logged")}
-        return {"name": self.name, "line": self.line, "count": self.count, "cause": self.cause, "fix": self.fix,
-                "source": self.source, "quote": self.quote, "values": values}
+        return {"name": self.name, "line": self.line, "count": self.count, "count_capped": self.count_capped,
+                "cause": self.cause, "fix": self.fix, "source": self.source, "quote": self.quote, "values": values}
 
     def message(self) -> str:
         """One line: ``name (line N[, xK]): cause: "quote". Fix: fix [source]``."""
-        times = f", {self.count}x" if self.count > 1 else ""
+        times = f", {self.count}{'+' if self.count_capped else ''}x" if self.count > 1 else ""
         return f"{self.name} (line {self.line}{times}): {self.cause}: \"{self.quote}\". Fix: {self.fix} [{self.source}]"
 
 
@@ -678,41 +741,52 @@ def _quote(line: str) -> str:
     return shorten(scrub(line.strip()), QUOTE_CHARS).replace('"', "'")
 
 
+MAX_EVALUATIONS = 1000
+"""Matches of one signature whose context is examined; past that the signature is not tried again
+and its count is a lower bound (``count_capped``): a log of 100k matching lines costs bounded time."""
+
+
 def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
     """Findings in ``lines`` (already bounded and cleaned: :func:`split_lines`), one per
-    signature (first line, count), in :data:`SIGNATURES` order."""
+    signature (first line, count), in :data:`SIGNATURES` order. A signature's context is the
+    :data:`CONTEXT_LINES` lines before a match and the :data:`AFTER_LINES` after it, and the
+    capture phase at the match (SGLang's ``Capture ... graph begin/end`` lines)."""
     plan = plan or PlanFacts()
+    src = _Lines(lines)
     found: dict[str, Finding] = {}
-    scan = Scan(deque(maxlen=CONTEXT_LINES), False)
-    for i, line in enumerate(lines, 1):
-        if len(line) > MAX_LINE:
-            line = line[:MAX_LINE]
+    evaluations = dict.fromkeys(NAMES, 0)
+    capturing = False
+    verify_width: int | None = None
+    for i, full in enumerate(lines):
+        line = full[:MAX_LINE]
         lower = line.lower()
         if "load weight begin" in lower or "server_args=" in lower:  # a (re)start: no capture under way yet
-            scan.capturing = False
+            capturing = False
         mark = _PHASE_MARK.search(line) if " graph " in lower and "capture" in lower else None
         if mark:
-            scan.capturing = mark[1].lower() == "begin"
-            width = _VERIFY_CAPTURE.search(line) if scan.capturing else None
+            capturing = mark[1].lower() == "begin"
+            width = _VERIFY_CAPTURE.search(line) if capturing else None
             if width:
-                scan.verify_capture_width = int(width[1])
+                verify_width = int(width[1])
         for sig in SIGNATURES:
-            if not any(n in lower for n in sig.needles):
+            if evaluations[sig.name] >= MAX_EVALUATIONS or not any(n in lower for n in sig.needles):
                 continue
             for pat in sig.patterns:
                 m = pat.search(line)
                 if m is None:
                     continue
-                vals = sig.values(m, scan, plan)
+                evaluations[sig.name] += 1
+                vals = sig.values(m, Scan(src, i, capturing, verify_width), plan)
                 if vals is None:
                     break
                 if sig.name in found:
                     found[sig.name].count += 1
                 else:
-                    found[sig.name] = Finding(sig.name, i, 1, _fill(sig.cause, vals), _fill(sig.fix, vals),
+                    found[sig.name] = Finding(sig.name, i + 1, 1, _fill(sig.cause, vals), _fill(sig.fix, vals),
                                               sig.source, _quote(line), vals)
                 break
-        scan.before.append(line)
+    for f in found.values():
+        f.count_capped = evaluations[f.name] >= MAX_EVALUATIONS
     return [found[n] for n in NAMES if n in found]
 
 
