@@ -574,14 +574,18 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
                                                           "(journalctl -u UNIT -b -o cat).")] = None,
                  file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
                  plan_file: PlanOpt = None,
-                 lines: Annotated[int, typer.Option("--lines", help="Examine the last N lines (journalctl -n N).")] = 50_000,
-                 max_mib: Annotated[int, typer.Option("--max-mib", help="Read the last N MiB of input.")] = 16,
+                 lines: Annotated[int | None, typer.Option("--lines", show_default=False, help="Examine the last N "
+                                                           "lines (journalctl -n N). Default: 50000.")] = None,
+                 max_mib: Annotated[int | None, typer.Option("--max-mib", show_default=False, help="Read the last N "
+                                                             "MiB of input. Default: 16.")] = None,
                  as_json: JsonOpt = False) -> None:
     """Recognise known failures (graph-size mismatch, ptxas arch, illegal memory access at capture or
     replay, capture OOM, health/NCCL timeouts, port in use, missing device nodes) in a log: one line
     of cause and fix each. Exit 0 none found, 1 found, 2 usage."""
     from .ops import diagnose as dg
 
+    lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in ops/diagnose.py; help repeats them
+    max_mib = dg.DEFAULT_MAX_MIB if max_mib is None else max_mib
     given = [x for x in (unit is not None, file is not None, stdin is not None) if x]
     if len(given) != 1:
         raise typer.BadParameter("give exactly one input: --unit NAME, --file PATH, or - (stdin)")

@@ -500,6 +500,13 @@ def test_cli_usage_errors_exit_2(capsys, argv: list[str], needle: str) -> None:
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_cli_help_states_the_modules_defaults(capsys) -> None:
+    rc = main(["diagnose", "--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert rc == 0
+    assert f"Default: {dg.DEFAULT_LINES}." in text and f"Default: {dg.DEFAULT_MAX_MIB}." in text
+
+
 def test_cli_bad_plan_json_exit_2(capsys, tmp_path: Path) -> None:
     for text in ("{not json", "[]", '{"plan": 3}'):
         p = tmp_path / "plan.json"

@@ -1,7 +1,7 @@
 """``ddtree-ops diagnose``: recognise this stack's known failure signatures in a log.
 
 Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``), a log
-file or stdin, bounded (:data:`DEFAULT_MAX_BYTES`, :data:`DEFAULT_MAX_LINES`, each line cut
+file or stdin, bounded (:data:`DEFAULT_MAX_BYTES`, :data:`DEFAULT_LINES`, each line cut
 to :data:`MAX_LINE`); invalid UTF-8 is replaced, ANSI escapes and control characters are
 removed. :data:`SIGNATURES` is the one table of what is recognised: each row has a stable
 ``name``, the regexes that find it, the cause and the fix (templates filled from the
@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-DEFAULT_MAX_BYTES = 16 << 20
-"""Bytes of input read (the last ones: a journal's latest entries are at its end)."""
-DEFAULT_MAX_LINES = 200_000
-"""Lines examined (the last ones)."""
+DEFAULT_MAX_MIB = 16
+"""MiB of input read by default (the last ones: a journal's latest entries are at its end)."""
+DEFAULT_MAX_BYTES = DEFAULT_MAX_MIB << 20
+DEFAULT_LINES = 50_000
+"""Lines examined by default (the last ones), and the entries asked of ``journalctl -n``."""
 MAX_LINE = 4096
 """Characters of one line the regexes see (SGLang's and torch's failure lines are far shorter)."""
 QUOTE_CHARS = 200
@@ -40,8 +41,6 @@ STDIN_CAP = 1 << 30
 """Bytes read from stdin at most (an endless pipe stops there; the last DEFAULT_MAX_BYTES count)."""
 JOURNAL_TIMEOUT_S = 30.0
 """Total seconds ``journalctl`` may run."""
-JOURNAL_LINES = 50_000
-"""``journalctl -n``: entries asked for."""
 CONTEXT_LINES = 80
 """Lines before a match searched for its context (traceback frames precede the error line)."""
 AFTER_LINES = 5
@@ -219,7 +218,7 @@ def _shown_path(path: str | Path) -> str:
     return shorten(repr(scrub(_clean(str(path)))))
 
 
-def split_lines(data: bytes, max_lines: int = DEFAULT_MAX_LINES) -> list[str]:
+def split_lines(data: bytes, max_lines: int = DEFAULT_LINES) -> list[str]:
     """The last ``max_lines`` lines of ``data`` (split at ``\\n``, so a finding's line number is
     the input's; a trailing ``\\r`` is dropped, an inner one, as progress bars write, becomes a
     space), decoded (invalid UTF-8 replaced), cleaned (:func:`_clean`) and each cut to
@@ -295,7 +294,7 @@ def read_stream(stream: IO[bytes], max_bytes: int = DEFAULT_MAX_BYTES, cap: int 
     return _drop_partial_first(data, dropped)
 
 
-def read_journal(unit: str, lines: int = JOURNAL_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
+def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
                  timeout_s: float = JOURNAL_TIMEOUT_S, journalctl: str = "journalctl") -> bytes:
     """``journalctl -u UNIT -b --no-pager -o cat -n LINES`` (this boot's entries of the unit,
     messages only), its last ``max_bytes`` bytes, killed after ``timeout_s`` seconds in all.
