@@ -571,6 +571,63 @@ def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (a
     _print_checks(result["checks"], as_json, {"ptxas": result["ptxas"], "triton": result["triton"]})
 
 
+@app.command("diagnose")
+def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
+                 unit: Annotated[str | None, typer.Option("--unit", help="Read this boot's journal of the unit "
+                                                          "(journalctl -u UNIT -b -o cat).")] = None,
+                 file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
+                 plan_file: PlanOpt = None,
+                 lines: Annotated[int | None, typer.Option("--lines", show_default=False, help="Examine the last N "
+                                                           "lines (journalctl -n N). Default: 50000.")] = None,
+                 max_mib: Annotated[int | None, typer.Option("--max-mib", show_default=False, help="Read the last N "
+                                                             "MiB of input. Default: 16.")] = None,
+                 as_json: JsonOpt = False) -> None:
+    """Recognise known failures (graph-size mismatch, ptxas arch, illegal memory access at capture or
+    replay, capture OOM, health/NCCL timeouts, port in use, missing device nodes) in a log: one line
+    of cause and fix each. Exit 0 none found, 1 found, 2 usage."""
+    from .ops import diagnose as dg
+
+    lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in ops/diagnose.py; help repeats them
+    max_mib = dg.DEFAULT_MAX_MIB if max_mib is None else max_mib
+    given = [x for x in (unit is not None, file is not None, stdin is not None) if x]
+    if len(given) != 1:
+        raise typer.BadParameter("give exactly one input: --unit NAME, --file PATH, or - (stdin)")
+    if stdin is not None and stdin != "-":
+        from .config.errors import scrub, shorten
+
+        raise typer.BadParameter(f"argument {shorten(repr(scrub(stdin)))}: only '-' (stdin) is an argument; "
+                                 "use --file PATH")
+    if not 1 <= lines <= 10_000_000:
+        raise typer.BadParameter(f"--lines {lines}: must be 1..10000000")
+    if not 1 <= max_mib <= 1024:
+        raise typer.BadParameter(f"--max-mib {max_mib}: must be 1..1024")
+    try:
+        plan = dg.load_plan(plan_file) if plan_file is not None else None
+        if unit is not None:
+            data, what = dg.read_journal(unit, lines, max_mib << 20), f"journalctl -u {unit}"
+        elif file is not None:
+            data, what = dg.read_file(file, max_mib << 20), "file"
+        else:
+            data, what = dg.read_stream(sys.stdin.buffer, max_mib << 20), "stdin"
+    except dg.DiagnoseError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    text = dg.split_lines(data, lines)
+    findings = dg.diagnose(text, plan)
+    doc = dg.report(findings, len(text), what)
+    if not text and unit is not None:  # journalctl answers nothing, and exit 0, for an unknown unit or a non-root user
+        doc["checks"][0]["detail"] += (f"; journalctl had no entries of {unit} in this boot (unit name? run as root or "
+                                       "in group systemd-journal)")
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    elif findings:
+        for f in findings:
+            say(out, "FAIL", "red", f.message())
+    else:
+        say(out, "ok  ", "green", doc["checks"][0]["detail"])
+    if findings:
+        raise CheckFailed()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; maps every error to a one-line message and an exit code."""
     try:

@@ -1,0 +1,809 @@
+"""``ddtree-ops diagnose``: recognise this stack's known failure signatures in a log.
+
+Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``), a log
+file or stdin, bounded (:data:`DEFAULT_MAX_BYTES`, :data:`DEFAULT_LINES`, each line cut
+to :data:`MAX_LINE`); invalid UTF-8 is replaced, ANSI escapes and control characters are
+removed. :data:`SIGNATURES` is the one table of what is recognised: each row has a stable
+``name``, the regexes that find it, the cause and the fix (templates filled from the
+matched line and, when given, the deployed ``plan.json``), and the upstream source of the
+signature. A finding prints as one line; quoted log text passes through
+:func:`ddtree_ops.config.errors.scrub` and is cut to :data:`QUOTE_CHARS` characters.
+
+Every regex runs on lines of at most :data:`MAX_LINE` characters, after a plain substring
+pre-filter (:attr:`Signature.needles`), and has no nested or adjacent unbounded
+quantifiers, so a hostile 1 MB line costs a bounded, linear amount of work
+(``tests/test_diagnose.py`` times one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+DEFAULT_MAX_MIB = 16
+"""MiB of input read by default (the last ones: a journal's latest entries are at its end)."""
+DEFAULT_MAX_BYTES = DEFAULT_MAX_MIB << 20
+DEFAULT_LINES = 50_000
+"""Lines examined by default (the last ones), and the entries asked of ``journalctl -n``."""
+MAX_LINE = 4096
+"""Characters of one line the regexes see (SGLang's and torch's failure lines are far shorter)."""
+QUOTE_CHARS = 200
+"""Characters of a matched log line quoted in a finding."""
+STDIN_CAP = 1 << 30
+"""Bytes read from stdin at most (an endless pipe stops there; the last DEFAULT_MAX_BYTES count)."""
+JOURNAL_TIMEOUT_S = 30.0
+"""Total seconds ``journalctl`` may run."""
+CONTEXT_LINES = 80
+"""Lines before a match searched for its context (traceback frames precede the error line)."""
+AFTER_LINES = 5
+"""Lines after a match searched too (a summary that names the frame below the error, a hint)."""
+
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,254}")
+"""A systemd unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@`` for templates;
+256 characters at most); it may not start with ``-`` (it would read as an option)."""
+
+_ANSI = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+"""ECMA-48 CSI sequences (colours), OSC sequences (titles, links) and two-byte escapes."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class DiagnoseError(Exception):
+    """Input that cannot be read (exit 2): a bad unit name, a missing file, journalctl failing."""
+
+
+# ---------------------------------------------------------------------------------------
+# The deployed plan (optional): widths and memory settings the fixes quote.
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the fixes quote from ``plan.json`` (all optional; None when absent or malformed).
+
+    Attributes:
+        algorithm: speculative algorithm (``DDTREE``, ``DFLASH``, ``EAGLE``, ``none``).
+        block_size, budget: DFlash block size / DDTree budget (tokens).
+        draft_width, verify_width: tokens per request of draft / verify graphs.
+        cuda_graph_max_bs: largest captured batch size (requests).
+        max_running_requests: the effective running-request limit (requests).
+        mem_fraction_static: the deployment's ``ddtree_server.mem_fraction_static``.
+        memory: the plan's memory estimate as one short text (when the plan has one).
+        unit: the SGLang unit name; port: its port; ptxas_env: the Triton ptxas override.
+        target: the PTX target (``sm_103a``); cuda: the toolkit version.
+    """
+
+    algorithm: str | None = None
+    block_size: int | None = None
+    budget: int | None = None
+    draft_width: int | None = None
+    verify_width: int | None = None
+    cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = None
+    mem_fraction_static: float | None = None
+    memory: str | None = None
+    unit: str | None = None
+    port: int | None = None
+    ptxas_env: dict[str, str] = field(default_factory=dict)
+    target: str | None = None
+    cuda: str | None = None
+    given: bool = False
+    """True when these facts come from a plan.json (fixes then quote its values, defaults included)."""
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int and 0 <= v < 1 << 31 else None
+
+
+def _text(v: Any, limit: int = 120) -> str | None:
+    if not isinstance(v, str) or not v:
+        return None
+    return _clean(v)[:limit]
+
+
+def _memory_text(plan: dict) -> str | None:
+    """The plan's per-GPU memory estimate as one short text, if the plan has one.
+
+    ``plan.checkpoint.memory`` (the checkpoint reader's estimate: ``gib`` figures per GPU,
+    ``kv_for``, ``error_bound``) is quoted as ``weights_per_gpu 74.2 GiB, kv_needed 31.5 GiB
+    (48 requests x 8192 tokens), ... (error bound)``; otherwise any plan key naming ``memory``
+    (a string as it is, a mapping as ``key=value`` of its first 8 scalar entries)."""
+    ck = plan.get("checkpoint")
+    est = ck.get("memory") if isinstance(ck, dict) else None
+    if isinstance(est, dict) and isinstance(est.get("gib"), dict):
+        gib = est["gib"]
+        parts = []
+        for k in ("weights_per_gpu", "kv_needed", "graph_bound", "budget", "gpu_memory"):
+            v = gib.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                kv_for = est.get("kv_for") if k == "kv_needed" and isinstance(est.get("kv_for"), str) else None
+                parts.append(f"{k} {v:g} GiB" + (f" ({_clean(kv_for)[:80]})" if kv_for else ""))
+        bound = est.get("error_bound")
+        if parts:
+            return (", ".join(parts) + (f" ({_clean(bound)[:120]})" if isinstance(bound, str) and bound else ""))[:400]
+    for key, v in plan.items():
+        if "memory" not in str(key).lower() or v in (None, "", {}, []):
+            continue
+        if isinstance(v, str):
+            return _clean(v)[:300]
+        if isinstance(v, dict):
+            parts = [f"{_clean(str(k))[:40]}={v[k]}" for k in list(v)[:40]
+                     if isinstance(v[k], (int, float, str)) and not isinstance(v[k], bool)][:8]
+            if parts:
+                return _clean(", ".join(parts))[:300]
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return f"{key}={v}"
+    return None
+
+
+def plan_facts(doc: Any) -> PlanFacts:
+    """Facts of a ``plan.json`` document (as ``ddtree-ops render`` writes it).
+
+    Raises:
+        DiagnoseError: ``doc`` is not an object with a ``plan`` object.
+    """
+    if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict):
+        raise DiagnoseError("--plan: not a plan.json rendered by ddtree-ops (no plan object). Fix: use the "
+                            "host's /etc/ddtree-ops/<name>/plan.json")
+    p = doc["plan"]
+    dep = doc.get("deployment") if isinstance(doc.get("deployment"), dict) else {}
+    srv = dep.get("server") if isinstance(dep.get("server"), dict) else {}
+    tc = p.get("toolchain") if isinstance(p.get("toolchain"), dict) else {}
+    mfs = srv.get("mem_fraction_static")
+    env = tc.get("ptxas_env") if isinstance(tc.get("ptxas_env"), dict) else {}
+    capture = p.get("capture_bs")
+    max_bs = _int(p.get("cuda_graph_max_bs"))
+    if max_bs is None and isinstance(capture, list) and capture and all(_int(x) is not None for x in capture):
+        max_bs = max(capture)
+    unit = doc.get("unit")
+    return PlanFacts(
+        algorithm=_text(p.get("algorithm"), 20),
+        block_size=_int(p.get("block_size")), budget=_int(p.get("budget")),
+        draft_width=_int(p.get("draft_tokens_per_req")), verify_width=_int(p.get("verify_tokens_per_req")),
+        cuda_graph_max_bs=max_bs, max_running_requests=_int(p.get("max_running_requests")),
+        mem_fraction_static=float(mfs) if isinstance(mfs, (int, float)) and not isinstance(mfs, bool) and 0 < mfs <= 1 else None,
+        memory=_memory_text(p),
+        unit=unit if isinstance(unit, str) and UNIT_NAME.fullmatch(unit) else None,
+        port=_int(srv.get("port")),
+        ptxas_env={str(k): _clean(str(v))[:200] for k, v in list(env.items())[:2]
+                   if k in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH") and isinstance(v, str)},
+        target=_text(tc.get("target"), 20), cuda=_text(tc.get("cuda"), 20), given=True,
+    )
+
+
+def load_plan(path: str | Path) -> PlanFacts:
+    """:func:`plan_facts` of a plan.json file (a regular file of at most 4 MiB).
+
+    Raises:
+        DiagnoseError: unreadable, not a regular file, too large, not JSON, not a plan.
+    """
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise DiagnoseError(f"--plan {_shown_path(path)}: not a regular file")
+            data = f.read((4 << 20) + 1)
+    except OSError as exc:
+        raise DiagnoseError(f"--plan {_shown_path(path)}: {exc.strerror or exc}") from None
+    if len(data) > 4 << 20:
+        raise DiagnoseError(f"--plan {_shown_path(path)}: larger than 4 MiB: not a plan.json")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DiagnoseError(f"--plan {_shown_path(path)}: not JSON ({_clean(str(exc))[:120]}). Fix: use the "
+                            "host's /etc/ddtree-ops/<name>/plan.json") from None
+    return plan_facts(doc)
+
+
+# ---------------------------------------------------------------------------------------
+# Lines: bounded, decoded, cleaned.
+
+
+def _clean(text: str) -> str:
+    """``text`` without ANSI escapes and control characters (tabs and the like become spaces)."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return _CONTROL.sub(" ", text)
+
+
+def _shown_path(path: str | Path) -> str:
+    from ..config.errors import scrub, shorten
+
+    return shorten(repr(scrub(_clean(str(path)))))
+
+
+def split_lines(data: bytes, max_lines: int = DEFAULT_LINES) -> list[str]:
+    """The last ``max_lines`` lines of ``data`` (split at ``\\n``, so a finding's line number is
+    the input's; a trailing ``\\r`` is dropped, an inner one, as progress bars write, becomes a
+    space), decoded (invalid UTF-8 replaced), cleaned (:func:`_clean`) and each cut to
+    :data:`MAX_LINE` characters."""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    start = end
+    for _ in range(max_lines):  # only the last max_lines lines are split (16 MiB of newlines stays cheap)
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            break
+    raw = data[start + 1:end].split(b"\n") if data else []
+    return [_clean(b[: MAX_LINE * 4].rstrip(b"\r").decode("utf-8", "replace"))[:MAX_LINE] for b in raw]
+
+
+def _read_tail(stream: IO[bytes], max_bytes: int, cap: int | None = None) -> tuple[bytes, bool]:
+    """The last ``max_bytes`` bytes of ``stream`` read to EOF (or ``cap`` bytes), and whether
+    anything was dropped. Memory stays within ~2 x ``max_bytes``."""
+    buf = bytearray()
+    total = 0
+    dropped = False
+    while True:
+        chunk = stream.read(1 << 20)
+        if not chunk:
+            break
+        total += len(chunk)
+        buf += chunk
+        if len(buf) > 2 * max_bytes:
+            del buf[: len(buf) - max_bytes]
+            dropped = True
+        if cap is not None and total >= cap:
+            dropped = True
+            break
+    if len(buf) > max_bytes:
+        del buf[: len(buf) - max_bytes]
+        dropped = True
+    return bytes(buf), dropped
+
+
+def _drop_partial_first(data: bytes, dropped: bool) -> bytes:
+    if dropped and b"\n" in data:
+        return data[data.index(b"\n") + 1:]
+    return data
+
+
+def read_file(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The last ``max_bytes`` bytes of a regular file (a partial first line dropped).
+
+    Raises:
+        DiagnoseError: missing, unreadable, or not a regular file (a FIFO, a device: they
+            could block or never end).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise DiagnoseError(f"--file {_shown_path(path)}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DiagnoseError(f"--file {_shown_path(path)}: not a regular file; pipe it in instead "
+                                "(ddtree-ops diagnose - < …)")
+        start = max(0, st.st_size - max_bytes)
+        try:
+            f.seek(start)
+            data = f.read(max_bytes)
+        except OSError as exc:
+            raise DiagnoseError(f"--file {_shown_path(path)}: {exc.strerror or exc}") from None
+    return _drop_partial_first(data, start > 0)
+
+
+def read_stream(stream: IO[bytes], max_bytes: int = DEFAULT_MAX_BYTES, cap: int = STDIN_CAP) -> bytes:
+    """The last ``max_bytes`` bytes of a stream (stdin), reading at most ``cap`` bytes."""
+    data, dropped = _read_tail(stream, max_bytes, cap)
+    return _drop_partial_first(data, dropped)
+
+
+def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
+                 timeout_s: float = JOURNAL_TIMEOUT_S, journalctl: str = "journalctl") -> bytes:
+    """``journalctl -u UNIT -b --no-pager -o cat -n LINES`` (this boot's entries of the unit,
+    messages only), its last ``max_bytes`` bytes, killed after ``timeout_s`` seconds in all.
+
+    Raises:
+        DiagnoseError: the unit name is not a systemd unit name (:data:`UNIT_NAME`),
+            journalctl is missing, fails, or runs past the deadline.
+    """
+    from ..config.errors import scrub, shorten
+
+    if not UNIT_NAME.fullmatch(unit):
+        raise DiagnoseError(f"--unit {shorten(repr(scrub(unit)))}: not a systemd unit name (letters, digits, "
+                            "':_.@\\-', not starting with '-', <= 256 characters), e.g. ddtree-sglang.service")
+    argv = [journalctl, "-u", unit, "-b", "--no-pager", "-o", "cat", "-n", str(int(lines))]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as exc:
+        raise DiagnoseError(f"cannot run journalctl: {exc.strerror or exc}. Fix: run on the host that runs the "
+                            "unit, or save the journal and pass --file") from None
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
+    try:
+        err_box: list[bytes] = []
+
+        def drain_stderr() -> None:  # keep the first 64 KiB, read the rest so journalctl never blocks on it
+            err_box.append(proc.stderr.read(64 << 10))  # type: ignore[union-attr]
+            while proc.stderr.read(1 << 16):  # type: ignore[union-attr]
+                pass
+
+        t = threading.Thread(target=drain_stderr, daemon=True)
+        t.start()
+        data, dropped = _read_tail(proc.stdout, max_bytes)  # type: ignore[arg-type]
+        proc.wait()
+        t.join(1.0)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise DiagnoseError(f"journalctl -u {unit} ran past {timeout_s:g} s and was stopped. Fix: save the journal "
+                            "(journalctl -u UNIT -b -o cat > FILE) and pass --file FILE")
+    if proc.returncode != 0:
+        msg = _clean((err_box[0] if err_box else b"").decode("utf-8", "replace")).strip()
+        raise DiagnoseError(f"journalctl -u {unit} failed (exit {proc.returncode}): "
+                            f"{shorten(scrub(msg)) or 'no message'}")
+    return _drop_partial_first(data, dropped)
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures.
+
+
+class _Lines:
+    """The examined lines with each one's context flags (:data:`_FLAG_PATTERNS`), computed at most
+    once a line and only for lines near a match: a log of 200k matching lines costs each line's
+    flag regexes once, not once per neighbouring match."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self._flags: list[int] = [-1] * len(lines)
+
+    def flags(self, j: int) -> int:
+        f = self._flags[j]
+        if f < 0:
+            line = self.lines[j][:MAX_LINE]
+            f = sum(bit for bit, pat in _FLAG_PATTERNS if pat.search(line))
+            self._flags[j] = f
+        return f
+
+
+@dataclass
+class Scan:
+    """What a signature sees at a matching line: the flags of the lines around it and the phase."""
+
+    src: _Lines
+    index: int
+    """0-based index of the matching line."""
+    capturing: bool
+    """A ``Capture ... cuda graph begin`` was seen and no ``... end`` (nor a restart) after it."""
+    verify_capture_width: int | None = None
+    """``num_tokens_per_req`` of the last ``Capture target verify CUDA graph begin`` line (SGLang 0.5.23)."""
+
+    def before(self, flag: int, n: int = CONTEXT_LINES) -> bool:
+        """Whether one of the ``n`` lines before the match has ``flag``."""
+        return any(self.src.flags(j) & flag for j in range(max(0, self.index - n), self.index))
+
+    def after(self, flag: int, n: int = AFTER_LINES) -> bool:
+        """Whether one of the ``n`` lines after the match has ``flag``."""
+        return any(self.src.flags(j) & flag for j in range(self.index + 1, min(len(self.src.lines), self.index + 1 + n)))
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known failure.
+
+    Attributes:
+        name: stable identifier (``--json`` ``findings[].name``).
+        needles: lower-case substrings; a line holding none of them is not tried (speed).
+        patterns: regexes tried on a line (bounded: :data:`MAX_LINE`); the first match counts.
+        cause, fix: one-sentence templates, ``str.format`` with :meth:`values`.
+        source: upstream source of the signature (issue, source file).
+        values: ``(match, scan, plan) -> dict`` of template values, or None when the line is
+            not this failure after all (context decides; e.g. capture vs replay).
+    """
+
+    name: str
+    needles: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    cause: str
+    fix: str
+    source: str
+    values: Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None] = lambda m, s, p: {}
+
+
+_CAPTURE_FRAME = re.compile(r"(?i)capture cuda graph failed|in capture(?:_one_batch_size)?\b|init_cuda_graph|"
+                            r"capture_one_batch_size|cuda_graph_runner\.py\", line \d{1,6}, in __init__|"
+                            r"init_device_graphs|in capture_graph")
+_REPLAY_FRAME = re.compile(r"(?i)in replay\b|in replay_prepare\b|\.replay\(|in forward_batch_generation\b|"
+                           r"in run_batch\b|in event_loop|in verify\b|TARGET_VERIFY|Decode batch")
+_SPEC_WORDS = re.compile(r"(?i)eagle|dflash|ddtree|speculative|spec_info|draft|verify")
+_GRAPH_WORDS = re.compile(r"(?i)cuda_graph|cuda graph|graph_runner|replay|capture")
+GRAPH, SPEC, CAPTURE, REPLAY, SAMPLER = 1, 2, 4, 8, 16
+"""Context flags of a line: graph words, speculative-decoding words, capture frames, replay frames,
+the DFlash sampler frame."""
+_SAMPLER_FRAME = re.compile(r"stage_sampling_params")
+_FLAG_PATTERNS = ((GRAPH, _GRAPH_WORDS), (SPEC, _SPEC_WORDS), (CAPTURE, _CAPTURE_FRAME), (REPLAY, _REPLAY_FRAME),
+                  (SAMPLER, _SAMPLER_FRAME))
+_PHASE_MARK = re.compile(r"(?i)\bcapture (?:[\w-]{1,24} ){0,4}(?:cuda|npu|xpu|cpu) graph (begin|end)")
+"""SGLang's capture start/end lines: ``Capture cuda graph begin`` (<= 0.5.13), ``Capture draft cuda graph
+begin``, ``Capture draft extend cuda graph begin (step 0)``, ``Capture target verify CUDA graph begin.
+backend=..., num_tokens_per_req=33`` (0.5.23 ``model_runner_components/cuda_graph_setup.py``)."""
+_VERIFY_CAPTURE = re.compile(r"(?i)capture target verify cuda graph begin\.[^\n]{0,200}?num_tokens_per_req=(\d{1,6})")
+"""0.5.23 logs the width its target-verify graphs are captured at: the width the mismatch compares."""
+
+
+def _plan_widths(p: PlanFacts) -> str:
+    if p.draft_width is None or p.verify_width is None:
+        return ""
+    how = (f"block_size {p.block_size}, budget {p.budget} + 1" if p.algorithm == "DDTREE" and p.budget is not None
+           else f"block_size {p.block_size}" if p.block_size is not None else (p.algorithm or "?"))
+    return f"; this plan: draft {p.draft_width}, verify {p.verify_width} tokens/req ({how})"
+
+
+def _graph_mismatch(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    a, b = int(m["a"]), int(m["b"])
+    dw, vw = p.draft_width, p.verify_width
+    # the captured width against the needed one: a multiple of one plan width against a multiple of the other
+    plan_fit = bool(dw and vw and dw != vw and ((a % dw == 0 and b % vw == 0) or (a % vw == 0 and b % dw == 0)))
+    if _batch_overflow(m, s, p) is not None:
+        return None  # a batch past the captured batch size, not a width: graph-batch-overflow
+    context = s.before(GRAPH, 40) and (s.before(SPEC, 40) or p.algorithm not in (None, "none"))
+    # widths of a draft block / tree are small: vocabulary (32000 vs 151936) or hidden-size mismatches are not this
+    if min(a, b) > 4096 or not (context or plan_fit):
+        return None
+    where = "during capture" if s.capturing or s.before(CAPTURE, 40) else "at replay (first verify)"
+    logged = (f"; the log's verify graphs were captured at num_tokens_per_req={s.verify_capture_width}"
+              if s.verify_capture_width is not None else "")
+    return {"a": a, "b": b, "dim": m["dim"] or "?", "where": where, "plan": _plan_widths(p), "logged": logged}
+
+
+def _batch_overflow(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    """``a`` = the largest captured batch, ``b`` = a larger running batch: DFlash's graph-folded sampler
+    stages ``b`` requests into buffers sized for ``a`` (sgl-project/sglang#37531). Recognised by its
+    frame (``stage_sampling_params``) around the line, or by the plan (``a`` = cuda_graph_max_bs < ``b``
+    <= max_running_requests)."""
+    a, b = int(m["a"]), int(m["b"])
+    by_frame = b > a and (s.before(SAMPLER, 40) or s.after(SAMPLER))
+    by_plan = (p.cuda_graph_max_bs is not None and a == p.cuda_graph_max_bs and b > a
+               and (p.max_running_requests is None or b <= p.max_running_requests)
+               and p.algorithm in ("DFLASH", "DDTREE"))
+    if not (by_frame or by_plan):
+        return None
+    mrr = p.max_running_requests if p.max_running_requests is not None else "?"
+    plan = f" (this plan: max_running_requests {mrr}, cuda_graph_max_bs {p.cuda_graph_max_bs})" if p.given else ""
+    return {"a": a, "b": b, "plan": plan}
+
+
+def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
+    def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+        line = m.string
+        capture = ("capture cuda graph failed" in line.lower() or s.capturing
+                   or (s.before(CAPTURE, 30) and not s.before(REPLAY, 30)))
+        if (phase == "capture") != capture:
+            return None
+        spec = s.before(SPEC) or _SPEC_WORDS.search(line) is not None or p.algorithm not in (None, "none")
+        if phase == "replay" and not spec:
+            return None  # an illegal access without speculative decoding is no signature of this stack
+        return {"spec": f"speculative decoding ({p.algorithm})" if p.algorithm not in (None, "none")
+                else "speculative decoding", "unit": p.unit or "the SGLang unit"}
+    return values
+
+
+def _oom(capture_wanted: bool) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
+    def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+        capture = "capture cuda graph failed" in m.string.lower() or s.capturing or s.before(CAPTURE, 30)
+        if capture != capture_wanted:
+            return None
+        mb = p.cuda_graph_max_bs
+        mfs = p.mem_fraction_static
+        plan = ""
+        if p.given:
+            plan = (f"; this plan: cuda_graph_max_bs {mb if mb is not None else '(SGLang default)'}, "
+                    f"mem_fraction_static {mfs if mfs is not None else '(SGLang default)'}"
+                    + (f", memory estimate: {p.memory}" if p.memory else ""))
+        lower = (f"lower ddtree_server.cuda_graph_max_bs (e.g. {max(1, mb // 2)})" if mb and mb > 1
+                 else "lower ddtree_server.cuda_graph_max_bs")
+        return {"tried": (m.groupdict().get("tried") or "").strip() or "?", "plan": plan, "lower": lower}
+    return values
+
+
+def _ptxas(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    from ..config.toolchain import ARCHS
+
+    arch = m["arch"]
+    base = re.sub(r"[af]$", "", arch)
+    need = ARCHS[base].min_cuda if base in ARCHS else None
+    env = (", ".join(f"{k}={v}" for k, v in p.ptxas_env.items()) if p.ptxas_env
+           else "TRITON_PTXAS_PATH (Triton <= 3.5, or below sm_100) / TRITON_PTXAS_BLACKWELL_PATH (Triton >= 3.6 on "
+           "sm_100+) set to that toolkit's ptxas in the unit's env")
+    return {"arch": arch, "need": f"CUDA >= {need}" if need else "a CUDA toolkit that knows it", "env": env,
+            "base": base if base in ARCHS else "sm_XYZ"}
+
+
+def _nccl(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    d = m.groupdict()
+    what = f"{d.get('op') or 'a collective'}" + (f" after {int(d['ms']) // 1000} s" if d.get("ms") else "")
+    return {"what": what}
+
+
+def _port(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    port = m.groupdict().get("port")
+    unit = p.unit or "ddtree-sglang.service"
+    return {"port": f"port {port}" if port else "its port", "portnum": port or (p.port or "PORT"), "unit": unit}
+
+
+def _devices(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    return {"what": m.group(0)[:80]}
+
+
+def _health(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    d = m.groupdict()
+    phase = (d.get("phase") or "").lower()
+    return {"what": (f"SGLang's /health got no scheduler response for {d['secs']} s" if d.get("secs")
+                     else "the unit's readiness checks and warmup (ExecStartPost) ran past TimeoutStartSec"
+                     if phase == "start-post"
+                     else "the unit's start (load and graph capture) ran past TimeoutStartSec" if phase
+                     else "/health did not answer 200 in consecutive probes")}
+
+
+def _warmup(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    detail = (m.groupdict().get("detail") or "").strip()
+    deadline = "deadline of" in detail
+    return {"fix_more": ("raise ddtree_ops.warmup_deadline_s (it bounds the whole warmup)" if deadline
+                         else "read the SGLang lines just before it (a crash signature above names the cause)")}
+
+
+_OOM = re.compile(r"CUDA (?:error: )?out of memory\.?(?: Tried to allocate (?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?")
+"""torch's allocator (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB``) and the
+CUDA runtime's ``cudaErrorMemoryAllocation`` (``CUDA error: out of memory``)."""
+
+_TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
+                              r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
+"""torch's broadcast/copy shape error (``RuntimeError: The size of tensor a (8) must match ...``)."""
+
+_SRC_PLAN = "sgl-project/sglang#29907 (DDTree verify graphs sized at budget + 1); ddtree_ops/config/plan.py"
+
+SIGNATURES: tuple[Signature, ...] = (
+    Signature(
+        "graph-batch-overflow", ("must match the size of tensor",),
+        (_TENSOR_MISMATCH,),
+        "a batch of {b} requests ran past the largest captured CUDA-graph batch ({a}) and overflowed the DFlash "
+        "sampler's graph buffers (sized for {a})",
+        "keep ddtree_server.max_running_requests <= cuda_graph_max_bs{plan}, or pin an SGLang build with the eager "
+        "fallback above the graph batch limit (sgl-project/sglang#37531)",
+        "sgl-project/sglang#37531 (DFlash sampler: The size of tensor a (8) must match the size of tensor b (9))",
+        _batch_overflow),
+    Signature(
+        "graph-size-mismatch", ("must match the size of tensor",),
+        (_TENSOR_MISMATCH,),
+        "draft/verify CUDA-graph width mismatch {where}: captured width a ({a}) vs needed b ({b}), dimension {dim}"
+        "{logged}",
+        "the rule is: draft graphs use block_size tokens per request, DDTree target-verify graphs budget + 1{plan}; "
+        "this SGLang build sized verify graphs from block_size: pin ddtree_sglang.ddtree_source sglang-pr-29907 "
+        "(or install the ddtree-ops plugin), check with `ddtree-ops probe-sglang` (verify-graph-sizing), "
+        "or run eagerly (ddtree_server.cuda_graph: false)",
+        _SRC_PLAN, _graph_mismatch),
+    Signature(
+        "ptxas-unknown-arch", ("ptxas",),
+        (re.compile(r"ptxas fatal\s{0,8}: Value '(?P<arch>sm_\d{2,4}[af]?)' is not defined for option 'gpu-name'"),),
+        "Triton's ptxas does not know {arch} (too old for this GPU)",
+        "point Triton at a ptxas of {need}: {env}; check with `ddtree-ops check-ptxas --arch {base} --python "
+        "<sglang venv>/bin/python`",
+        "triton-lang/triton#8539 (ptxas fatal: Value 'sm_121a' is not defined); ddtree_ops/config/toolchain.py "
+        "(which ptxas each Triton uses)",
+        _ptxas),
+    Signature(
+        "illegal-memory-access-capture", ("illegal memory access", "illegaladdress"),
+        (re.compile(r"(?i)an illegal memory access was encountered|cudaErrorIllegalAddress"),),
+        "CUDA illegal memory access while capturing CUDA graphs",
+        "a kernel faults at capture: A/B eagerly (ddtree_server.cuda_graph: false) to confirm; lower "
+        "cuda_graph_max_bs or mem_fraction_static; for DDTree check the plan's widths and the attention backend",
+        "sgl-project/sglang#5029, #1467 (Capture cuda graph failed: ... illegal memory access)",
+        _ima("capture")),
+    Signature(
+        "illegal-memory-access-replay", ("illegal memory access", "illegaladdress"),
+        (re.compile(r"(?i)an illegal memory access was encountered|cudaErrorIllegalAddress"),),
+        "CUDA illegal memory access at graph replay / decode under {spec}",
+        "A/B it eagerly: restart {unit} with ddtree_server.cuda_graph: false; if eager runs clean it is the "
+        "captured-graph replay (padding raw_bs to a captured bs), so pin a build with the fix or keep it eager; "
+        "add CUDA_LAUNCH_BLOCKING=1 to the env for the exact kernel",
+        "sgl-project/sglang#28569, #10892, #25512 (EAGLE graph replay illegal memory access)",
+        _ima("replay")),
+    Signature(
+        "capture-oom", ("out of memory",),
+        (_OOM,),
+        "GPU out of memory while capturing CUDA graphs (tried to allocate {tried})",
+        "{lower} or lower ddtree_server.mem_fraction_static (leaves more for graph buffers){plan}",
+        "sgl-project/sglang#5285, #3430; CUDA_GRAPH_CAPTURE_FAILED_MSG in sglang/srt/model_executor/"
+        "runner_backend_utils (0.5.23)",
+        _oom(True)),
+    Signature(
+        "cuda-oom", ("out of memory",),
+        (_OOM,),
+        "GPU out of memory outside graph capture (weights, KV cache or a large batch; tried to allocate {tried})",
+        "lower ddtree_server.mem_fraction_static, max_running_requests or context_length, or raise tp_size{plan}",
+        "PyTorch CUDA caching allocator (torch.OutOfMemoryError); sgl-project/sglang server arguments",
+        _oom(False)),
+    Signature(
+        "nccl-timeout", ("watchdog caught collective operation timeout", "nccl"),
+        (re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d{1,12}, OpType=(?P<op>\w{1,40})"
+                    r"[^\n]{0,300}?\) ran for (?P<ms>\d{1,12}) milliseconds"),
+         re.compile(r"Process group watchdog thread terminated with exception"),
+         re.compile(r"NCCL (?:WARN|ERROR)[^\n]{0,200}(?:[Tt]imeout|timed out)"),
+         re.compile(r"(?i)ncclSystemError|ncclInternalError|ncclRemoteError|NCCL communicator was aborted")),
+        "NCCL collective timed out or failed ({what}): a rank stalled or the interconnect failed",
+        "check every GPU and link (nvidia-smi topo -m, nvidia-smi nvlink -s, dmesg for Xid), run with NCCL_DEBUG=INFO; "
+        "a rank that crashed first (see the earliest error above) stalls the rest",
+        "pytorch ProcessGroupNCCL watchdog; sgl-project/sglang#1693, #3784",
+        _nccl),
+    Signature(
+        "scheduler-watchdog", ("watchdog timeout",),
+        (re.compile(r"\b(?P<who>[A-Za-z]\w{0,39}) watchdog timeout \(self\.watchdog_timeout=(?P<t>[\d.]{1,12})"),),
+        "SGLang's {who} watchdog fired: a forward batch made no progress for {t} s (a hang: often a collective)",
+        "py-spy dump the scheduler if it recurs, check NCCL/GPUs (nvidia-smi, dmesg Xid); raise "
+        "--watchdog-timeout only for legitimately long batches",
+        "sglang/srt/utils/watchdog.py (0.5.23)",
+        lambda m, s, p: {"who": m["who"].strip(), "t": m["t"]}),
+    Signature(
+        "port-in-use", ("address already in use", "eaddrinuse", "is already in use", "held by"),
+        (re.compile(r"(?i)\[Errno 98\] error while attempting to bind on address \(\s{0,4}'[^']{0,100}',\s{0,4}"
+                    r"(?P<port>\d{1,5})[^)]{0,40}\):(?: \[errno 98\])? address already in use"),
+         re.compile(r"(?i)failed to listen on any local network address\. port: (?P<port>\d{1,5})[^\n]{0,120}EADDRINUSE"),
+         re.compile(r"(?i)\[Errno 98\] Address already in use"),
+         re.compile(r"FAIL port: port (?P<port>\d{1,5}) (?:is already in use|is held by)")),
+        "{port} is already in use by another process: the server cannot bind",
+        "`ddtree-ops port-check --port {portnum} --unit {unit}` names the holder; stop it, or set another port "
+        "(ddtree_server.port / ddtree_ops.exporter_port)",
+        "uvicorn bind error (sgl-project/sglang#2361); torch TCPStore EADDRINUSE; ddtree_ops/ops/ports.py",
+        _port),
+    Signature(
+        "device-nodes-missing", ("nvidia-uvm", "cuda-capable device", "no cuda gpus", "cuda_error_no_device",
+                                 "no nvidia driver", "/dev/nvidia"),
+        (re.compile(r"(?i)/dev/nvidia(?:-uvm|ctl|\d{1,2})\b[^\n]{0,80}(?:No such file|not found|ENOENT|cannot open)"),
+         re.compile(r"(?i)(?:No such file or directory|cannot open|ENOENT)[^\n]{0,80}/dev/nvidia(?:-uvm|ctl|\d{1,2})\b"),
+         re.compile(r"(?i)no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE"),
+         re.compile(r"No CUDA GPUs are available"),
+         re.compile(r"Found no NVIDIA driver on your system")),
+        "the process sees no GPU: NVIDIA device nodes are missing or not allowed ({what})",
+        "systemctl status ddtree-nvidia-devices.service (it creates /dev/nvidia-uvm and the nodes before the "
+        "sandboxed unit starts), check nvidia-smi on the host and the unit's DeviceAllow=, then restart the unit",
+        "NVIDIA/nvidia-docker#139, #997 (missing /dev/nvidia-uvm); templates/nvidia-devices.service.j2",
+        _devices),
+    Signature(
+        "health-timeout", ("health check failed", "/health", "operation timed out"),
+        (re.compile(r"Health check failed\. Server couldn't get a response from detokenizer for last (?P<secs>\d{1,6}) "
+                    r"seconds"),
+         re.compile(r"FAIL ready: /health failed \d{1,6} consecutive probe"),
+         re.compile(r"(?i)(?P<phase>start|start-post) operation timed out")),
+        "health check timed out: {what}",
+        "if the scheduler crashed, a signature above says why; a slow start/warmup needs ddtree_service."
+        "start_timeout_s / ddtree_ops.ready_timeout_s raised, a busy server SGLANG_HEALTH_CHECK_TIMEOUT or "
+        "ddtree_ops.health_timeout_s; check with `ddtree-ops health --plan plan.json`",
+        "sglang/srt/entrypoints/http_server.py health (0.5.23; sgl-project/sglang#10856, #22511); "
+        "ddtree_ops/ops/health.py; systemd.service(5) TimeoutStartSec",
+        _health),
+    Signature(
+        "warmup-failed", ("fail warmup",),
+        (re.compile(r"FAIL warmup: warmup failed: (?P<detail>[^\n]{0,400})"),),
+        "the unit's warmup (every captured batch size) failed, so the unit never became active",
+        "{fix_more}; re-run by hand: `ddtree-ops warmup --plan plan.json`",
+        "ddtree_ops/ops/warmup.py (ExecStartPost warmup of the unit)",
+        _warmup),
+)
+"""Every recognised failure, in the order findings print."""
+
+NAMES = tuple(s.name for s in SIGNATURES)
+
+
+@dataclass
+class Finding:
+    """One signature found: where first, how often, and its cause and fix filled in.
+
+    ``line`` is 1-based in the examined input (the tail that was read: the last ``--max-mib`` /
+    ``--lines`` of a file, the journal's output for ``--unit``)."""
+
+    name: str
+    line: int
+    count: int
+    cause: str
+    fix: str
+    source: str
+    quote: str
+    values: dict[str, Any]
+    count_capped: bool = False
+    """The signature matched :data:`MAX_EVALUATIONS` times and was not tried further: ``count`` is a lower bound."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe: the values extracted from the log (numbers as numbers; text scrubbed and cut)."""
+        from ..config.errors import scrub, shorten
+
+        values = {k: v if isinstance(v, (int, float)) else shorten(scrub(_clean(str(v))))
+                  for k, v in self.values.items() if k not in ("plan", "logged")}
+        return {"name": self.name, "line": self.line, "count": self.count, "count_capped": self.count_capped,
+                "cause": self.cause, "fix": self.fix, "source": self.source, "quote": self.quote, "values": values}
+
+    def message(self) -> str:
+        """One line: ``name (line N[, xK]): cause: "quote". Fix: fix [source]``."""
+        times = f", {self.count}{'+' if self.count_capped else ''}x" if self.count > 1 else ""
+        return f"{self.name} (line {self.line}{times}): {self.cause}: \"{self.quote}\". Fix: {self.fix} [{self.source}]"
+
+
+def _quote(line: str) -> str:
+    from ..config.errors import scrub, shorten
+
+    return shorten(scrub(line.strip()), QUOTE_CHARS).replace('"', "'")
+
+
+MAX_EVALUATIONS = 1000
+"""Matches of one signature whose context is examined; past that the signature is not tried again
+and its count is a lower bound (``count_capped``): a log of 100k matching lines costs bounded time."""
+
+
+def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
+    """Findings in ``lines`` (already bounded and cleaned: :func:`split_lines`), one per
+    signature (first line, count), in :data:`SIGNATURES` order. A signature's context is the
+    :data:`CONTEXT_LINES` lines before a match and the :data:`AFTER_LINES` after it, and the
+    capture phase at the match (SGLang's ``Capture ... graph begin/end`` lines)."""
+    plan = plan or PlanFacts()
+    src = _Lines(lines)
+    found: dict[str, Finding] = {}
+    evaluations = dict.fromkeys(NAMES, 0)
+    capturing = False
+    verify_width: int | None = None
+    for i, full in enumerate(lines):
+        line = full[:MAX_LINE]
+        lower = line.lower()
+        if "load weight begin" in lower or "server_args=" in lower:  # a (re)start: no capture under way yet
+            capturing = False
+        mark = _PHASE_MARK.search(line) if " graph " in lower and "capture" in lower else None
+        if mark:
+            capturing = mark[1].lower() == "begin"
+            width = _VERIFY_CAPTURE.search(line) if capturing else None
+            if width:
+                verify_width = int(width[1])
+        for sig in SIGNATURES:
+            if evaluations[sig.name] >= MAX_EVALUATIONS or not any(n in lower for n in sig.needles):
+                continue
+            for pat in sig.patterns:
+                m = pat.search(line)
+                if m is None:
+                    continue
+                evaluations[sig.name] += 1
+                vals = sig.values(m, Scan(src, i, capturing, verify_width), plan)
+                if vals is None:
+                    break
+                if sig.name in found:
+                    found[sig.name].count += 1
+                else:
+                    found[sig.name] = Finding(sig.name, i + 1, 1, _fill(sig.cause, vals), _fill(sig.fix, vals),
+                                              sig.source, _quote(line), vals)
+                break
+    for f in found.values():
+        f.count_capped = evaluations[f.name] >= MAX_EVALUATIONS
+    return [found[n] for n in NAMES if n in found]
+
+
+def _fill(template: str, values: dict[str, Any]) -> str:
+    from ..config.errors import scrub
+
+    return scrub(template.format(**{k: _clean(str(v)) for k, v in values.items()}))
+
+
+def report(findings: list[Finding], n_lines: int, source: str) -> dict[str, Any]:
+    """The ``--json`` document: ``ok`` (no finding), ``checks`` (the CLI's shape), ``findings``,
+    ``lines`` examined, ``source`` (what was read) and ``signatures`` (every known name)."""
+    checks = ([{"name": f"diagnose:{f.name}", "ok": False, "detail": f.message()} for f in findings]
+              or [{"name": "diagnose", "ok": True, "detail": no_finding_text(n_lines)}])
+    return {"ok": not findings, "checks": checks, "findings": [f.as_dict() for f in findings], "lines": n_lines,
+            "source": source, "signatures": list(NAMES)}
+
+
+def no_finding_text(n_lines: int) -> str:
+    return f"no known failure signature in {n_lines} line{'' if n_lines == 1 else 's'}"
+
