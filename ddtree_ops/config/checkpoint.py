@@ -190,7 +190,8 @@ def facts_from_files(role: str, ref: str, source: str, files: dict[str, bytes | 
     if CONFIG not in parsed:
         why = (f"{CONFIG} is malformed" if any(n == CONFIG for n, _ in malformed)
                else f"no {CONFIG} in the checkpoint")
-        return CheckpointFacts(role, ref, None, not_read=why, malformed=tuple(malformed))
+        return CheckpointFacts(role, ref, source if PREPROCESSOR in parsed else None, None, parsed.get(PREPROCESSOR),
+                               not_read=why, malformed=tuple(malformed))
     return CheckpointFacts(role, ref, source, parsed[CONFIG], parsed.get(PREPROCESSOR),
                            _total_size(parsed[INDEX]) if INDEX in parsed else None, None, tuple(malformed))
 
@@ -310,8 +311,6 @@ class CheckpointReader:
                 return read_local(role, ref)
             return CheckpointFacts(role, ref, not_read="the path is not on this controller (a path on the host: "
                                                        "the deploy play reads it there)")
-        if os.path.isdir(ref) and os.path.exists(os.path.join(ref, CONFIG)):
-            return read_local(role, ref)
         if not self.hub:
             return CheckpointFacts(role, ref, not_read=f"offline (pass --hub or set {HUB_ENV}=1 to read its config "
                                                        "files from the Hugging Face Hub)")
@@ -564,7 +563,8 @@ def estimate_params(cfg: dict[str, Any]) -> int | None:
     """Parameters of a decoder-only transformer from its config: embeddings (x2 unless tied) +
     per layer attention (q, o: hidden x heads*head_dim; k, v: hidden x kv_heads*head_dim) + MLP
     (3 x hidden x intermediate; MoE: experts x 3 x hidden x moe_intermediate). Norms, biases,
-    routers and vision towers are left out (< 1 % of dense LLMs). None when a size is missing."""
+    routers and vision towers are left out (< 1 % of dense LLMs); an EAGLE-3 head's LM head spans
+    ``draft_vocab_size``. None when a size is missing."""
     h = _int(cfg, "hidden_size")
     layers = _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
@@ -578,7 +578,8 @@ def estimate_params(cfg: dict[str, Any]) -> int | None:
     mlp = 3 * h * ((_int(cfg, "moe_intermediate_size") or inter) * experts if experts else inter)
     attn = 2 * h * heads * hd + 2 * h * kv * hd
     tied = bool(cfg.get("tie_word_embeddings"))
-    return vocab * h * (1 if tied else 2) + layers * (attn + mlp)
+    head = 0 if tied else (_int(cfg, "draft_vocab_size") or vocab) * h  # EAGLE-3: LM head over the hot vocab
+    return vocab * h + head + layers * (attn + mlp)
 
 
 def kv_bytes_per_token(cfg: dict[str, Any], tp: int, kv_dtype_bytes: int = 2) -> int | None:
