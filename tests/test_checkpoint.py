@@ -446,3 +446,68 @@ def test_shutil_copy_of_a_fixture_reads_the_same(tmp_path):
     (snap / CONFIG).symlink_to(blobs / "abc")
     _, plan, findings = run(hostvars(snap))
     assert plan.checkpoint["checkpoints"]["model"]["read"] == "local" and not rules_of(findings, "info")
+
+
+# --- item 1c: the deploy play reads the host's files (ddtree_checkpoint, run locally) ---------------
+
+def _play(tmp_path: Path, hv: dict, extra_tasks: list | None = None):
+    import subprocess
+    import sys
+
+    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    if playbook is None:
+        pytest.skip("ansible-playbook not installed next to this Python")
+    inv = tmp_path / "inv"
+    (inv / "host_vars").mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yml").write_text(HOSTS_YML)
+    (inv / "host_vars" / "b300-01.yml").write_text(yaml.safe_dump(
+        {**hv, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}))
+    tasks = [{"name": "host files", "ddtree_checkpoint": None, "register": "_ddtree_checkpoint"},
+             {"name": "render", "ddtree_render": None, "register": "r"},
+             {"name": "show", "ansible.builtin.debug": {"msg": "BLOCK={{ r.plan.block_size }} "
+                                                       "SRC={{ r.plan.checkpoint.checkpoints.draft.read }}"}}]
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{"hosts": "sglang_servers", "gather_facts": False,
+                                                      "tasks": tasks + (extra_tasks or [])}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(FIXTURES.parents[1] / "ansible.cfg"),
+           "PYTHONPATH": str(FIXTURES.parents[1])}  # this checkout's ddtree_ops in the controller process
+    r = subprocess.run([playbook, "-i", str(inv), str(tmp_path / "pb.yml")], capture_output=True, text=True,
+                       timeout=120, cwd=FIXTURES.parents[1], env=env)
+    return r.returncode, " ".join((r.stdout + r.stderr).split())
+
+
+def test_deploy_play_reads_the_hosts_checkpoint_files(tmp_path):
+    """The draft exists only as a host path (here: this machine, connection local); the play reads
+    it there, derives the block size, and ddtree_render (registered facts) plans with it."""
+    host_draft = tmp_path / "models" / "draft"
+    shutil.copytree(DFLASH_DRAFT, host_draft)
+    hv = hostvars("Qwen/Qwen3-8B", host_draft)
+    rc, out = _play(tmp_path, hv)
+    assert rc == 0, out
+    assert "BLOCK=8 SRC=host" in out
+
+
+def test_host_payload_is_checked_like_local_files():
+    """What ddtree_checkpoint hands over (base64 per file, refusals per file) is parsed by the same
+    bounded reader: a malformed or damaged file is one finding, never a traceback."""
+    import base64
+
+    from ddtree_ops.config.checkpoint import reader_from_host_files
+
+    good = base64.b64encode((DFLASH_DRAFT / CONFIG).read_bytes()).decode()
+    path = "/srv/models/draft"
+    hv = hostvars("Qwen/Qwen3-8B", path)
+    for entry, expect in (
+        ({"files": {CONFIG: good}}, None),
+        ({"files": {CONFIG: base64.b64encode(b'{"block_size": NaN}').decode()}}, "config.json holds NaN"),
+        ({"files": {CONFIG: "not base64!"}}, "the host's config.json did not arrive intact"),
+        ({"files": {}, "errors": {CONFIG: "is not a regular file"}}, "config.json is not a regular file"),
+    ):
+        reader = reader_from_host_files({"draft": {"path": path, "revision": None, **entry}})
+        d, plan, findings = run(hv, reader)
+        text = " ".join(f.message() for f in findings)
+        if expect is None:
+            assert plan.block_size == 8 and plan.checkpoint["checkpoints"]["draft"]["read"] == "host"
+        else:
+            assert expect in text, text
+    for junk in (None, [], {"draft": "x"}, {"evil": {"path": "/x"}}, {"draft": {"path": 3}}):
+        assert reader_from_host_files(junk)._cache == {}

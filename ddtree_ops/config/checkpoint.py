@@ -316,6 +316,10 @@ class CheckpointReader:
                                                        "files from the Hugging Face Hub)")
         return read_hub(role, ref, revision, token, self.fetch, self.deadline_s)
 
+    def seed(self, facts: CheckpointFacts, revision: str | None) -> None:
+        """Use ``facts`` (e.g. read on the host by the deploy play) for its role and path."""
+        self._cache[(facts.role, facts.ref or "", revision)] = facts
+
     def facts(self, d: Any) -> tuple[CheckpointFacts, CheckpointFacts | None]:
         """(target facts, draft facts or None without speculation) of deployment ``d``."""
         token = d.hf_token.get_secret_value() if d.hf_token is not None else None
@@ -325,6 +329,60 @@ class CheckpointReader:
             draft = self.read("draft", d.speculative.draft_model_path,
                               getattr(d.speculative, "draft_model_revision", None), token)
         return target, draft
+
+
+# --- the host's files (the deploy play) ------------------------------------------------------
+
+def host_paths(d: Any) -> list[tuple[str, str, str | None]]:
+    """``(role, path, revision)`` of each checkpoint of ``d`` given as an absolute path: those the
+    deploy play reads on the host (``roles/ddtree_service``, action ``ddtree_checkpoint``)."""
+    out = [("model", d.model.path, d.model.revision)]
+    if d.speculative.enabled and d.speculative.draft_model_path:
+        out.append(("draft", d.speculative.draft_model_path, d.speculative.draft_model_revision))
+    return [x for x in out if x[1].startswith("/")]
+
+
+def reader_from_host_files(payload: Any, hub: bool = False) -> CheckpointReader:
+    """A reader seeded with the files the deploy play read on the host.
+
+    ``payload``: ``{role: {"path": str, "revision": str|None, "files": {name: base64 | None},
+    "errors": {name: why}}}`` (``ddtree_checkpoint``'s ``checkpoint_files``). Anything else in it
+    (a wrong type, bad base64, an unknown file name) makes that checkpoint "not read". Never raises."""
+    import base64
+    import binascii
+
+    reader = CheckpointReader(hub=hub)
+    if not isinstance(payload, dict):
+        return reader
+    for role, entry in payload.items():
+        if role not in ("model", "draft") or not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            continue
+        path, rev = entry["path"], entry.get("revision") if isinstance(entry.get("revision"), str) else None
+        files: dict[str, bytes | None] = {}
+        problem = None
+        raw = entry.get("files") if isinstance(entry.get("files"), dict) else {}
+        for name in FILES:
+            v = raw.get(name)
+            if v is None:
+                files[name] = None
+                continue
+            try:
+                if not isinstance(v, str) or len(v) > 2 * MAX_FILE_BYTES:
+                    raise ValueError
+                files[name] = base64.b64decode(v, validate=True)
+            except (ValueError, binascii.Error):
+                problem = f"the host's {name} did not arrive intact"
+        errors = entry.get("errors") if isinstance(entry.get("errors"), dict) else {}
+        facts = facts_from_files(role, path, "host", files)
+        for name, why in errors.items():
+            if name in FILES and isinstance(why, str):
+                facts = _with_malformed(facts, name, shorten(why, 200))
+                if name == CONFIG:
+                    facts = replace(facts, not_read=f"{CONFIG} is malformed")
+        if problem:
+            facts = replace(facts, config=None, source=None, not_read=problem)
+        reader.seed(facts, rev)
+    return reader
 
 
 # --- facts used by the rules ----------------------------------------------------------------
