@@ -764,9 +764,15 @@ RULES_NEEDING = {"model": "context-length, vocab, vision min_pixels, memory esti
 
 def not_read_finding(f: CheckpointFacts) -> Finding:
     """The ``info`` finding for a checkpoint whose config was not read."""
-    return Finding("info", f.field, f.ref, f"checkpoint config not read: {f.not_read}; rules "
-                   f"{RULES_NEEDING[f.role]} not checked",
-                   f"put the checkpoint on this controller or pass --hub ({HUB_ENV}=1) to read it", "")
+    why = f.not_read or ""
+    if why.startswith("offline"):
+        fix = f"run with --hub (or {HUB_ENV}=1), or point the path at a local copy"
+    elif why.startswith("the path is not on this controller"):
+        fix = "nothing: deploy.yml reads it on the host before the service is touched (action ddtree_checkpoint)"
+    else:
+        fix = "check the path / repo id and its config.json, or pass --hub for a Hub repository"
+    return Finding("info", f.field, f.ref, f"checkpoint config not read: {why}; rules "
+                   f"{RULES_NEEDING[f.role]} not checked", fix, "")
 
 
 def checkpoint_findings(d: Any, p: Any, facts: Facts) -> list[Finding]:
