@@ -316,16 +316,21 @@ class FakeHub:
     """Serves fixture directories as Hub repos; records each call (the real signature's keywords)."""
 
     def __init__(self, repos: dict[str, Path], delay: float = 0.0):
-        self.repos, self.delay, self.calls = repos, delay, []
+        self.repos, self.delay, self.calls, self.asked = repos, delay, [], []
 
-    def __call__(self, *, repo_id, filename, revision=None, token=None, etag_timeout=10):
-        self.calls.append((repo_id, filename, revision, token))
+    def __call__(self, *, repo_id, filename, revision=None, token=None, etag_timeout=10, dry_run=False):
+        self.asked.append(filename)
         time.sleep(self.delay)
         path = self.repos[repo_id] / filename
         if not path.exists():
             from huggingface_hub.errors import EntryNotFoundError
 
             raise EntryNotFoundError(f"{filename} not in {repo_id}")
+        if dry_run:
+            from huggingface_hub import DryRunFileInfo
+
+            return DryRunFileInfo(COMMIT, path.stat().st_size, filename, str(path), False, True)
+        self.calls.append((repo_id, filename, revision, token))  # downloads
         return str(path)
 
 
@@ -333,7 +338,7 @@ def test_the_fake_matches_hf_hub_download_keywords():
     from huggingface_hub import hf_hub_download
 
     params = inspect.signature(hf_hub_download).parameters
-    assert {"repo_id", "filename", "revision", "token", "etag_timeout"} <= set(params)
+    assert {"repo_id", "filename", "revision", "token", "etag_timeout", "dry_run"} <= set(params)
 
 
 def test_hub_reads_config_files_only_with_revision_and_token():
@@ -342,11 +347,23 @@ def test_hub_reads_config_files_only_with_revision_and_token():
                   model={"context_length": 2048, "revision": COMMIT}, ddtree_hf_token="hf_secret_token_123")
     _, plan, findings = run(hv, CheckpointReader(hub=True, fetch=hub))
     assert rules_of(findings) == [] and rules_of(findings, "info") == []
-    assert {c[1] for c in hub.calls} == {CONFIG, PREPROCESSOR, INDEX}
+    assert set(hub.asked) == {CONFIG, PREPROCESSOR, INDEX}  # config files only, never weights
+    assert {c[1] for c in hub.calls} == {CONFIG}  # downloaded: the files that exist
     assert ("meta-llama/Llama-3.1-8B-Instruct", CONFIG, COMMIT, "hf_secret_token_123") in hub.calls
     assert ("lmsys/head", CONFIG, None, "hf_secret_token_123") in hub.calls
     assert plan.checkpoint["checkpoints"]["model"] == {"read": "hub", "ref": "meta-llama/Llama-3.1-8B-Instruct"}
     assert "hf_secret_token_123" not in json.dumps(plan.as_dict())
+
+
+def test_hub_refuses_a_huge_file_before_downloading_it(tmp_path):
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / CONFIG, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    hub = FakeHub({"org/big": big})
+    f = read_hub("model", "org/big", None, None, fetch=hub)
+    assert hub.calls == [] and f.config is None
+    assert f.malformed == ((CONFIG, f"is {MAX_FILE_BYTES + 1} bytes on the Hub, over 1024 KiB (not downloaded)"),)
 
 
 def test_hub_total_deadline():
@@ -387,7 +404,7 @@ def test_cli_hub_flag_and_env(tmp_path, capsys, monkeypatch):
     (inv / "host_vars" / "b300-01.yml").write_text(yaml.safe_dump(hostvars("Qwen/Qwen3-8B",
                                                                            model={"context_length": 65536})))
     monkeypatch.delenv("DDTREE_HUB", raising=False)
-    assert main(["validate", "-i", str(inv)]) == 0 and hub.calls == []  # offline: not read, said
+    assert main(["validate", "-i", str(inv)]) == 0 and hub.asked == []  # offline: not read, said
     assert "checkpoint config not read: offline" in capsys.readouterr().out
     assert main(["validate", "-i", str(inv), "--hub"]) == 2
     assert "exceeds the target's max_position_embeddings (40960)" in capsys.readouterr().err

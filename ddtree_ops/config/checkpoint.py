@@ -220,8 +220,9 @@ def _with_malformed(f: CheckpointFacts, name: str, why: str) -> CheckpointFacts:
     return replace(f, malformed=f.malformed + ((name, why),))
 
 
-HubFetch = Callable[..., str]
-"""``hf_hub_download``'s shape: ``(repo_id=, filename=, revision=, token=, etag_timeout=) -> local path``."""
+HubFetch = Callable[..., Any]
+"""``hf_hub_download``'s shape: ``(repo_id=, filename=, revision=, token=, etag_timeout=) -> local path``;
+with ``dry_run=True`` an object with ``file_size`` (bytes or None), nothing downloaded."""
 
 
 def _hub_download() -> HubFetch:
@@ -232,8 +233,10 @@ def _hub_download() -> HubFetch:
 
 def read_hub(role: str, repo_id: str, revision: str | None, token: str | None,
              fetch: HubFetch | None = None, deadline_s: float = HUB_DEADLINE_S) -> CheckpointFacts:
-    """Facts of a Hub repository: :data:`FILES` through ``hf_hub_download`` (config files only),
-    all within ``deadline_s`` seconds in total (a worker thread; past the deadline the checkpoint
+    """Facts of a Hub repository: :data:`FILES` through ``hf_hub_download`` (config files only;
+    each one's size asked first with ``dry_run=True`` and refused over :data:`MAX_FILE_BYTES`
+    before any download; downloads land in the Hugging Face cache, ``HF_HOME``), all within
+    ``deadline_s`` seconds in total (a worker thread; past the deadline the checkpoint
     is "not read" and the thread is abandoned as a daemon). Never raises.
 
     A missing optional file (``EntryNotFoundError``) is absent; any other failure of
@@ -251,9 +254,14 @@ def read_hub(role: str, repo_id: str, revision: str | None, token: str | None,
         files: dict[str, bytes | None] = {}
         for name in FILES:
             try:
-                local = fetch(repo_id=repo_id, filename=name, revision=revision, token=token,
-                              etag_timeout=min(10.0, deadline_s))
-                files[name] = read_bounded(local)
+                kw = {"repo_id": repo_id, "filename": name, "revision": revision, "token": token,
+                      "etag_timeout": min(10.0, deadline_s)}
+                info = fetch(**kw, dry_run=True)  # size first: a huge file is refused, not downloaded
+                size = getattr(info, "file_size", None)
+                if isinstance(size, int) and size > MAX_FILE_BYTES:
+                    raise CheckpointFileError(f"is {size} bytes on the Hub, over {MAX_FILE_BYTES // 1024} KiB "
+                                              "(not downloaded)")
+                files[name] = read_bounded(fetch(**kw))
             except CheckpointFileError as exc:
                 result.setdefault("malformed", []).append((name, str(exc)))
             except Exception as exc:  # noqa: BLE001 - huggingface_hub raises many types; each is "not read"
