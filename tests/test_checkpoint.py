@@ -498,9 +498,13 @@ def test_deploy_play_reads_the_hosts_checkpoint_files(tmp_path):
     host_draft = tmp_path / "models" / "draft"
     shutil.copytree(DFLASH_DRAFT, host_draft)
     hv = hostvars("Qwen/Qwen3-8B", host_draft)
-    rc, out = _play(tmp_path, hv)
+    # the fleet check of deploy.yml's first play validates with the same registered facts
+    fleet = {"name": "fleet", "ddtree_prometheus": {"servers": ["b300-01"], "fleet_only": True},
+             "run_once": True, "delegate_to": "localhost", "register": "fl"}
+    show = {"name": "fleet targets", "ansible.builtin.debug": {"msg": "FLEET={{ fl.targets | join(',') }}"}}
+    rc, out = _play(tmp_path, hv, [fleet, show])
     assert rc == 0, out
-    assert "BLOCK=8 SRC=host" in out
+    assert "BLOCK=8 SRC=host" in out and "FLEET=b300-01" in out
 
 
 def test_host_payload_is_checked_like_local_files():
