@@ -374,6 +374,16 @@ def test_hub_total_deadline():
     assert f.config is None and f.not_read == "the Hugging Face Hub did not answer within 0.2 s"
 
 
+def test_hub_time_of_a_run_is_bounded_in_all():
+    hub = FakeHub({f"org/m{i}": QWEN3_8B for i in range(5)}, delay=0.2)
+    reader = CheckpointReader(hub=True, fetch=hub, deadline_s=0.3, budget_s=0.5)
+    t0 = time.monotonic()
+    facts = [reader.read("model", f"org/m{i}", None, None) for i in range(5)]
+    assert time.monotonic() - t0 < 1.5
+    assert facts[0].not_read == "the Hugging Face Hub did not answer within 0.3 s"
+    assert facts[-1].not_read == "this run's Hub time (0.5 s in all) is spent"
+
+
 def test_hub_failure_is_not_read_with_its_cause_and_no_token():
     def fail(**kw):
         raise OSError("401 Client Error for url https://huggingface.co/x (token hf_secret_token_123 rejected)")

@@ -55,6 +55,10 @@ a safetensors index of a 1T-parameter model ~200 KiB)."""
 HUB_DEADLINE_S = 20.0
 """Total seconds for the Hub reads of one checkpoint (all its files); past it: not read."""
 
+HUB_RUN_BUDGET_S = 60.0
+"""Total seconds of Hub reads in one run (one ``validate`` / ``plan`` / ``render``, or one host's
+play task): a fleet of distinct checkpoints cannot wait 20 s each; past it: not read."""
+
 HUB_ENV = "DDTREE_HUB"
 """``DDTREE_HUB=1`` allows Hub reads as ``--hub`` does."""
 
@@ -298,12 +302,15 @@ class CheckpointReader:
         hub: Hub reads allowed.
         fetch: ``hf_hub_download`` stand-in (tests); None: the real one.
         deadline_s: total seconds per Hub checkpoint.
+        budget_s: total seconds of Hub reads for this reader (:data:`HUB_RUN_BUDGET_S`).
     """
 
     hub: bool = False
     fetch: HubFetch | None = None
     deadline_s: float = HUB_DEADLINE_S
+    budget_s: float = HUB_RUN_BUDGET_S
     _cache: dict[tuple[str, str, str | None], CheckpointFacts] = field(default_factory=dict)
+    _spent: float = 0.0
 
     def read(self, role: str, ref: str | None, revision: str | None, token: str | None) -> CheckpointFacts:
         if not ref:
@@ -322,7 +329,16 @@ class CheckpointReader:
         if not self.hub:
             return CheckpointFacts(role, ref, not_read=f"offline (pass --hub or set {HUB_ENV}=1 to read its config "
                                                        "files from the Hugging Face Hub)")
-        return read_hub(role, ref, revision, token, self.fetch, self.deadline_s)
+        left = self.budget_s - self._spent
+        if left <= 0:
+            return CheckpointFacts(role, ref, not_read=f"this run's Hub time ({self.budget_s:g} s in all) is spent")
+        import time
+
+        t0 = time.monotonic()
+        try:
+            return read_hub(role, ref, revision, token, self.fetch, min(self.deadline_s, left))
+        finally:
+            self._spent += time.monotonic() - t0
 
     def seed(self, facts: CheckpointFacts, revision: str | None) -> None:
         """Use ``facts`` (e.g. read on the host by the deploy play) for its role and path."""
