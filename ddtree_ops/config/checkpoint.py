@@ -685,10 +685,6 @@ WEIGHTS_ERROR = {"index": 0.02, "config": 0.10}
 """Relative error bound of the weight estimate by source: the safetensors index total (exact bytes
 on disk; +-2 % for buffers created at load) or parameters counted from the config (+-10 %:
 norms, biases, routers, vision towers and quantization scales not counted)."""
-GRAPH_BOUND_GIB = 4.0
-"""Rough upper bound for CUDA-graph buffers per GPU (SGLang measures them at startup; on the
-shipped configs 0.5-3 GiB were seen): reported, not added to the fit check unless the captured
-batch is large (:func:`estimate_memory`)."""
 
 
 def _weights(f: CheckpointFacts) -> tuple[int | None, str]:
@@ -710,9 +706,10 @@ def estimate_memory(d: Any, p: Any, target: CheckpointFacts, draft: CheckpointFa
     * ``kv_per_token``: :func:`kv_bytes_per_token` of target + draft (bf16 KV cache).
     * ``kv_needed``: kv_per_token x max_running_requests x served context (the plan's
       max_running_requests; context_length or the target's max_position_embeddings).
-    * ``graph_bound``: largest captured tokens x (4 x hidden + 2 x intermediate / tp) x dtype bytes
-      x layers-independent (activations of one layer are reused), capped below by 0.5 GiB and
-      reported as a rough bound (:data:`GRAPH_BOUND_GIB`).
+    * ``graph_bound``: largest captured graph's tokens x (4 x hidden + 2 x intermediate / tp) x
+      dtype bytes (one layer's activations: the graph pool reuses them across layers), at least
+      0.5 GiB; a rough bound (SGLang measures its graph memory at startup, outside
+      ``mem_fraction_static``), reported but not added to the fit check.
     * ``budget``: mem_fraction_static x the host class' GPU memory (None when unset: SGLang
       picks the fraction from GPU memory at startup).
 

@@ -50,7 +50,8 @@ def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "set the draft checkpoint (HF id or path)")
     if s.algorithm in ("DFLASH", "DDTREE") and (s.block_size is None or s.block_size < 2):
         yield _err(f"{SPEC}.block_size", s.block_size, f"{s.algorithm} needs block_size >= 2 (tokens the draft proposes per request)",
-                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16")
+                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16 (or let ddtree-ops read "
+                   "it from the draft's config.json: a local path, --hub, or deploy.yml on the host)")
     if s.algorithm in ("EAGLE", "EAGLE3"):
         for name in ("num_steps", "topk"):
             if getattr(s, name) is None or getattr(s, name) < 1:
