@@ -27,7 +27,8 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        from ddtree_ops.config import ConfigError, validate_hostvars
+        from ddtree_ops.config import ConfigError
+        from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_prometheus
         from ddtree_ops.render.monitoring import AlertSettings, AlertSettingsError, render_dashboard, render_rules
@@ -43,8 +44,14 @@ class ActionModule(ActionBase):
         validated, findings = [], []
         for host in sorted(dict.fromkeys(map(str, servers))):  # a host listed twice is one target
             try:
-                hostvars = deployment_vars(task_vars["hostvars"][host], self._templar.template, host)
-                validated.append(validate_hostvars(host, hostvars))
+                host_all = task_vars["hostvars"][host]
+                hostvars = deployment_vars(host_all, self._templar.template, host)
+                # the checkpoint facts deploy.yml's ddtree_checkpoint read on that host, if any (same plan as
+                # ddtree_render's)
+                earlier = host_all.get("_ddtree_checkpoint")
+                files = earlier.get("checkpoint_files") if isinstance(earlier, dict) else None
+                reader = reader_from_host_files(files or {}, hub_allowed(False))
+                validated.append(validate_with_checkpoints(host, hostvars, reader))
             except ConfigError as exc:
                 findings.extend(exc.findings)
         if not findings:

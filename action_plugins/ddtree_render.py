@@ -8,6 +8,12 @@ Runs on the controller only. Options:
 * ``component`` (str, default ``service``): which files: ``service`` (SGLang unit, env,
   plan.json, secrets), ``exporter`` (the exporter unit, for the ddtree_exporter role) or
   ``devices`` (the host's NVIDIA device-node unit, for the cuda_toolkit role).
+* ``checkpoint_files`` (dict, optional): the host's checkpoint config files as read by
+  ``ddtree_checkpoint``; the plan then uses the values derived from them (block size, vision
+  ``min_pixels``). Default: ``_ddtree_checkpoint.checkpoint_files`` when an earlier task of the
+  run registered it (deploy.yml's validation play does), so every role renders the same plan.
+  Without either, checkpoints are read as ``ddtree-ops render`` reads them (controller
+  directories; the Hub with ``DDTREE_HUB=1``).
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url`` (where
 the host reaches SGLang: ``Server.local_url``), ``exporter_url`` (the exporter, on loopback),
@@ -29,7 +35,8 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        from ddtree_ops.config import ConfigError, validate_hostvars
+        from ddtree_ops.config import ConfigError
+        from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_host
         from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE, plan_document, service_env
@@ -41,7 +48,12 @@ class ActionModule(ActionBase):
         host = task_vars["inventory_hostname"]
         try:
             hostvars = deployment_vars(task_vars, self._templar.template, host)
-            validated = validate_hostvars(host, hostvars)
+            files = self._task.args.get("checkpoint_files")
+            if files is None:  # registered by an earlier ddtree_checkpoint task of this run (deploy.yml)
+                earlier = task_vars.get("_ddtree_checkpoint")
+                files = earlier.get("checkpoint_files") if isinstance(earlier, dict) else None
+            reader = reader_from_host_files(files or {}, hub_allowed(False))
+            validated = validate_with_checkpoints(host, hostvars, reader)
         except ConfigError as exc:
             result.update(failed=True, msg="invalid deployment config:\n" + str(exc),
                           findings=[f.as_dict() for f in exc.findings])

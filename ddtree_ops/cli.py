@@ -42,6 +42,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 VaultOpt = Annotated[list[str] | None, typer.Option(
     "--vault-password-file", help="Vault password file ([id@]path; repeatable). ANSIBLE_VAULT_PASSWORD_FILE and "
     "ansible.cfg are honoured too, as by ansible-inventory.", callback=lambda v: _vault_files(v))]
+HubOpt = Annotated[bool, typer.Option(
+    "--hub", help="Read the model's and draft's config files (config.json, preprocessor_config.json, the "
+    "safetensors index; never weights) from the Hugging Face Hub when they are not local (also DDTREE_HUB=1). "
+    "Offline otherwise: those checks are reported as not done.")]
 
 
 class CheckFailed(Exception):
@@ -114,17 +118,20 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
     return value
 
 
-def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = None) -> tuple[list[Validated], list[Finding]]:
+def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = None,
+                  hub: bool = False) -> tuple[list[Validated], list[Finding]]:
+    from .config.checkpoint import CheckpointReader, hub_allowed, validate_with_checkpoints
     from .config.fleet import fleet_findings
     from .config import ConfigError, validate_hostvars
     from .config.inventory import load_hostvars
 
     hostvars = load_hostvars(inventory, limit, vault or ())
+    reader = CheckpointReader(hub=hub_allowed(hub))
     ok: list[Validated] = []
     errors: list[Finding] = []
     for host, hv in sorted(hostvars.items()):
         try:
-            ok.append(validate_hostvars(host, hv))
+            ok.append(validate_with_checkpoints(host, hv, reader))
         except ConfigError as exc:
             errors.extend(exc.findings)
     # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
@@ -140,10 +147,11 @@ def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = N
     return ok, errors
 
 
-def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None) -> list[Validated]:
+def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None,
+                   hub: bool = False) -> list[Validated]:
     from .config import ConfigError
 
-    ok, errors = _validate_all(inventory, limit, vault)
+    ok, errors = _validate_all(inventory, limit, vault, hub)
     if errors:
         raise ConfigError(errors)
     return ok
@@ -151,22 +159,25 @@ def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = 
 
 @app.command()
 def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
-             vault: VaultOpt = None) -> None:
+             vault: VaultOpt = None, hub: HubOpt = False) -> None:
     """Validate every server host of an inventory (exit 2 on any error)."""
     from .config.errors import show_host
 
-    ok, errors = _validate_all(inventory, limit, vault)
-    warnings = [w for v in ok for w in v.warnings]
+    ok, errors = _validate_all(inventory, limit, vault, hub)
+    warnings = [w for v in ok for w in v.warnings if w.level == "warning"]
+    infos = [w for v in ok for w in v.warnings if w.level == "info"]
     checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
     checks += [{"name": f"config:{show_host(f.host) or f.field}", "ok": False, "detail": f.message()} for f in errors]
     if as_json:
         print(json.dumps({"ok": not errors, "checks": checks, "warnings": [w.as_dict() for w in warnings],
-                          "errors": [f.as_dict() for f in errors]}, indent=2))
+                          "info": [i.as_dict() for i in infos], "errors": [f.as_dict() for f in errors]}, indent=2))
     else:
         for v in ok:
             say(out, "ok  ", "green", v.deployment.host)
         for w in warnings:
             say(out, "warn", "yellow", w.message())
+        for i in infos:
+            say(out, "info", "cyan", i.message())
         for f in errors:
             say(err, "error", "red", f.message())
     if errors:
@@ -175,11 +186,12 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
 
 @app.command()
 def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
-         vault: VaultOpt = None) -> None:
-    """Show what each host will run: sizes per request, capture list, graph token maxima."""
+         vault: VaultOpt = None, hub: HubOpt = False) -> None:
+    """Show what each host will run: sizes per request, capture list, graph token maxima, and the
+    per-GPU memory estimate from the checkpoints' configs (when read)."""
     from rich.table import Table
 
-    validated = _require_valid(inventory, limit, vault)
+    validated = _require_valid(inventory, limit, vault, hub)
     if as_json:
         print(json.dumps({"ok": True, "checks": [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"}
                                                  for v in validated],
@@ -208,6 +220,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             ("attention_backend", p.attention_backend or "SGLang default"),
             ("page_size", p.page_size or "SGLang default"),
         ]
+        rows += _checkpoint_rows(p.checkpoint)
         for k, val in rows:
             t.add_row(k, Text("-" if val is None else str(val)))
         for w in p.warnings:
@@ -215,9 +228,30 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         out.print(t)
 
 
+def _checkpoint_rows(ck: dict) -> list[tuple[str, Any]]:
+    """Plan rows for the checkpoint facts: each derived value with its source, each checkpoint's
+    read status, the memory estimate (GiB per GPU) and its error bound."""
+    rows: list[tuple[str, Any]] = []
+    for name, v in ck.get("derived", {}).items():
+        rows.append((name.split(".", 1)[1], f"{v['value']} (from {v['source']})"))
+    for role, st in ck.get("checkpoints", {}).items():
+        rows.append((f"{role} checkpoint", f"read ({st['read']})" if st.get("read") else f"not read: {st.get('why')}"))
+    mem = ck.get("memory") or {}
+    gib = mem.get("gib", {})
+    for key, label in (("weights_per_gpu", "weights/GPU"), ("kv_needed", "KV needed/GPU"),
+                       ("graph_bound", "graph buffers/GPU (rough)"), ("budget", "mem_fraction_static budget")):
+        if key in gib:
+            extra = f" ({mem['kv_for']})" if key == "kv_needed" else ""
+            rows.append((label, f"{gib[key]} GiB{extra}"))
+    if "error_bound" in mem:
+        rows.append(("estimate error", mem["error_bound"]))
+    return rows
+
+
 @app.command()
 def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory to write into.")],
-           inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None) -> None:
+           inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
+           hub: HubOpt = False) -> None:
     """Write each host's files under OUT/<host>/<absolute path>, and OUT/prometheus/ (prometheus.yml,
     alert rules, Grafana dashboard).
 
@@ -236,7 +270,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
         check_out_dir(out_dir)
     except UnsafeOutput as exc:
         raise typer.BadParameter(str(exc)) from None
-    validated = _require_valid(inventory, limit, vault)
+    validated = _require_valid(inventory, limit, vault, hub)
     writes = [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
     from .render.monitoring import DASHBOARD_FILE, RULES_FILE, render_dashboard, render_rules

@@ -187,7 +187,8 @@ class Finding:
     every text field and cut echoed values to :data:`MAX_SHOWN` characters.
 
     Attributes:
-        level: ``error`` stops a deployment; ``warning`` is printed and kept in the plan.
+        level: ``error`` stops a deployment; ``warning`` is printed and kept in the plan;
+            ``info`` says what was not checked (e.g. a checkpoint that could not be read).
         field: inventory path, e.g. ``ddtree_server.tp_size``.
         value: the value found (``None`` when the field is unset).
         rule: what must hold, in one sentence.
@@ -196,7 +197,7 @@ class Finding:
         host: the inventory host the finding is about.
     """
 
-    level: Literal["error", "warning"]
+    level: Literal["error", "warning", "info"]
     field: str
     value: Any
     rule: str

@@ -204,6 +204,23 @@ def _safe_path(v: str) -> str:
     return v
 
 
+_REVISION = re.compile(r"[0-9a-f]{40}|[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def _revision(v: str) -> str:
+    """A Hugging Face revision: a full 40-hex commit (pins remote code and weights) or a safe
+    branch / tag name (``[A-Za-z0-9][A-Za-z0-9._/-]*``, no ``..``, at most 128 characters; a ref
+    moves, so :func:`~.rules.rule_remote_code_pinned` asks for a commit with trust_remote_code)."""
+    if not _REVISION.fullmatch(v) or ".." in v or v.endswith((".lock", "/")) or "//" in v:
+        raise _fail("must be a 40-hex commit SHA or a branch/tag name of letters, digits and . _ / - (no '..')",
+                    "pin the commit: the 'Files and versions' history of the model repo, or "
+                    "huggingface_hub.model_info(REPO).sha")
+    return v
+
+
+Revision = Annotated[str, Field(max_length=128), AfterValidator(_revision)]
+
+
 def _no_bool(v: object) -> object:
     if isinstance(v, bool):
         raise _fail("must be a number, not a boolean", "write the number itself, e.g. 8")
@@ -396,13 +413,17 @@ class ModelSpec(_Model):
         vision: the model takes images (warmup then sends one, to pay the vision tower's
             first-use cost before the unit is active).
         vision_min_pixels: smallest image (width x height, pixels) the model's image
-            processor accepts; default 3136 = 56 x 56, Qwen2-VL's ``min_pixels``. Set it
-            from the model's ``preprocessor_config.json`` (``min_pixels``).
+            processor accepts; default 3136 = 56 x 56, Qwen2-VL's ``min_pixels``. When the
+            checkpoint's ``preprocessor_config.json`` is read, its ``min_pixels`` is used instead
+            (:mod:`ddtree_ops.config.checkpoint`).
+        revision: Hugging Face revision of the model (``--revision``): a 40-hex commit pins the
+            weights and any remote code; with ``trust_remote_code`` anything else is warned about.
     """
 
     path: ArgText
     served_model_name: ArgText | None = None
     trust_remote_code: bool = False
+    revision: Revision | None = None
     context_length: _bounded(0, 10 * (1 << 20), gt=True) | None = None
     vision: bool = False
     vision_min_pixels: _bounded(1, 1 << 26) = 3136
@@ -414,6 +435,9 @@ class Speculative(_Model):
     Attributes:
         algorithm: ``none``, ``EAGLE``, ``EAGLE3``, ``DFLASH`` or ``DDTREE``.
         draft_model_path: HF id or path of the draft (required unless ``none``).
+        draft_model_revision: Hugging Face revision of the draft
+            (``--speculative-draft-model-revision``; SGLang loads the draft with
+            ``trust_remote_code`` too): a 40-hex commit, or a branch/tag name.
         block_size: DFlash block size, tokens per request the draft proposes
             (``--speculative-num-draft-tokens`` for DFLASH/DDTREE).
         budget: DDTree node budget; verify tokens per request are ``budget + 1``.
@@ -444,6 +468,7 @@ class Speculative(_Model):
 
     algorithm: Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"] = "none"
     draft_model_path: ArgText | None = None
+    draft_model_revision: Revision | None = None
     block_size: _bounded(-(1 << 20), 64) | None = None
     budget: _bounded(-(1 << 20), 512) | None = None
     num_steps: _bounded(0, 32, gt=True) | None = None

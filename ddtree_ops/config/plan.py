@@ -92,6 +92,9 @@ class Plan:
         toolchain: CUDA toolkit, ptxas target and the Triton ptxas override the service
             env needs (:func:`ddtree_ops.config.toolchain.plan_toolchain`); empty for an
             unknown host class.
+        checkpoint: what the checkpoints said (:func:`ddtree_ops.config.checkpoint.check_with_checkpoints`):
+            ``derived`` values with their source, each checkpoint's read status, and the per-GPU
+            ``memory`` estimate; empty when the checkpoints were not consulted.
     """
 
     algorithm: str
@@ -114,6 +117,7 @@ class Plan:
     disable_overlap_schedule: bool
     warnings: list[str] = field(default_factory=list)
     toolchain: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,6 +6,7 @@ overridden) are the function names without ``rule_``, dashes for underscores.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 from .errors import Finding
@@ -19,6 +20,7 @@ from .versions import DDTREE_SOURCES
 Rule = Callable[[Deployment, Plan], Iterable[Finding]]
 SPEC = "ddtree_speculative"
 SRV = "ddtree_server"
+MODEL = "ddtree_model"
 
 SM103_RISK = "sm103-ddtree-graph-capture"
 SM103_MAX_CAPTURED_BUDGET = 8
@@ -48,7 +50,8 @@ def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "set the draft checkpoint (HF id or path)")
     if s.algorithm in ("DFLASH", "DDTREE") and (s.block_size is None or s.block_size < 2):
         yield _err(f"{SPEC}.block_size", s.block_size, f"{s.algorithm} needs block_size >= 2 (tokens the draft proposes per request)",
-                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16")
+                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16 (or let ddtree-ops read "
+                   "it from the draft's config.json: a local path, --hub, or deploy.yml on the host)")
     if s.algorithm in ("EAGLE", "EAGLE3"):
         for name in ("num_steps", "topk"):
             if getattr(s, name) is None or getattr(s, name) < 1:
@@ -319,6 +322,29 @@ def rule_toolchain(d: Deployment, p: Plan) -> Iterator[Finding]:
                        "pin Triton 3.6.0 or newer (ptxas-blackwell 12.9+)", "triton/backends/nvidia/compiler.py")
 
 
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def rule_remote_code_pinned(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """``trust_remote_code: true`` runs Python from the model (and draft) repositories: without a
+    40-hex ``revision`` each start may run new code. SGLang passes ``--revision`` /
+    ``--speculative-draft-model-revision`` to the config and weight loaders
+    (``sglang/srt/server_args.py``, 0.5.13.post1 and 0.5.23; a draft revision defaults to ``main``)."""
+    if not d.model.trust_remote_code:
+        return
+    src = "sglang/srt/server_args.py --revision, --speculative-draft-model-revision"
+    pins = [(f"{MODEL}.revision", d.model.path, d.model.revision)]
+    if d.speculative.enabled and d.speculative.draft_model_path:
+        pins.append((f"{SPEC}.draft_model_revision", d.speculative.draft_model_path, d.speculative.draft_model_revision))
+    for field, path, rev in pins:
+        if path.startswith("/"):
+            continue  # a local directory: its code is what is on disk
+        if rev is None or not _COMMIT.fullmatch(rev):
+            yield _warn(field, rev, f"trust_remote_code runs code from {path} and this revision does not pin it "
+                        "(a branch or tag moves; unset means main)",
+                        "set it to the 40-hex commit you tested (the repo's 'Files and versions' history)", src)
+
+
 def _host_class(d: Deployment):
     return HOST_CLASSES.get(d.host_class)
 
@@ -392,4 +418,5 @@ RULES: list[Rule] = [
     rule_sglang_pin,
     rule_toolchain,
     rule_sandbox_paths, rule_service_not_root,
+    rule_remote_code_pinned,
 ]

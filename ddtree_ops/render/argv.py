@@ -2,7 +2,9 @@
 
 The flag dialect follows the pinned version (:mod:`ddtree_ops.config.versions`): up to
 0.5.13 ``--cuda-graph-max-bs``/``--cuda-graph-bs``, from 0.5.14 the ``-decode`` names
-(the old ones are rejected from 0.5.20).
+(the old ones are rejected from 0.5.20). ``--revision`` and
+``--speculative-draft-model-revision`` exist in both 0.5.13.post1 and 0.5.23
+(``sglang/srt/server_args.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
     venv = d.service.venv if d.sglang.source == "simulator" else d.service.sglang_venv_path
     argv = [f"{venv}/bin/python", "-m", d.sglang.launcher_module]
     argv += ["--model-path", d.model.path]
+    if d.model.revision:
+        argv += ["--revision", d.model.revision]
     if d.model.served_model_name:
         argv += ["--served-model-name", d.model.served_model_name]
     if d.model.trust_remote_code:
@@ -53,6 +57,8 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
 
     if s.enabled:
         argv += ["--speculative-algorithm", s.algorithm, "--speculative-draft-model-path", s.draft_model_path]
+        if s.draft_model_revision:
+            argv += ["--speculative-draft-model-revision", s.draft_model_revision]
         if s.algorithm in ("DFLASH", "DDTREE"):
             argv += ["--speculative-num-draft-tokens", str(plan.block_size)]
             if s.algorithm == "DDTREE":

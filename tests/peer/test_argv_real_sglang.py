@@ -61,6 +61,14 @@ def _cases():
                 hv3 = copy.deepcopy(hv)
                 hv3["ddtree_speculative"] = {"algorithm": "none"}
                 out.append((f"{inv.name}/{host}@nospec", validate_hostvars(host, hv3)))
+                # --revision / --speculative-draft-model-revision (issue 10 item 7), pinned to each
+                # version; the commit is parser input only, nothing is downloaded
+                for ver in PEER_VERSIONS:
+                    hv4 = copy.deepcopy(hv)
+                    hv4["ddtree_sglang"] = {**hv4.get("ddtree_sglang", {}), "version": ver}
+                    hv4["ddtree_model"] = {**hv4["ddtree_model"], "revision": "0123456789abcdef0123456789abcdef01234567"}
+                    hv4["ddtree_speculative"] = {**hv4["ddtree_speculative"], "draft_model_revision": "v1.0"}
+                    out.append((f"{inv.name}/{host}@revision-{ver}", validate_hostvars(host, hv4)))
     return out
 
 
