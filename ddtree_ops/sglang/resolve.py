@@ -111,9 +111,27 @@ def _model_dirs(argv: list[str], models: dict[str, Any], root: str) -> tuple[lis
                 json.dump(config, f)
             out[i] = d
         elif not os.path.isfile(os.path.join(out[i], "config.json")):
-            return out, (f"no config.json for {flag} {out[i][:200]} (the request carries none and it is not a "
-                         "local model directory)")
+            cached = _hf_cached_config(out[i])
+            if cached is None:
+                return out, (f"no config.json for {flag} {out[i][:200]} (the request carries none, it is not a "
+                             "local model directory and the Hugging Face cache has none)")
+            d = os.path.join(root, role)
+            os.makedirs(d, exist_ok=True)
+            with open(cached, "rb") as src, open(os.path.join(d, "config.json"), "wb") as dst:
+                dst.write(src.read())
+            out[i] = d
     return out, None
+
+
+def _hf_cached_config(repo_id: str) -> str | None:
+    """``config.json`` of ``repo_id`` in the local Hugging Face cache (never the network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(repo_id=repo_id, filename="config.json")
+    except Exception:  # noqa: BLE001 - not an HF id, no huggingface_hub: no cached config
+        return None
+    return path if isinstance(path, str) and os.path.isfile(path) else None
 
 
 def _picked(d: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +202,11 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
             out["detail"] = (f"no GPU here and no known arch to resolve for ({arch!r}; known: "
                              f"{', '.join(ARCH_CAPABILITY)})")
             return out
+        if not getattr(torch.version, "cuda", None):
+            out["detail"] = (f"no GPU here, and this venv's torch {torch.__version__} is a CPU build: SGLang's arch "
+                             "probes need a CUDA build of torch to answer for the host's GPU (use the resolver venv, "
+                             "scripts/sglang-resolve-venv.sh)")
+            return out
         with contextlib.redirect_stderr(io.StringIO()):
             out["pretend"] = _pretend(arch, req.get("gpu_memory_gib"))
         if not any(a == "--device" or a.startswith("--device=") for a in argv):
@@ -203,7 +226,7 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
             return out
         except Exception as exc:  # noqa: BLE001 - SGLang raises anything
             msg = f"{type(exc).__name__}: {exc}"
-            if staged:  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
+            if staged and not isinstance(exc, ImportError):  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
                 out.update(state="refused", detail=msg)
             else:       # 0.5.13.post1 resolves in post-init and needs an accelerator for it
                 out["detail"] = f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}"
@@ -213,6 +236,10 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
                 with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                     sa.resolve_once()
                     d = sa.resolved_dict()
+            except ImportError as exc:  # the venv lacks a package the resolver imports: not SGLang's verdict
+                out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
+                                 "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
+                return out
             except Exception as exc:  # noqa: BLE001
                 out.update(state="refused", detail=f"{type(exc).__name__}: {exc}")
                 return out
