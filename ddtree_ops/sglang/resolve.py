@@ -82,18 +82,17 @@ def _pretend(arch: str, gpu_memory_gib: float | None) -> str:
         if name.startswith(("is_sm", "is_blackwell", "is_hopper", "is_ampere")) and hasattr(fn, "cache_clear"):
             fn.cache_clear()
     torch.cuda.get_device_capability = lambda device=None: (major, minor)
-    done = [f"sglang.srt.utils.common.is_cuda=True, get_device_sm={major * 10 + minor}",
-            f"torch.cuda.get_device_capability={(major, minor)}"]
+    done = [f"SM {major * 10 + minor}"]
     if gpu_memory_gib:
-        done.append(f"get_nvgpu_memory_capacity={float(gpu_memory_gib) * 1024:g} MiB")
+        done.append(f"{gpu_memory_gib:g} GiB per GPU")
     try:
         from sglang.srt.runtime_context import override_platform
     except ImportError:  # builds before the platform context (0.5.13.post1)
         pass
     else:
         override_platform(has_flashinfer=True).install()
-        done.append("override_platform(has_flashinfer=True)")
-    return f"no GPU here: SGLang's device probes answer for {arch} ({'; '.join(done)})"
+        done.append("flashinfer installed")
+    return f"no GPU here: SGLang's device probes patched to answer for {arch} ({', '.join(done)})"
 
 
 def _model_dirs(argv: list[str], models: dict[str, Any], root: str) -> tuple[list[str], str | None]:
