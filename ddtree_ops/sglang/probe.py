@@ -142,7 +142,7 @@ def resolution_check(res: dict[str, Any], planned: dict[str, Any] | None) -> dic
     from ddtree_ops.sglang.resolve import diff_plan, summary
 
     changes = diff_plan(planned, res) if (planned and res.get("state") == "resolved") else []
-    detail = summary(res)
+    detail = summary(res, parsed=True)
     if changes:
         detail += "; " + "; ".join(changes)
     elif res.get("state") == "resolved" and planned:

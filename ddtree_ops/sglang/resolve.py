@@ -408,15 +408,21 @@ def diff_plan(planned: dict[str, Any], res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def summary(res: dict[str, Any]) -> str:
-    """One line: how (or whether) resolution ran. Never says 'resolved' unless it did."""
+def summary(res: dict[str, Any], parsed: bool = False) -> str:
+    """One line: how (or whether) resolution ran. Never says 'resolved' unless it did.
+
+    Args:
+        res: a :class:`Resolution` (or the child's dict).
+        parsed: the caller already parsed the argv with the build's parser (the probe):
+            a resolution that did not run reads "parsed only; resolution not run: <why>".
+    """
     ver = res.get("version") or "?"
     if res.get("state") == "resolved":
         how = res.get("how") or "resolve_once"
         return f"resolved by SGLang {ver} ({how})" + (f"; {res['pretend']}" if res.get("pretend") else "")
     if res.get("state") == "refused":
         return f"SGLang {ver} refused the arguments during {res.get('how') or 'resolution'}: {res.get('detail')}"
-    return f"parsed only; resolution not run: {res.get('detail') or 'unknown reason'}"
+    return f"{'parsed only; ' if parsed else ''}resolution not run: {res.get('detail') or 'unknown reason'}"
 
 
 if __name__ == "__main__":
