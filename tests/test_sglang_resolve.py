@@ -252,3 +252,15 @@ def test_plan_resolve_with_a_python_without_sglang_says_not_run(qwen_inventory):
     res = doc["hosts"]["q1"]["sglang_resolution"]
     assert res["state"] == "not-run" and res["detail"].startswith("resolution not run: SGLang is not importable")
     assert {"name": "sglang-resolution:q1", "ok": True, "detail": res["detail"]} in doc["checks"]
+
+
+def test_resolve_module_imports_only_the_stdlib():
+    """The child half runs in SGLang venvs without ddtree-ops' dependencies (and by path,
+    without ddtree-ops installed at all): importing it must pull no third-party module."""
+    code = ("import sys; before = set(sys.modules); import ddtree_ops.sglang.resolve; "
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+            "print(sorted(m for m in new if m != 'ddtree_ops' and m not in sys.stdlib_module_names))")
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); {code}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
