@@ -38,6 +38,8 @@ def test_no_drift_when_running_what_was_deployed(deployed) -> None:
     drifts, missing = find_drift(doc, info)
     assert drifts == [], [str(d) for d in drifts]
     assert missing == []   # the simulator reports every setting compared (DDTree build)
+    # ... attention_backend / page_size at the top level, as SGLang 0.5.23's build_server_info does
+    assert (info["attention_backend"], info["page_size"]) == ("triton", 1)
 
 
 @pytest.mark.parametrize(("key", "value", "name"), [

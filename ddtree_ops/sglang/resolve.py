@@ -236,8 +236,13 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
                     sa.resolve_once()
                     d = sa.resolved_dict()
             except ImportError as exc:  # the venv lacks a package the resolver imports: not SGLang's verdict
-                out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
-                                 "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
+                if out["pretend"] and getattr(exc, "name", "") == "sgl_kernel":
+                    out["detail"] = (f"SGLang {version}'s resolver imports its CUDA kernels (sgl_kernel) on this "
+                                     "path, which need a GPU driver (libcuda) to load: resolve on a GPU host (the "
+                                     "capability probe does)")
+                else:
+                    out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
+                                     "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
                 return out
             except Exception as exc:  # noqa: BLE001
                 out.update(state="refused", detail=f"{type(exc).__name__}: {exc}")

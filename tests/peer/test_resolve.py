@@ -50,7 +50,14 @@ def qwen35(host_class: str = "b300", topk: int = 1, **server) -> dict:
     }
 
 
+def qwen35_dflash() -> dict:
+    hv = qwen35()
+    hv["ddtree_speculative"] = {"algorithm": "DFLASH", "draft_model_path": "Qwen/Qwen3.5-35B-A3B-FP8", "block_size": 8}
+    return hv
+
+
 CASES = {
+    "b300-dflash-default": qwen35_dflash(),
     "b300-default": qwen35(),
     "b300-trtllm": qwen35(attention_backend="trtllm_mha"),
     "ct200-default": qwen35("ct200"),
@@ -103,6 +110,13 @@ def test_ct200_takes_the_sm120_path(results):
     assert diff_plan(planned_values(v.plan), res) == [
         "SGLang 0.5.23 will change attention_backend unset (SGLang decides) → flashinfer "
         "(set by SGLang's _attention_backend_default)"]
+
+
+def test_a_path_needing_cuda_kernels_is_not_run_and_says_why(results):
+    """DFLASH with SGLang picking trtllm_mha on b300: the draft-backend step imports
+    sgl_kernel, a CUDA binary that needs libcuda: not resolvable here, and said so."""
+    _, res = results["b300-dflash-default"]
+    assert res["state"] == "not-run" and "sgl_kernel" in res["detail"] and "GPU host" in res["detail"]
 
 
 def test_a_refused_combination_quotes_sglang(results):
