@@ -211,6 +211,9 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
     checks.append(_check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
                          algorithms=algos, ddtree=has_ddtree))
 
+    # before the resolution: where no GPU is visible it patches SGLang's device probes in
+    # this process (ddtree_ops.sglang.resolve), which must not colour the plugin's report
+    plugin = plugin_state()
     argv = [str(a) for a in req.get("argv", [])]
     extra = set(req.get("extra_flags") or [])
     to_parse, set_aside = (argv, []) if has_ddtree else _strip_flags(argv, extra)
@@ -239,7 +242,6 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
             res = resolve_with_build(to_parse, req)
         checks.append(resolution_check(res, req.get("planned")))
 
-    plugin = plugin_state()
     sizing = req.get("sizes_verify_at_budget_plus_one")
     if not req.get("needs_verify_sizing"):
         ok, detail = True, "not needed (no DDTree target-verify graphs)"
