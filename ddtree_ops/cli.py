@@ -184,19 +184,86 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
         raise typer.Exit(2)
 
 
+MODEL_CONFIG_MAX_BYTES = 1 << 20
+"""A model's config.json is a few KiB; anything over 1 MiB is not one."""
+
+
+def _model_config(option: str, path: str | None) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a model's ``config.json``), or a one-line BadParameter."""
+    from .config.errors import shorten
+
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MODEL_CONFIG_MAX_BYTES:
+            raise ValueError(f"{st.st_size} bytes, over {MODEL_CONFIG_MAX_BYTES} (a config.json is a few KiB)")
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("architectures", []), list):
+            raise ValueError("not a JSON object with an 'architectures' list")
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{option} {shorten(str(path))}: {shorten(str(exc))}; give the model's "
+                                 "config.json (Hugging Face checkpoint)") from None
+    return doc
+
+
 @app.command()
 def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
-         vault: VaultOpt = None, hub: HubOpt = False) -> None:
+         vault: VaultOpt = None, hub: HubOpt = False,
+         resolve_with: Annotated[str | None, typer.Option(
+             "--resolve-with", help="Python of a venv holding the pinned SGLang: run SGLang's own server-args "
+             "resolution (0.5.23: resolve_once) on each host's argv and show every setting it rewrites.")] = None,
+         model_config: Annotated[str | None, typer.Option(
+             "--model-config", help="With --resolve-with: the target's config.json (used for every selected host; "
+             "default: the model path's own, if it is a local directory or in the Hugging Face cache).")] = None,
+         draft_config: Annotated[str | None, typer.Option(
+             "--draft-config", help="With --resolve-with: the draft's config.json.")] = None,
+         resolve_timeout: Annotated[float, typer.Option(
+             "--resolve-timeout", min=5, max=600, help="Seconds for each host's resolution, all included.")] = 180.0,
+         ) -> None:
     """Show what each host will run: sizes per request, capture list, graph token maxima, and the
-    per-GPU memory estimate from the checkpoints' configs (when read)."""
+    per-GPU memory estimate from the checkpoints' configs (when read).
+
+    With ``--resolve-with``, the pinned SGLang build resolves each host's argv
+    (:mod:`ddtree_ops.sglang.resolve`) and every setting it changes against the plan is
+    listed; exit 1 if SGLang refuses a host's arguments (its own message is shown).
+    """
     from rich.table import Table
 
+    if (model_config or draft_config) and not resolve_with:
+        raise typer.BadParameter("--model-config/--draft-config need --resolve-with PYTHON")
+    models = {k: c for k, c in (("target", _model_config("--model-config", model_config)),
+                                ("draft", _model_config("--draft-config", draft_config))) if c is not None}
     validated = _require_valid(inventory, limit, vault, hub)
+    resolutions: dict[str, dict[str, Any]] = {}
+    if resolve_with:
+        from .sglang.resolve import diff_plan, planned_values, request_for, run_resolution, summary
+
+        for v in validated:
+            res = run_resolution(resolve_with, request_for(v, models), deadline_s=resolve_timeout)
+            changes = diff_plan(planned_values(v.plan), res) if res.get("state") == "resolved" else []
+            pin = v.deployment.sglang.base_version
+            if res.get("version") and res["version"] != pin:
+                changes.insert(0, f"{resolve_with} holds SGLang {res['version']}, but the pin says {pin}: "
+                                  "these rewrites are that build's")
+            resolutions[v.deployment.host] = {"state": res.get("state"), "version": res.get("version"),
+                                              "detail": summary(res), "changes": changes,
+                                              "resolved": res.get("resolved")}
+    refused = [h for h, r in resolutions.items() if r["state"] == "refused"]
     if as_json:
-        print(json.dumps({"ok": True, "checks": [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"}
-                                                 for v in validated],
-                          "hosts": {v.deployment.host: {"host_class": v.deployment.host_class, **v.plan.as_dict()}
+        checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in validated]
+        checks += [{"name": f"sglang-resolution:{h}", "ok": r["state"] != "refused", "detail": r["detail"]}
+                   for h, r in resolutions.items()]
+        print(json.dumps({"ok": not refused, "checks": checks,
+                          "hosts": {v.deployment.host: {"host_class": v.deployment.host_class, **v.plan.as_dict(),
+                                                        **({"sglang_resolution": resolutions[v.deployment.host]}
+                                                           if v.deployment.host in resolutions else {})}
                                     for v in validated}}, indent=2))
+        if refused:
+            raise typer.Exit(1)
         return
     for v in validated:
         d, p = v.deployment, v.plan
@@ -225,7 +292,14 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             t.add_row(k, Text("-" if val is None else str(val)))
         for w in p.warnings:
             t.add_row(Text("warning", style="yellow"), Text(w))
+        r = resolutions.get(d.host)
+        if r:
+            t.add_row(Text("sglang resolution", style="red" if r["state"] == "refused" else "bold"), Text(r["detail"]))
+            for c in r["changes"]:
+                t.add_row(Text("rewrite", style="yellow"), Text(c))
         out.print(t)
+    if refused:
+        raise typer.Exit(1)
 
 
 def _checkpoint_rows(ck: dict) -> list[tuple[str, Any]]:

@@ -38,6 +38,8 @@ def test_no_drift_when_running_what_was_deployed(deployed) -> None:
     drifts, missing = find_drift(doc, info)
     assert drifts == [], [str(d) for d in drifts]
     assert missing == []   # the simulator reports every setting compared (DDTree build)
+    # ... attention_backend / page_size at the top level, as SGLang 0.5.23's build_server_info does
+    assert (info["attention_backend"], info["page_size"]) == ("triton", 1)
 
 
 @pytest.mark.parametrize(("key", "value", "name"), [
@@ -47,6 +49,9 @@ def test_no_drift_when_running_what_was_deployed(deployed) -> None:
     ("disable_cuda_graph", True, "cuda_graphs"),
     ("speculative_algorithm", "DFLASH", "algorithm"),
     ("max_running_requests", 48, "max_running_requests"),
+    # SGLang may rewrite these during resolution (0.5.23, b300, Qwen3.5: page 16 -> triton / 1)
+    ("attention_backend", "trtllm_mha", "attention_backend"),
+    ("page_size", 16, "page_size"),
 ])
 def test_each_changed_setting_is_drift(deployed, key, value, name) -> None:
     doc, info = deployed

@@ -174,7 +174,11 @@ def test_cli_probe_sglang_json(sglang_python):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert [c["name"] for c in doc["checks"]] == ["sglang-version", "speculative-algorithms", "argv-parses",
-                                                  "verify-graph-sizing"]
+                                                  "sglang-resolution", "verify-graph-sizing"]
+    res = {c["name"]: c for c in doc["checks"]}["sglang-resolution"]
+    assert res["ok"] and res["state"] == "not-run"
+    assert res["detail"].startswith("parsed only; resolution not run: this build has no DDTREE")
+    assert "resolved by" not in res["detail"]
     assert doc["version"] == "0.5.23" and doc["host"] == "ddt-th1"
 
 

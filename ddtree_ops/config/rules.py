@@ -291,6 +291,40 @@ def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
                     "set max_running_requests explicitly", src)
 
 
+QWEN35_HYBRID_NAME = re.compile(r"qwen3[._-]?[56]|qwen3[._-]?next|interns2", re.IGNORECASE)
+"""Model names of the architectures SGLang 0.5.23's ``_qwen3_5_hybrid_overrides`` is
+registered for (Qwen3NextForCausalLM, Qwen3_5[Moe]ForConditionalGeneration, InternS2*;
+Qwen3.6 checkpoints use Qwen3_5MoeForConditionalGeneration). A name match, since the plan
+has no config.json: ``ddtree-ops plan --resolve-with`` runs SGLang's own resolution."""
+
+SGLANG_ATTENTION_REWRITES = (
+    # (SGLang base versions, arch family, model-name pattern, source)
+    (("0.5.23",), ("sm_100", "sm_103"), QWEN35_HYBRID_NAME,
+     "SGLang 0.5.23 sglang/srt/arg_groups/model_overrides/qwen3_5.py (_qwen3_5_hybrid_overrides); "
+     "reproduced by tests/peer/test_resolve.py with SGLang's own resolve_once"),
+)
+"""Known silent rewrites of an explicit ``page_size`` when ``attention_backend`` is unset:
+SGLang picks triton attention with page size 1 (measured ~2.6x slower than trtllm_mha on b300)."""
+
+
+def rule_sglang_attention_rewrite(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """SGLang 0.5.23 on sm_100/sm_103 rewrites a Qwen3.5-family deployment's page_size > 1
+    (attention_backend unset) to triton attention with page size 1."""
+    hc = _host_class(d)
+    if not hc or d.server.attention_backend is not None or not (p.page_size and p.page_size > 1):
+        return
+    for versions, arches, name, src in SGLANG_ATTENTION_REWRITES:
+        if d.sglang.base_version in versions and hc.arch in arches and name.search(str(d.model.path)):
+            yield _warn(f"{SRV}.page_size", p.page_size,
+                        f"SGLang {d.sglang.base_version} on {hc.arch} ({hc.name}) silently switches this model "
+                        f"({d.model.path}) to triton attention with page_size 1 when attention_backend is unset "
+                        "(reported ~2.6x slower than trtllm_mha)",
+                        "set attention_backend: trtllm_mha (EAGLE topk 1 / DFlash) to keep page_size, or remove "
+                        "page_size (SGLang then picks trtllm_mha with page 64); check with "
+                        "`ddtree-ops plan --resolve-with PYTHON`", src)
+            return
+
+
 def rule_accepted_risks_known(d: Deployment, p: Plan) -> Iterator[Finding]:
     """Risk acceptances name a rule that can be overridden (a typo would be ignored)."""
     for i, r in enumerate(d.accepted_risks):
@@ -414,6 +448,7 @@ RULES: list[Rule] = [
     rule_ports,
     rule_health_timeout,
     rule_silent_rewrites,
+    rule_sglang_attention_rewrite,
     rule_accepted_risks_known,
     rule_sglang_pin,
     rule_toolchain,

@@ -92,6 +92,14 @@ _SETTINGS: tuple[_Setting, ...] = (
     _Setting("capture_bs", ("cuda_graph_config.decode.bs", "cuda_graph_bs_decode", "cuda_graph_bs"),
              lambda d, p: sorted(p["capture_bs"]) if p["cuda_graphs"] and p["capture_bs"] else _MISSING,
              lambda v: _int_list(v) if _int_list(v) is not None else v),
+    # SGLang may rewrite both during resolution (e.g. 0.5.23 on sm_103: a Qwen3.5 MoE with
+    # page_size 16 and no attention backend runs triton with page size 1); /server_info
+    # reports the resolved values at its top level (build_server_info -> resolved_dict,
+    # sglang/srt/utils/common.py in 0.5.23). Compared only where the plan sets them.
+    _Setting("attention_backend", ("attention_backend",),
+             lambda d, p: p["attention_backend"] if p.get("attention_backend") is not None else _MISSING),
+    _Setting("page_size", ("page_size",),
+             lambda d, p: p["page_size"] if p.get("page_size") is not None else _MISSING),
     _Setting("model_path", ("model_path",), lambda d, p: d["model"]["path"]),
 )
 

@@ -18,7 +18,7 @@ def probe_request(v: Validated) -> dict[str, Any]:
 
     Returns:
         ``{argv, algorithm, version, ddtree_source, extra_flags, needs_verify_sizing,
-        sizes_verify_at_budget_plus_one, ddtree_optional, fix}`` (see :mod:`.probe`);
+        sizes_verify_at_budget_plus_one, ddtree_optional, arch, gpu_memory_gib, planned, fix}`` (see :mod:`.probe`);
         ``argv`` is our rendered server argv without ``python -m MODULE``; facts come from
         :mod:`ddtree_ops.config.versions`.
     """
@@ -46,6 +46,9 @@ def probe_request(v: Validated) -> dict[str, Any]:
         "needs_verify_sizing": bool(p.algorithm == "DDTREE" and p.cuda_graphs),
         "sizes_verify_at_budget_plus_one": facts.sizes_verify_at_budget_plus_one,
         "ddtree_optional": pin.source == "simulator",
+        # for the probe's sglang-resolution check (ddtree_ops.sglang.resolve): the host class's
+        # arch/memory (used only where no GPU is visible) and the plan to diff against
+        **_resolution_fields(v),
         "facts": facts.as_dict(),
         "fix": {
             "ddtree": ddtree_fix,
@@ -56,6 +59,15 @@ def probe_request(v: Validated) -> dict[str, Any]:
             "version": f"ddtree_sglang pins {facts.version}: re-run the sglang role to install it",
         },
     }
+
+
+def _resolution_fields(v: Validated) -> dict[str, Any]:
+    from ..config.hosts import HOST_CLASSES
+    from .resolve import planned_values
+
+    hc = HOST_CLASSES.get(v.deployment.host_class)
+    return {"arch": hc.arch if hc else None, "gpu_memory_gib": hc.gpu_memory_gib if hc else None,
+            "planned": planned_values(v.plan)}
 
 
 def validated_from_plan(doc: dict[str, Any]) -> Validated:

@@ -15,10 +15,15 @@ Request (JSON object)::
      "needs_verify_sizing": true,                        # DDTree with CUDA graphs on
      "sizes_verify_at_budget_plus_one": true | false | null,   # versions table
      "ddtree_optional": false,                           # simulator host: release build
-     "fix": {"ddtree": "...", "flags": "...", "sizing": "...", "version": "..."}}
+     "fix": {"ddtree": "...", "flags": "...", "sizing": "...", "version": "..."},
+     "arch": "sm_103", "gpu_memory_gib": 288,             # host class (used only without a GPU)
+     "planned": {...},                                    # resolve.planned_values(plan)
+     "models": {"target": {config.json}, "draft": {...}}} # optional; else a local model dir
 
 Checks (stable names, each ``{name, ok, detail}``): ``sglang-version``,
-``speculative-algorithms``, ``argv-parses``, ``verify-graph-sizing``. The plugin's state
+``speculative-algorithms``, ``argv-parses``, ``sglang-resolution`` (the build's own
+resolution, :mod:`ddtree_ops.sglang.resolve`; present when the argv parses),
+``verify-graph-sizing``. The plugin's state
 (:func:`ddtree_ops.sglang.plugin.describe` plus a one-line ``summary``) is reported under
 ``plugin``, informational: whether it is needed is the ``verify-graph-sizing`` check.
 Exit codes: 0 every check ok, 1 a check failed, 2 bad request or SGLang not importable.
@@ -105,26 +110,45 @@ def parse_with_build(argv: list[str]) -> tuple[list[str], list[str], str | None]
     return unrecognized, ambiguous, "parser did not settle"
 
 
-def resolve_with_build(argv: list[str]) -> tuple[bool, str]:
-    """Run ``prepare_server_args(argv)`` itself (parser + ``ServerArgs.__post_init__``).
+def resolve_with_build(argv: list[str], req: dict[str, Any]) -> dict[str, Any]:
+    """Run the installed build's OWN resolution of ``argv`` (0.5.2x: ``prepare_server_args``
+    then ``ServerArgs.resolve_once()``, the entry the server uses; 0.5.13.post1: the
+    ``ServerArgs`` post-init) through :func:`ddtree_ops.sglang.resolve.resolve_in_build`.
+
+    Args:
+        argv: our argv as parsed (DDTree-only flags already set aside for a release build).
+        req: the probe request; ``arch`` / ``gpu_memory_gib`` (the host class's, used only
+            where no GPU is visible) and ``models`` (config.json of target/draft) are passed on.
 
     Returns:
-        (parser accepted, detail). Argparse's ``SystemExit`` is a rejection; any other
-        exception is SGLang's resolver stopping after a successful parse (it may need a
-        GPU or the model's files), reported but not a parse failure.
+        :func:`~ddtree_ops.sglang.resolve.resolve_in_build`'s result: ``state`` ``resolved``,
+        ``refused`` (``detail`` quotes SGLang) or ``not-run`` (``detail`` says why).
     """
-    from sglang.srt.server_args import prepare_server_args
+    from ddtree_ops.sglang.resolve import resolve_in_build
 
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
-            args = prepare_server_args(argv)
-    except SystemExit:
-        last = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
-        return False, (last[-1] if last else "argparse rejected the argv")
-    except Exception as exc:  # noqa: BLE001 - SGLang's resolver raises anything
-        return True, f"parsed; SGLang's resolver stopped on this host: {type(exc).__name__}: {str(exc)[:200]}"
-    return True, f"resolved by prepare_server_args (speculative_algorithm={getattr(args, 'speculative_algorithm', None)})"
+    return resolve_in_build({"argv": argv, "arch": req.get("arch"), "gpu_memory_gib": req.get("gpu_memory_gib"),
+                             "models": req.get("models") or {}})
+
+
+def resolution_check(res: dict[str, Any], planned: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``sglang-resolution`` check of a resolution result.
+
+    Fails only when SGLang refused the arguments (its own message quoted). Resolved: ok,
+    with every setting SGLang changed against ``planned`` (the request's
+    :func:`ddtree_ops.sglang.resolve.planned_values`) listed under ``changes`` and in the
+    detail. Not run: ok, and the detail says "parsed only; resolution not run: <why>"; it
+    never claims a resolution that did not happen.
+    """
+    from ddtree_ops.sglang.resolve import diff_plan, summary
+
+    changes = diff_plan(planned, res) if (planned and res.get("state") == "resolved") else []
+    detail = summary(res, parsed=True)
+    if changes:
+        detail += "; " + "; ".join(changes)
+    elif res.get("state") == "resolved" and planned:
+        detail += "; every compared setting matches the plan"
+    return _check("sglang-resolution", res.get("state") != "refused", detail, state=res.get("state"),
+                  changes=changes, resolved=res.get("resolved"))
 
 
 def speculative_algorithms() -> list[str]:
@@ -187,6 +211,9 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
     checks.append(_check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
                          algorithms=algos, ddtree=has_ddtree))
 
+    # before the resolution: where no GPU is visible it patches SGLang's device probes in
+    # this process (ddtree_ops.sglang.resolve), which must not colour the plugin's report
+    plugin = plugin_state()
     argv = [str(a) for a in req.get("argv", [])]
     extra = set(req.get("extra_flags") or [])
     to_parse, set_aside = (argv, []) if has_ddtree else _strip_flags(argv, extra)
@@ -203,14 +230,18 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
                   f"Fix: {fix.get('flags', 'pin the version whose dialect the renderer emits')}")
         checks.append(_check("argv-parses", False, detail, unrecognized=unrecognized, ambiguous=ambiguous))
     else:
-        accepted, how = resolve_with_build(to_parse)
         aside = (f"; {' '.join(f for f in set_aside if f.startswith('--'))} checked against the versions table "
                  "(this build has no DDTREE)") if set_aside else ""
-        checks.append(_check("argv-parses", accepted,
+        checks.append(_check("argv-parses", True,
                              f"{len([a for a in to_parse if a.startswith('--')])} flags accepted by SGLang {version}'s "
-                             f"parser; {how}{aside}", unrecognized=[], ambiguous=[]))
+                             f"parser{aside}", unrecognized=[], ambiguous=[]))
+        if algorithm == "DDTREE" and not has_ddtree:
+            res = {"state": "not-run", "version": version, "detail": "this build has no DDTREE to resolve it with "
+                   "(release build; the simulator serves DDTree)", "resolved": None, "sources": {}}
+        else:
+            res = resolve_with_build(to_parse, req)
+        checks.append(resolution_check(res, req.get("planned")))
 
-    plugin = plugin_state()
     sizing = req.get("sizes_verify_at_budget_plus_one")
     if not req.get("needs_verify_sizing"):
         ok, detail = True, "not needed (no DDTree target-verify graphs)"
