@@ -1,0 +1,269 @@
+"""Version-aware rules of the build table (issue 10 items 3-6): attention backends per
+release and arch, the build's CUDA driver floor, SGLang env names, ``extra_args``.
+
+The table's facts are checked against the real packages in ``tests/peer/test_versions_table.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, arch_rules,
+                                           cuda_major_of_requires, env_problem, owned_flag)
+from ddtree_ops.config.toolchain import CUDA_TOOLKITS
+from ddtree_ops.render.argv import build_argv
+
+
+def ct200(version: str = "0.5.23", **server) -> dict:
+    """A plain (no speculation) RTX PRO 6000 deployment of SGLang ``version`` from PyPI."""
+    return {
+        "ddtree_host_class": "ct200",
+        "ddtree_sglang": {"source": "pypi", "version": version},
+        "ddtree_model": {"path": "Qwen/Qwen3-8B"},
+        "ddtree_speculative": {"algorithm": "none"},
+        "ddtree_server": {"tp_size": 8, "max_running_requests": 16, **server},
+    }
+
+
+def findings(hv: dict) -> tuple[list, list]:
+    """``(errors, warnings)``."""
+    try:
+        v = validate_hostvars("h1", hv)
+    except ConfigError as exc:
+        return [f for f in exc.findings if f.level == "error"], [f for f in exc.findings if f.level == "warning"]
+    return [], v.warnings
+
+
+def errors_at(hv: dict, prefix: str) -> list:
+    return [f for f in findings(hv)[0] if f.field.startswith(prefix)]
+
+
+# --- item 3: attention backends per version and arch ---------------------------------
+
+def test_ct200_0523_trtllm_mha_ok():
+    errors, _ = findings(ct200("0.5.23", attention_backend="trtllm_mha"))
+    assert errors == []
+
+
+def test_ct200_0523_trtllm_mha_with_fp8_kv_refused():
+    hv = ct200("0.5.23", attention_backend="trtllm_mha", extra_args={"--kv-cache-dtype": "fp8_e4m3"})
+    [f] = errors_at(hv, "ddtree_server.attention_backend")
+    assert f.value == "trtllm_mha" and "fp8_e4m3" in f.rule and "sm_120" in f.rule
+    assert "trtllm-mha-sm120-fp8-kv" in f.rule and "attention_hook.py" in f.source
+    # the same build with a bf16 KV cache is fine
+    assert errors_at(ct200("0.5.23", attention_backend="trtllm_mha", extra_args={"--kv-cache-dtype": "bf16"}),
+                     "ddtree_server") == []
+
+
+def test_ct200_0523_trtllm_mha_with_skip_softmax_refused():
+    hv = ct200("0.5.23", attention_backend="trtllm_mha")
+    hv["ddtree_service"] = {"env": {"SGLANG_SKIP_SOFTMAX_PREFILL_THRESHOLD_SCALE_FACTOR": "0.5"}}
+    [f] = errors_at(hv, "ddtree_server.attention_backend")
+    assert "skip-softmax" in f.rule
+    hv["ddtree_service"]["env"]["SGLANG_SKIP_SOFTMAX_PREFILL_THRESHOLD_SCALE_FACTOR"] = "0"
+    assert errors_at(hv, "ddtree_server.attention_backend") == []
+
+
+def test_ct200_05131_trtllm_mha_refused():
+    [f] = errors_at(ct200("0.5.13.post1", attention_backend="trtllm_mha"), "ddtree_server.attention_backend")
+    assert "0.5.13.post1" in f.rule and "prefill" in f.rule and "SM100" in f.rule
+    assert f.source.startswith("sglang/srt/server_args.py")
+
+
+def test_05131_trtllm_mha_decode_only_is_ok_on_ct200():
+    """0.5.13.post1 refuses trtllm_mha for prefill only; decode runs on SM120."""
+    hv = ct200("0.5.13.post1", attention_backend="flashinfer", extra_args={"--decode-attention-backend": "trtllm_mha"})
+    assert findings(hv)[0] == []
+    hv = ct200("0.5.13.post1", attention_backend="flashinfer", extra_args={"--prefill-attention-backend": "trtllm_mha"})
+    [f] = findings(hv)[0]
+    assert f.field == "ddtree_server.extra_args.--prefill-attention-backend"
+
+
+def test_b300_05131_trtllm_mha_ok():
+    hv = ct200("0.5.13.post1", attention_backend="trtllm_mha")
+    hv["ddtree_host_class"] = "b300"
+    assert findings(hv)[0] == []
+
+
+def test_unknown_backend_refused_naming_choices():
+    [f] = findings(ct200("0.5.23", attention_backend="foo_bar"))[0]
+    assert f.field == "ddtree_server.attention_backend" and f.value == "foo_bar"
+    assert "0.5.23" in f.rule and all(n in f.fix for n in BACKEND_CHOICES["0.5.23"].attention)
+    [f] = findings(ct200("0.5.23", attention_backend="flashinfr"))[0]
+    assert "did you mean flashinfer" in f.rule
+
+
+def test_backend_names_follow_the_version():
+    """``hpc_ops`` is new in 0.5.23; ``cutlass_mla`` is gone there."""
+    hv = ct200("0.5.13.post1", attention_backend="hpc_ops")
+    hv["ddtree_host_class"] = "b300"
+    assert [f.field for f in findings(hv)[0]] == ["ddtree_server.attention_backend"]
+    hv["ddtree_sglang"]["version"] = "0.5.23"
+    assert findings(hv)[0] == []
+    hv["ddtree_server"]["attention_backend"] = "cutlass_mla"
+    assert [f.value for f in findings(hv)[0]] == ["cutlass_mla"]
+
+
+def test_draft_backend_checked_against_draft_choices():
+    hv = ct200("0.5.23", attention_backend="triton")
+    hv["ddtree_host_class"] = "b300"
+    hv["ddtree_speculative"] = {"algorithm": "DFLASH", "draft_model_path": "z-lab/Qwen3-8B-DFlash-b16",
+                                "block_size": 16, "draft_attention_backend": "flashmla"}
+    [f] = findings(hv)[0]
+    assert f.field == "ddtree_speculative.draft_attention_backend" and "draft attention backend" in f.rule
+    assert "trtllm_mha" in f.fix and "flashmla" not in f.fix
+
+
+def test_fa3_refused_on_blackwell_every_version():
+    for version in ("0.5.13.post1", "0.5.23"):
+        hv = ct200(version, attention_backend="fa3")
+        [f] = findings(hv)[0]
+        assert "fa3-needs-sm80-sm90" in f.rule
+        hv["ddtree_host_class"] = "b300"
+        [f] = findings(hv)[0]
+        assert "sm_103" in f.rule
+
+
+def test_fa4_sm120_by_version():
+    [f] = findings(ct200("0.5.13.post1", attention_backend="fa4"))[0]
+    assert "fa4-no-sm120-kernels" in f.rule
+    assert findings(ct200("0.5.23", attention_backend="fa4"))[0] == []
+
+
+def test_trtllm_mla_allowed_on_sm120():
+    """SGLang allows trtllm_mla on SM100/SM12x (both peer releases); the old blanket rule did not."""
+    for version in ("0.5.13.post1", "0.5.23"):
+        assert findings(ct200(version, attention_backend="trtllm_mla"))[0] == []
+
+
+def test_unread_version_warns_instead_of_guessing():
+    errors, warnings = findings(ct200("0.5.17", attention_backend="foo_bar"))
+    assert errors == []
+    assert any("never read off its package" in w.rule for w in warnings)
+
+
+def test_arch_rules_ranges():
+    assert [r.rule for r in arch_rules("0.5.13.post1", "sm_120", "trtllm_mha", "prefill")] == [
+        "trtllm-mha-prefill-sm100-only"]
+    assert arch_rules("0.5.13.post1", "sm_120", "trtllm_mha", "decode") == []
+    assert {r.rule for r in arch_rules("0.5.23", "sm_120", "trtllm_mha", "prefill")} == {
+        "trtllm-mha-sm120-fp8-kv", "trtllm-mha-sm120-skip-softmax"}
+    assert [r.rule for r in arch_rules("0.5.24", "sm_120", "trtllm_mha", "prefill") if r.when is None] == []
+    for r in ARCH_RULES:
+        assert r.source and "SGLang 0.5." in r.source and r.evidence[0].startswith("sglang/")
+
+
+# --- item 4: driver floor of the build ------------------------------------------------
+
+def test_cuda_major_from_requires_dist():
+    major, why = cuda_major_of_requires([
+        "cuda-python>=13.0", "flashinfer_python[cu13]==0.7.2", "nvshmem4py-cu13", "torch==2.11.0",
+        'decord2; sys_platform == "linux" and platform_machine == "aarch64"',
+        'cupy-cuda14x-cu14; sys_platform == "darwin"',
+    ])
+    assert major == 13 and why == ["cuda-python>=13.0", "flashinfer_python[cu13]==0.7.2", "nvshmem4py-cu13"]
+    assert cuda_major_of_requires(["torch==2.9", "numpy"]) == (None, [])
+    assert cuda_major_of_requires(["flashinfer-python[cu12]", "sgl-kernel-cu12"])[0] == 12
+
+
+def test_table_rows_derive_their_own_major():
+    for row in BUILD_REQUIRES_CUDA.values():
+        assert cuda_major_of_requires(row.requires) == (row.cuda_major, list(row.requires))
+
+
+def test_plan_driver_floor_is_the_build_s_when_toolkit_is_12_8():
+    hv = ct200("0.5.23", attention_backend="triton")
+    hv["ddtree_toolchain"] = {"cuda": "12.8"}
+    tc = validate_hostvars("h1", hv).plan.toolchain
+    assert tc["cuda"] == "12.8"
+    assert tc["min_driver"] == CUDA_TOOLKITS["13.0"].min_driver == "580.65.06"
+    assert tc["toolkit_min_driver"] == "570.26" and "cu13" in tc["min_driver_reason"]
+
+
+# --- item 5: environment names --------------------------------------------------------
+
+def test_env_unknown_name_warns_with_the_closest():
+    rule, fix = env_problem("0.5.23", "SGLANG_PLUGIN")
+    assert "reads no variable SGLANG_PLUGIN" in rule and "SGLANG_PLUGINS" in fix
+
+
+def test_env_renamed_names_the_current_one():
+    rule, fix = env_problem("0.5.13.post1", "SGLANG_NSA_FUSE_TOPK")
+    assert "renamed" in rule and fix == "rename it to SGLANG_DSA_FUSE_TOPK"
+    rule, fix = env_problem("0.5.23", "SGL_ENABLE_JIT_DEEPGEMM")
+    assert fix == "rename it to SGLANG_ENABLE_JIT_DEEPGEMM"
+    assert env_problem("0.5.23", "SGLANG_PLUGINS") is None
+    assert env_problem("0.5.23", "TRITON_PTXAS_PATH") is None  # not SGLang's
+    assert env_problem("0.5.17", "SGLANG_WHATEVER") is None  # never read: not guessed
+
+
+def test_env_rule_warns_in_validation():
+    hv = ct200("0.5.23", attention_backend="triton")
+    hv["ddtree_service"] = {"env": {"SGLANG_QUEUED_TIMEOUT_MS": "1000", "SGLANG_ENABLE_TORCH_COMPILE": "1"}}
+    errors, warnings = findings(hv)
+    assert errors == []
+    [w] = [w for w in warnings if w.field.startswith("ddtree_service.env")]
+    assert w.field == "ddtree_service.env.SGLANG_QUEUED_TIMEOUT_MS" and "1000" not in w.message()
+
+
+# --- item 6: extra_args -----------------------------------------------------------------
+
+def test_extra_args_rendered_after_the_owned_flags():
+    hv = ct200("0.5.23", attention_backend="triton",
+               extra_args={"--nccl-port": 30011, "--enable-custom-all-reduce": True, "--base-gpu-id": 0,
+                           "--mm-attention-backend": "fa4", "--weird-list": [1, 2]})
+    v = validate_hostvars("h1", hv)
+    argv = build_argv(v.deployment, v.plan)
+    tail = argv[argv.index("--nccl-port"):]
+    assert tail == ["--nccl-port", "30011", "--enable-custom-all-reduce", "--base-gpu-id", "0",
+                    "--mm-attention-backend", "fa4", "--weird-list", "1", "2"]
+
+
+@pytest.mark.parametrize("flag", ["--port", "--host", "--cuda-graph-max-bs-decode", "--cuda-graph-bs",
+                                  "--speculative-num-draft-tokens", "--speculative-algorithm", "--tp",
+                                  "--tensor-parallel-size", "--model", "--disable-cuda-graph", "--cuda-graph-max",
+                                  "--attention-backend", "--page-size", "--mem-frac"])
+def test_extra_args_owned_flag_refused(flag):
+    [f] = errors_at(ct200("0.5.23", attention_backend="triton", extra_args={flag: "8"}), "ddtree_server.extra_args")
+    assert f.field == f"ddtree_server.extra_args.{flag}" and "set by ddtree-ops" in f.rule
+    assert owned_flag(flag) is not None
+
+
+def test_extra_args_unowned_flags_allowed():
+    for flag in ("--nccl-port", "--base-gpu-id", "--enable-expert-distribution-metrics", "--kv-cache-dtype"):
+        assert owned_flag(flag) is None
+
+
+def test_extra_args_secret_flag_refused_and_not_echoed():
+    hv = ct200("0.5.23", attention_backend="triton", extra_args={"--api-key": "sk-CANARY123"})
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "secret" in f.rule and "CANARY" not in f.message()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"--nccl-port": "-1"}, "starts with -"),
+    ({"--nccl-port": -1}, "starts with -"),
+    ({"--dist-init-addr": "--port=1"}, "starts with -"),
+    ({"--dist-init-addr": "a\nExecStartPre=/bin/sh"}, "'\\n'"),
+    ({"--dist-init-addr": "a b"}, "' '"),
+    ({"--x": ["ok", "-bad"]}, "starts with -"),
+    ({"-p": 1}, "long option"),
+    ({"--Port": 1}, "long option"),
+    ({"--port=1": 1}, "long option"),
+    ({"--nccl-port": False}, "sets nothing"),
+    ({"--nccl-port": None}, "sets nothing"),
+    ({"--nccl-port": []}, "sets nothing"),
+    ({"--nccl-port": {"a": 1}}, "string or a number"),
+    ({"--nccl-port": [True]}, "string or a number"),
+    ({"--nccl-port": "x" * 5000}, "4096"),
+    ({"--x": list(range(65))}, "at most 64"),
+    ({f"--f{i}": 1 for i in range(65)}, "64"),
+])
+def test_extra_args_values_validated_like_argv(extra, needle):
+    hv = ct200("0.5.23", attention_backend="triton", extra_args=extra)
+    errors = errors_at(hv, "ddtree_server.extra_args")
+    assert errors, extra
+    text = " ".join(f.message() for f in errors)
+    assert needle in text, text
+    assert "\n" not in text  # one line per finding; the value is shown escaped
