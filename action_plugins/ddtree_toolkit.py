@@ -41,12 +41,14 @@ class ActionModule(ActionBase):
         elif check == "driver":
             try:
                 gpus = check_driver(str(a.get("stdout", "")), int(a.get("rc", 1)), str(a["cuda"]),
-                                    a.get("arch"), str(a.get("stderr", "")))
+                                    a.get("arch"), str(a.get("stderr", "")),
+                                    str(a.get("min_driver") or "") or None, str(a.get("min_driver_reason") or ""))
             except DriverCheckError as exc:
                 return {**result, "failed": True, "msg": str(exc)}
             drv = gpus[0].driver_version
             result.update(gpus=[g.__dict__ for g in gpus], driver_version=drv,
-                          msg=f"{len(gpus)} GPU(s) {gpus[0].arch}, driver {drv}: ok for CUDA {a['cuda']}")
+                          msg=f"{len(gpus)} GPU(s) {gpus[0].arch}, driver {drv}: ok for CUDA {a['cuda']}"
+                              + (f" and the SGLang build (>= {a['min_driver']})" if a.get("min_driver") else ""))
         elif check == "reboot":
             reboot, reason = reboot_decision(str(a.get("connection", "ssh")), str(a.get("host", "")),
                                              boolean(a.get("managed_changed", False)),

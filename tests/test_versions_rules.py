@@ -181,6 +181,34 @@ def test_plan_driver_floor_is_the_build_s_when_toolkit_is_12_8():
     assert tc["toolkit_min_driver"] == "570.26" and "cu13" in tc["min_driver_reason"]
 
 
+def test_driver_check_uses_the_plan_floor():
+    """Toolkit 12.8 alone accepts driver 575; the cu13 SGLang build does not (issue 10 item 4)."""
+    from ddtree_ops.ops.toolkit import DriverCheckError, check_driver
+
+    hv = ct200("0.5.23", attention_backend="triton")
+    hv["ddtree_toolchain"] = {"cuda": "12.8"}
+    tc = validate_hostvars("h1", hv).plan.toolchain
+    assert check_driver("575.57.08, 12.0\n", 0, "12.8", "sm_120")  # the toolkit alone
+    with pytest.raises(DriverCheckError) as exc:
+        check_driver("575.57.08, 12.0\n", 0, "12.8", "sm_120", "", tc["min_driver"], tc["min_driver_reason"])
+    msg = str(exc.value)
+    assert "needs >= 580.65.06" in msg and "flashinfer_python[cu13]" in msg and "older CUDA" in msg
+    assert check_driver("580.65.06, 12.0\n", 0, "12.8", "sm_120", "", tc["min_driver"], tc["min_driver_reason"])
+    # a lower build floor never lowers the toolkit's
+    with pytest.raises(DriverCheckError, match="needs >= 580.65.06, NVIDIA CUDA release notes"):
+        check_driver("575.57.08, 10.3\n", 0, "13.0", "sm_103", "", "525.60.13", "cu12 wheels")
+    with pytest.raises(DriverCheckError, match="not a dotted driver version"):
+        check_driver("580.65.06, 10.3\n", 0, "13.0", "sm_103", "", "580; rm -rf /")
+
+
+def test_simulator_without_release_has_no_build_floor():
+    hv = ct200("0.5.23", attention_backend="triton")
+    hv["ddtree_sglang"] = {"source": "simulator", "version": "0.5.23"}
+    hv["ddtree_toolchain"] = {"cuda": "12.8"}
+    tc = validate_hostvars("h1", hv).plan.toolchain
+    assert tc["min_driver"] == tc["toolkit_min_driver"] == "570.26"
+
+
 # --- item 5: environment names --------------------------------------------------------
 
 def test_env_unknown_name_warns_with_the_closest():

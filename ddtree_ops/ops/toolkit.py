@@ -106,7 +106,8 @@ def _dotted(v: str) -> bool:
         return False
 
 
-def check_driver(query_output: str, rc: int, cuda: str, arch: str | None = None, stderr: str = "") -> list[Gpu]:
+def check_driver(query_output: str, rc: int, cuda: str, arch: str | None = None, stderr: str = "",
+                 min_driver: str | None = None, min_driver_reason: str = "") -> list[Gpu]:
     """The installed driver can run toolkit ``cuda``, on GPUs of ``arch``.
 
     Args:
@@ -115,6 +116,10 @@ def check_driver(query_output: str, rc: int, cuda: str, arch: str | None = None,
         stderr: its error output / Ansible's message.
         cuda: toolkit ``major.minor`` (key of :data:`CUDA_TOOLKITS`).
         arch: expected GPU arch (host class), e.g. ``sm_103``; None skips that check.
+        min_driver: the plan's floor (``plan.toolchain.min_driver``: the larger of the
+            toolkit's and the SGLang build's, e.g. 580.65.06 for a cu13 wheel on toolkit 12.8);
+            the toolkit's alone when None. A higher of the two is required.
+        min_driver_reason: why (``plan.toolchain.min_driver_reason``), shown when it fails.
 
     Returns:
         The GPUs.
@@ -125,18 +130,27 @@ def check_driver(query_output: str, rc: int, cuda: str, arch: str | None = None,
             disagree on the driver, or GPUs of another arch.
     """
     tk = CUDA_TOOLKITS[cuda]
+    floor, why_floor, from_build = tk.min_driver, "NVIDIA CUDA release notes", False
+    if min_driver:
+        if not _dotted(str(min_driver)):
+            raise DriverCheckError(f"min_driver {str(min_driver)[:40]!r} is not a dotted driver version. "
+                                   "Fix: pass plan.toolchain.min_driver")
+        if not at_least(floor, str(min_driver)):
+            floor, from_build = str(min_driver), True
+            why_floor = (min_driver_reason.strip()[:300] or "the pinned SGLang build's CUDA wheels need it")
     if rc != 0:
         why = "nvidia-smi is not installed" if rc == 127 else f"nvidia-smi failed (rc {rc}: {stderr.strip()[:200]})"
-        raise DriverCheckError(f"no usable NVIDIA driver: {why}. CUDA {cuda} needs driver >= {tk.min_driver}. "
+        raise DriverCheckError(f"no usable NVIDIA driver: {why}. CUDA {cuda} needs driver >= {floor} ({why_floor}). "
                                "Fix: install the NVIDIA driver (and reboot) before the toolkit")
     gpus = parse_query_gpu(query_output)
     drivers = sorted({g.driver_version for g in gpus})
     if len(drivers) > 1:
         raise DriverCheckError(f"GPUs report different drivers {drivers}: a driver upgrade is half done. Fix: reboot")
-    if not at_least(drivers[0], tk.min_driver):
-        raise DriverCheckError(f"NVIDIA driver {drivers[0]} is too old for CUDA {cuda} (needs >= {tk.min_driver}, "
-                               f"NVIDIA CUDA release notes). Fix: upgrade the driver to >= {tk.min_driver}, "
-                               f"or pin an older toolkit in ddtree_toolchain.cuda if the arch allows")
+    if not at_least(drivers[0], floor):
+        other = ("pin an SGLang build whose wheels need an older CUDA" if from_build
+                 else "pin an older toolkit in ddtree_toolchain.cuda if the arch allows")
+        raise DriverCheckError(f"NVIDIA driver {drivers[0]} is too old for CUDA {cuda} (needs >= {floor}, {why_floor}). "
+                               f"Fix: upgrade the driver to >= {floor}, or {other}")
     if arch is not None:
         other = sorted({g.arch for g in gpus if g.arch != arch})
         if other:
