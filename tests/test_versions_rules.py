@@ -249,7 +249,7 @@ def test_extra_args_rendered_after_the_owned_flags():
 
 
 @pytest.mark.parametrize("flag", ["--port", "--host", "--cuda-graph-max-bs-decode", "--cuda-graph-bs",
-                                  "--speculative-num-draft-tokens", "--speculative-algorithm", "--tp",
+                                  "--speculative-num-draft-tokens", "--speculative-algorithm", "--tp-size",
                                   "--tensor-parallel-size", "--model", "--disable-cuda-graph", "--cuda-graph-max",
                                   "--attention-backend", "--page-size", "--mem-frac"])
 def test_extra_args_owned_flag_refused(flag):

@@ -11,9 +11,10 @@ Sources
 -------
 * Attention backend names: ``ATTENTION_BACKEND_CHOICES`` of ``sglang/srt/server_args.py``
   (0.5.13.post1) and ``sglang/srt/arg_groups/choices.py`` (0.5.23, re-exported by
-  ``server_args.py``); ``DRAFT_ATTENTION_BACKEND_CHOICES`` (0.5.23, the choices of
-  ``--speculative-draft-attention-backend``). 0.5.13.post1's draft flag has no ``choices``:
-  the draft runner builds its backend through the same registry
+  ``server_args.py``); ``DRAFT_ATTENTION_BACKEND_CHOICES`` (0.5.23: not a parser choice,
+  the draft worker refuses any other ``--speculative-draft-attention-backend``,
+  ``sglang/srt/speculative/draft_worker_common.py``). 0.5.13.post1 has no draft list: the
+  draft runner builds its backend through the same registry
   (``sglang/srt/layers/attention/attention_registry.py``), so its names are checked
   against ``ATTENTION_BACKEND_CHOICES``.
 * Arch rules: :data:`ARCH_RULES` (each with its file and the text it rests on).
@@ -47,8 +48,8 @@ class BackendChoices:
         version: the release.
         attention: choices of ``--attention-backend`` (also ``--prefill-attention-backend``,
             ``--decode-attention-backend``).
-        draft: choices of ``--speculative-draft-attention-backend``; None when the flag has
-            no choices (then :attr:`attention` applies, see the module docstring).
+        draft: the names ``--speculative-draft-attention-backend`` may take; None when the
+            release has no such list (then :attr:`attention` applies, see the module docstring).
         source: file (in site-packages) the lists were read from.
     """
 
@@ -231,11 +232,9 @@ OWNED_PREFIXES: tuple[str, ...] = ("--speculative-", "--cuda-graph-", "--disable
 """Whole families the toolkit owns: speculative settings and CUDA-graph sizing (the plan
 derives them together; one set outside it breaks the capture plan)."""
 
-OWNED_ALIASES: tuple[str, ...] = (
-    "--model", "--tokenizer-path", "--tensor-parallel-size", "--tp", "--data-parallel-size", "--dp",
-)
+OWNED_ALIASES: tuple[str, ...] = ("--model", "--tensor-parallel-size", "--data-parallel-size")
 """Other option strings of owned destinations in the peer releases' parsers
-(``ServerArgs.add_cli_args``; ``--tokenizer-path`` defaults to the model path)."""
+(``ServerArgs.add_cli_args``)."""
 
 SECRET_FLAG = re.compile(r"(?:^--|-)(?:key|token|secret|password|passwd|credentials?|auth)(?:-|$)")
 """Flags whose value is a secret (``--api-key``, ``--admin-api-key``): argv lands in the unit,
