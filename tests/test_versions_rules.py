@@ -295,3 +295,80 @@ def test_extra_args_values_validated_like_argv(extra, needle):
     text = " ".join(f.message() for f in errors)
     assert needle in text, text
     assert "\n" not in text  # one line per finding; the value is shown escaped
+
+
+# --- item 4 at deploy time: the actual wheel's Requires-Dist ----------------------------
+
+def _wheel(tmp_path, metadata: str, name: str = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+           dist_info: str = "sglang-0.5.23.dist-info", extra: dict | None = None):
+    import zipfile
+
+    p = tmp_path / name
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("sglang/__init__.py", "")
+        zf.writestr(f"{dist_info}/METADATA", metadata)
+        for k, v in (extra or {}).items():
+            zf.writestr(k, v)
+    return p
+
+
+@pytest.mark.parametrize("version", sorted(BUILD_REQUIRES_CUDA))
+def test_table_equals_the_released_metadata(version):
+    """The plan-time table row equals what the released wheel's METADATA (fixture) asks for."""
+    from ddtree_ops.ops.toolkit import wheel_requires
+    from helpers import FIXTURES
+
+    name, requires = wheel_requires(_meta_dir(FIXTURES / "sglang" / f"METADATA-{version}"))
+    assert name == f"sglang {version}"
+    row = BUILD_REQUIRES_CUDA[version]
+    assert cuda_major_of_requires(requires) == (row.cuda_major, list(row.requires))
+
+
+def _meta_dir(metadata_file):
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp()) / "sglang.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_bytes(metadata_file.read_bytes())
+    return d
+
+
+def test_wheel_driver_check_reads_the_actual_wheel(tmp_path):
+    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+    from helpers import FIXTURES
+
+    wheel = _wheel(tmp_path, (FIXTURES / "sglang" / "METADATA-0.5.23").read_text())
+    with pytest.raises(DriverCheckError) as exc:
+        check_build_driver("575.57.08", wheel)
+    msg = str(exc.value)
+    assert "sglang 0.5.23" in msg and "flashinfer_python[cu13]==0.7.2" in msg and ">= 580.65.06" in msg
+    assert "\n" not in msg and "Fix:" in msg
+    assert "driver 580.65.06 ok" in check_build_driver("580.65.06", wheel)
+
+
+def test_wheel_driver_check_without_cuda_deps(tmp_path):
+    from ddtree_ops.ops.toolkit import check_build_driver
+
+    wheel = _wheel(tmp_path, "Metadata-Version: 2.1\nName: sglang\nVersion: 9.9\nRequires-Dist: numpy\n\nREADME\n")
+    assert "not constrained" in check_build_driver("535.104.05", wheel)
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda t: t / "missing.whl", "cannot read"),
+    (lambda t: (t / "junk.whl").write_bytes(b"not a zip") and t / "junk.whl", "cannot read"),
+    (lambda t: _wheel(t, "Name: sglang\n", extra={"other-1.0.dist-info/METADATA": "Name: other\n"}), "has 2"),
+    (lambda t: _wheel(t, "Name: sglang\n", dist_info="deep/sglang-0.5.23.dist-info"), "has 0"),
+])
+def test_wheel_driver_check_refuses_unreadable_wheels(tmp_path, make, needle):
+    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+
+    with pytest.raises(DriverCheckError, match=needle):
+        check_build_driver("580.65.06", make(tmp_path))
+
+
+def test_wheel_driver_check_refuses_a_bad_driver_string(tmp_path):
+    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+
+    with pytest.raises(DriverCheckError, match="not dotted numbers"):
+        check_build_driver("580;reboot", _wheel(tmp_path, "Name: sglang\n"))
