@@ -170,3 +170,38 @@ def test_extra_args_parse_with_the_real_parser(version, peer_tmp):
 def _validated(hv):
     v = validate_hostvars("h1", hv)
     return v.deployment, v.plan
+
+
+@pytest.mark.parametrize("version", PEER_VERSIONS)
+def test_extra_args_reach_the_probe_s_parse(version, peer_tmp):
+    """The capability probe (``python -m ddtree_ops.sglang.probe``, run in the real venv as
+    the sglang role runs it) parses ``extra_args`` with the build's own parser: every
+    modelled and extra flag is recognized except the one the build does not have."""
+    import json
+
+    from ddtree_ops.sglang.expect import probe_request
+    from peerutil import _clean_env
+
+    hv = {
+        "ddtree_host_class": "b300",
+        "ddtree_sglang": {"source": "pypi", "version": version},
+        "ddtree_model": {"path": "Qwen/Qwen3-8B"},
+        "ddtree_speculative": {"algorithm": "none"},
+        "ddtree_server": {"tp_size": 8, "max_running_requests": 16, "attention_backend": "flashinfer",
+                          "extra_args": {"--nccl-port": 30011, "--base-gpu-id": 0, "--no-such-flag": 1,
+                                         "--kv-cache-dtype": "fp8_e4m3"}},
+    }
+    req = probe_request(validate_hostvars("h1", hv))
+    assert req["argv"][-8:] == ["--nccl-port", "30011", "--base-gpu-id", "0", "--no-such-flag", "1",
+                                "--kv-cache-dtype", "fp8_e4m3"]
+    work = peer_tmp / f"probe-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "request.json").write_text(json.dumps(req))
+    env = {**_clean_env(), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([str(sglang_python(version)), "-m", "ddtree_ops.sglang.probe", "--request",
+                        str(work / "request.json"), "--json"], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=work)
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["argv-parses"]["ok"] is False
+    assert checks["argv-parses"]["unrecognized"] == ["--no-such-flag"], checks["argv-parses"]
