@@ -7,7 +7,7 @@ where each SITE_PACKAGES holds one released ``sglang`` (``scripts/sglang-venv.sh
 Read per version, from ``sglang/srt/environ.py``:
 
 * the ``Envs`` registry: every ``NAME = Env*(...)`` in ``class Envs``;
-* renamed/deprecated names: ``Env*WithAlias(..., deprecated_name=OLD)`` (OLD -> NAME),
+* renamed/deprecated names (and SGLang's note for them): ``Env*WithAlias(..., deprecated_name=OLD)`` (OLD -> NAME),
   ``_print_deprecated_env(OLD, NEW)`` and ``_deprecated_ms_to_s`` (0.5.1x),
   ``_warn_deprecated_env_to_cli_flag(OLD, ...)`` (0.5.1x, replaced by a CLI flag) and the
   ``_DEPRECATED_ENVS`` dict (0.5.2x, ``_DeprecatedEnv(replacement=NEW)``);
@@ -28,10 +28,11 @@ from pathlib import Path
 DIRECT = re.compile(r"""(?:getenv|environ\.get|environ\[|_env_var)\(?\s*["']((?:SGLANG_|SGL_)[A-Z0-9_]+)["']""")
 
 
-def registry(src: str) -> tuple[list[str], dict[str, str | None]]:
+def registry(src: str) -> tuple[list[str], dict[str, str | None], dict[str, str]]:
     tree = ast.parse(src)
     names: set[str] = set()
     renamed: dict[str, str | None] = {}
+    notes: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "Envs":
             for st in node.body:
@@ -49,6 +50,8 @@ def registry(src: str) -> tuple[list[str], dict[str, str | None]]:
                 renamed[args[0]] = args[1] if len(args) > 1 else None
             elif node.func.id == "_warn_deprecated_env_to_cli_flag" and args:
                 renamed[args[0]] = None
+                if len(args) > 1:
+                    notes[args[0]] = args[1]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
             tgt = node.targets[0] if isinstance(node, ast.Assign) else node.target
             if isinstance(tgt, ast.Name) and tgt.id in ("_deprecated_ms_to_s", "_DEPRECATED_ENVS"):
@@ -60,8 +63,10 @@ def registry(src: str) -> tuple[list[str], dict[str, str | None]]:
                         for kw in v.keywords:
                             if kw.arg == "replacement":
                                 rep = kw.value.value
+                            elif kw.arg == "note" and isinstance(kw.value, ast.Constant):
+                                notes[k.value] = kw.value.value
                         renamed[k.value] = rep
-    return sorted(names), dict(sorted(renamed.items()))
+    return sorted(names), dict(sorted(renamed.items())), dict(sorted(notes.items()))
 
 
 def direct_reads(srt: Path) -> list[str]:
@@ -100,30 +105,36 @@ def main(sites: list[str]) -> int:
     for s in sites:
         site = Path(s)
         v = version_of(site)
-        names, renamed = registry((site / "sglang/srt/environ.py").read_text())
+        names, renamed, notes = registry((site / "sglang/srt/environ.py").read_text())
         direct = sorted(set(direct_reads(site / "sglang/srt")) - set(names))
-        rows.append((v, names, renamed, direct))
+        rows.append((v, names, renamed, direct, notes))
         out.append(f"* SGLang {v}: {len(names)} registry names, {len(renamed)} renamed/deprecated, "
                    f"{len(direct)} read directly.")
     out += ["", "The peer tier (``tests/peer/test_versions_table.py``) proves these equal the packages'.",
             '"""', "", "from __future__ import annotations", "", "",
             "def _set(text: str) -> frozenset[str]:", "    return frozenset(text.split())", "", ""]
     out.append("ENV_REGISTRY: dict[str, frozenset[str]] = {")
-    for v, names, _r, _d in rows:
+    for v, names, _r, _d, _n in rows:
         out += [f'    "{v}": _set("""', _names(names, "        "), '    """),']
     out += ["}", '"""``Envs`` registry names per release (``sglang/srt/environ.py``)."""', "", ""]
     out.append("ENV_READ_DIRECTLY: dict[str, frozenset[str]] = {")
-    for v, _n, _r, direct in rows:
+    for v, _n, _r, direct, _no in rows:
         out += [f'    "{v}": _set("""', _names(direct, "        "), '    """),']
     out += ["}", '"""``SGLANG_*``/``SGL_*`` names read outside the registry (``os.getenv`` etc. in ``sglang/srt``)."""',
             "", ""]
     out.append("ENV_RENAMED: dict[str, dict[str, str | None]] = {")
-    for v, _n, renamed, _d in rows:
+    for v, _n, renamed, _d, _no in rows:
         out.append(f'    "{v}": {{')
         out += [f"        {k!r}: {r!r}," for k, r in renamed.items()]
         out.append("    },")
     out += ["}", '"""Deprecated name -> its replacement (None: removed, or replaced by a CLI flag) per release',
-            '(``sglang/srt/environ.py`` deprecation tables and ``deprecated_name=`` aliases)."""', ""]
+            '(``sglang/srt/environ.py`` deprecation tables and ``deprecated_name=`` aliases)."""', "", ""]
+    out.append("ENV_DEPRECATION_NOTES: dict[str, dict[str, str]] = {")
+    for v, _n, _r, _d, notes in rows:
+        out.append(f'    "{v}": {{')
+        out += [f"        {k!r}: {t!r}," for k, t in notes.items()]
+        out.append("    },")
+    out += ["}", '"""What SGLang tells the operator of a deprecated name (its warning text) per release."""', ""]
     sys.stdout.write("\n".join(out))
     return 0
 

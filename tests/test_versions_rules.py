@@ -226,6 +226,13 @@ def test_env_renamed_names_the_current_one():
     assert env_problem("0.5.17", "SGLANG_WHATEVER") is None  # never read: not guessed
 
 
+def test_env_deprecated_for_a_flag_names_the_flag():
+    rule, fix = env_problem("0.5.23", "SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE")
+    assert "deprecated" in rule and "--enable-prefill-delayer" in fix
+    rule, fix = env_problem("0.5.13.post1", "SGLANG_PER_TOKEN_GROUP_QUANT_8BIT_V2")
+    assert fix == "remove it"
+
+
 def test_env_rule_warns_in_validation():
     hv = ct200("0.5.23", attention_backend="triton")
     hv["ddtree_service"] = {"env": {"SGLANG_QUEUED_TIMEOUT_MS": "1000", "SGLANG_ENABLE_TORCH_COMPILE": "1"}}
@@ -256,6 +263,18 @@ def test_extra_args_owned_flag_refused(flag):
     [f] = errors_at(ct200("0.5.23", attention_backend="triton", extra_args={flag: "8"}), "ddtree_server.extra_args")
     assert f.field == f"ddtree_server.extra_args.{flag}" and "set by ddtree-ops" in f.rule
     assert owned_flag(flag) is not None
+
+
+def test_extra_args_full_tree_keeps_triton_per_phase():
+    """Full-tree DDTree needs triton; a per-phase backend in extra_args must not undo it."""
+    from helpers import base_hostvars
+
+    hv = base_hostvars()
+    hv["ddtree_server"]["extra_args"] = {"--decode-attention-backend": "flashinfer"}
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert f.field == "ddtree_server.extra_args.--decode-attention-backend" and "tree mask" in f.rule
+    hv["ddtree_server"]["extra_args"] = {"--decode-attention-backend": "triton"}
+    assert errors_at(hv, "ddtree_server") == []
 
 
 def test_extra_args_unowned_flags_allowed():

@@ -107,7 +107,18 @@ def _read_versions() -> list[str]:
 
 def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
     """``ddtree_server.extra_args`` sets no flag the toolkit owns (the plan derives them:
-    graph sizes, speculative settings, host/port, modelled fields) and no secret-taking flag."""
+    graph sizes, speculative settings, host/port, modelled fields) and no secret-taking flag;
+    with full-tree DDTree the per-phase attention backends stay triton (the tree-verify mask,
+    as :func:`.rules.rule_full_tree` requires of ``attention_backend``)."""
+    if p.full_tree:
+        for flag in ("--prefill-attention-backend", "--decode-attention-backend"):
+            value = d.server.extra_args.get(flag)
+            if value is not None and value != "triton":
+                yield Finding("error", f"{EXTRA}.{flag}", value,
+                              f"full-tree DDTree (budget {p.budget} > block_size - 1 = {p.block_size - 1}) verifies a "
+                              f"tree mask that only the triton backend applies; {flag} would run another kernel",
+                              f"remove {flag} (or set it to triton), or lower budget to block_size - 1",
+                              "DDTree worker: tree-verify attention mask")
     for flag in d.server.extra_args:
         field = f"{EXTRA}.{flag}"
         if SECRET_FLAG.search(flag):

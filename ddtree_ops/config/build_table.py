@@ -37,7 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .sglang_env import ENV_READ_DIRECTLY, ENV_REGISTRY, ENV_RENAMED
+from .sglang_env import ENV_DEPRECATION_NOTES, ENV_READ_DIRECTLY, ENV_REGISTRY, ENV_RENAMED
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,9 @@ def env_problem(version: str, name: str) -> tuple[str, str] | None:
     if name in renamed:
         new = renamed[name]
         if new is None:
-            return (f"SGLang {version} deprecated {name} (a warning, and it has no replacement variable; {src})",
-                    "remove it (where a CLI flag replaced it, set that flag in ddtree_server.extra_args)")
+            note = ENV_DEPRECATION_NOTES[version].get(name, "")
+            return (f"SGLang {version} deprecated {name}: it has no replacement variable ({src})",
+                    f"remove it; SGLang says: {note}" if note else "remove it")
         return (f"SGLang {version} renamed {name} to {new} ({src})", f"rename it to {new}")
     if name in known:
         return None

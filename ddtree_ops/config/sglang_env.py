@@ -577,3 +577,27 @@ ENV_RENAMED: dict[str, dict[str, str | None]] = {
 }
 """Deprecated name -> its replacement (None: removed, or replaced by a CLI flag) per release
 (``sglang/srt/environ.py`` deprecation tables and ``deprecated_name=`` aliases)."""
+
+
+ENV_DEPRECATION_NOTES: dict[str, dict[str, str]] = {
+    "0.5.13.post1": {
+        'SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES': "Please use '--prefill-delayer-max-delay-passes' instead.",
+        'SGLANG_PREFILL_DELAYER_TOKEN_USAGE_LOW_WATERMARK': "Please use '--prefill-delayer-token-usage-low-watermark' instead.",
+        'SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE': "Please use '--enable-prefill-delayer' instead.",
+    },
+    "0.5.23": {
+        'SGLANG_DSPARK_FAST_SAMPLING': 'DSpark draft sampling always uses Gumbel-max.',
+        'SGLANG_DSPARK_FOLDED_SAMPLING': 'A folded DSpark draft proposal samples; set SGLANG_DSPARK_USE_GREEDY_DRAFT=1 for an argmax-only draft, or SGLANG_DSPARK_FOLDED_PROPOSAL=0 to keep the proposal out of the graph.',
+        'SGLANG_DSPARK_OPT_FUSED_GREEDY_MARKOV': 'A one-row step of SGLANG_DSPARK_USE_GREEDY_DRAFT on a vanilla markov head fuses the bias GEMV.',
+        'SGLANG_ENABLE_CP_V2': 'Strategy-based prefill context parallelism is now the only generic implementation.',
+        'SGLANG_ENABLE_HICACHE_BUFFER_ANCHOR_LOCK': 'Buffer-mode anchor pinning is always on; set SGLANG_HICACHE_BUFFER_ANCHOR_LOCK_CAP=0 to disable it.',
+        'SGLANG_FLASHINFER_MNNVL_CUTEDSL_AR_FUSION': 'Pass --flashinfer-allreduce-fusion-backend cutedsl instead. Without it an eligible model auto-enables the legacy mnnvl backend rather than the CuTe DSL fusion.',
+        'SGLANG_FLASHINFER_MNNVL_CUTEDSL_AR_FUSION_MAX_INSTANCES': 'One workspace per process is now an invariant, not a limit.',
+        'SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES': "Please use '--prefill-delayer-max-delay-passes' instead.",
+        'SGLANG_PREFILL_DELAYER_TOKEN_USAGE_LOW_WATERMARK': "Please use '--prefill-delayer-token-usage-low-watermark' instead.",
+        'SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE': "Please use '--enable-prefill-delayer' instead.",
+        'SGLANG_SKIP_RUST_TESTS': 'The Rust tests run in pr-test-rust-workspace.yml now.',
+        'SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE': 'Deterministic inference on triton no longer aligns prefill chunks.',
+    },
+}
+"""What SGLang tells the operator of a deprecated name (its warning text) per release."""

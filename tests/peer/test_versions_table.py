@@ -27,7 +27,7 @@ import pytest
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, OWNED_ALIASES,
                                            OWNED_FLAGS, cuda_major_of_requires, owned_flag)
-from ddtree_ops.config.sglang_env import ENV_REGISTRY, ENV_RENAMED
+from ddtree_ops.config.sglang_env import ENV_DEPRECATION_NOTES, ENV_REGISTRY, ENV_RENAMED
 from ddtree_ops.render.argv import build_argv
 from helpers import REPO
 from peerutil import PEER_VERSIONS, run_worker, sglang_python
@@ -111,7 +111,9 @@ def test_env_renames_are_what_sglang_does(version, facts):
         elif new is not None:
             assert new in f["env_added"], f"SGLang {version} did not forward {old} to {new}"
         else:
-            assert any(old in w for w in f["warnings"]), f"SGLang {version} gave no deprecation warning for {old}"
+            note = ENV_DEPRECATION_NOTES[version].get(old, "")
+            assert any(old in w and note in w for w in f["warnings"]), (
+                f"SGLang {version} gave no deprecation warning for {old} (with {note!r})")
     assert set(f["env_aliases"]) <= set(ENV_RENAMED[version])
     # env_problem's SGL_ -> SGLANG_ advice is what SGLang does
     assert f["env_added"].get("SGLANG_" + PROBE_SGL[len("SGL_"):]) == "1000"
