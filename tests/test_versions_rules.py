@@ -179,6 +179,10 @@ def test_plan_driver_floor_is_the_build_s_when_toolkit_is_12_8():
     assert tc["cuda"] == "12.8"
     assert tc["min_driver"] == CUDA_TOOLKITS["13.0"].min_driver == "580.65.06"
     assert tc["toolkit_min_driver"] == "570.26" and "cu13" in tc["min_driver_reason"]
+    [w] = [w for w in validate_hostvars("h1", hv).warnings if w.field == "ddtree_toolchain.cuda"]
+    assert "580.65.06" in w.rule and "570.26" in w.rule and "flashinfer_python[cu13]" in w.rule
+    hv["ddtree_toolchain"] = {"cuda": "13.0"}
+    assert not [w for w in validate_hostvars("h1", hv).warnings if w.field == "ddtree_toolchain.cuda"]
 
 
 def test_driver_check_uses_the_plan_floor():

@@ -151,3 +151,18 @@ def rule_sglang_env(d: Deployment, p: Plan) -> Iterator[Finding]:
             if problem is not None:
                 rule, fix = problem
                 yield Finding("warning", f"{section}.{name}", name, rule, fix, "sglang/srt/environ.py")
+
+
+def rule_build_driver_floor(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """A toolkit pinned below the pinned build's CUDA major does not lower the driver it
+    needs: the plan's ``toolchain.min_driver`` is the build's (cu13 wheels: >= 580.65.06), and
+    the ``cuda_toolkit`` role refuses an older driver. Said at validate time (a warning), so a
+    12.x toolkit is not mistaken for a way to stay on a 57x driver."""
+    tc = p.toolchain
+    if tc and tc.get("min_driver") != tc.get("toolkit_min_driver"):
+        yield Finding("warning", "ddtree_toolchain.cuda", tc.get("cuda"),
+                      f"toolkit {tc.get('cuda')} alone runs on driver >= {tc.get('toolkit_min_driver')}, but "
+                      f"{tc.get('min_driver_reason')}; the cuda_toolkit role requires driver >= {tc.get('min_driver')}",
+                      f"make sure the hosts run driver >= {tc.get('min_driver')} (or pin an SGLang build whose wheels "
+                      "need an older CUDA)",
+                      "NVIDIA CUDA Toolkit Release Notes, table 3; the build's METADATA Requires-Dist")

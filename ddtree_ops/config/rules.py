@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from .errors import Finding
-from .build_rules import rule_attention_backends, rule_extra_args, rule_sglang_env
+from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
 from .hosts import HOST_CLASSES
 from .models import Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
@@ -375,6 +375,7 @@ RULES: list[Rule] = [
     rule_attention_backends,  # backend names + per-arch rules of the build table (was rule_sm120_attention)
     rule_extra_args,
     rule_sglang_env,
+    rule_build_driver_floor,
     rule_tp_fits,
     rule_ports,
     rule_health_timeout,
