@@ -262,7 +262,7 @@ def test_extra_args_rendered_after_the_owned_flags():
 @pytest.mark.parametrize("flag", ["--port", "--host", "--cuda-graph-max-bs-decode", "--cuda-graph-bs",
                                   "--speculative-num-draft-tokens", "--speculative-algorithm", "--tp-size",
                                   "--tensor-parallel-size", "--model", "--disable-cuda-graph", "--cuda-graph-max",
-                                  "--attention-backend", "--page-size", "--mem-frac"])
+                                  "--attention-backend", "--page-size", "--mem-frac", "--config"])
 def test_extra_args_owned_flag_refused(flag):
     [f] = errors_at(ct200("0.5.23", attention_backend="triton", extra_args={flag: "8"}), "ddtree_server.extra_args")
     assert f.field == f"ddtree_server.extra_args.{flag}" and "set by ddtree-ops" in f.rule
@@ -279,6 +279,18 @@ def test_extra_args_full_tree_keeps_triton_per_phase():
     assert f.field == "ddtree_server.extra_args.--decode-attention-backend" and "tree mask" in f.rule
     hv["ddtree_server"]["extra_args"] = {"--decode-attention-backend": "triton"}
     assert errors_at(hv, "ddtree_server") == []
+
+
+def test_extra_args_on_a_simulator_host_parse_with_the_simulator():
+    hv = ct200("0.5.23", attention_backend="triton", extra_args={"--disable-custom-all-reduce": True})
+    hv["ddtree_sglang"] = {"source": "simulator", "version": "0.5.23"}
+    assert errors_at(hv, "ddtree_server.extra_args") == []
+    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 30011, "--disable-custom-all-reduce": True}
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "simulator" in f.rule and "--nccl-port" in f.rule and "--disable-custom-all-reduce" not in f.rule
+    hv["ddtree_server"]["extra_args"] = {"--decode-log-interval": "many"}
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "invalid int value" in f.rule
 
 
 def test_extra_args_unowned_flags_allowed():

@@ -119,6 +119,8 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
                               f"tree mask that only the triton backend applies; {flag} would run another kernel",
                               f"remove {flag} (or set it to triton), or lower budget to block_size - 1",
                               "DDTree worker: tree-verify attention mask")
+    if d.sglang.source == "simulator" and d.server.extra_args:
+        yield from _simulator_parse(d)
     for flag in d.server.extra_args:
         field = f"{EXTRA}.{flag}"
         if SECRET_FLAG.search(flag):
@@ -135,6 +137,34 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
                           "settings, host/port, model, parallelism); a second value would override the plan",
                           "remove it and set the matching ddtree_server / ddtree_speculative / ddtree_model field",
                           "ddtree_ops/render/argv.py")
+
+
+def _simulator_parse(d: Deployment) -> Iterator[Finding]:
+    """A simulator host runs ``ddtree_ops.sim``: its own parser (SGLang's flag names of the
+    simulated version) is the pinned build's parser, so ``extra_args`` are parsed here."""
+    import contextlib
+    import io
+
+    from ..sim.args import build_parser
+
+    build = d.sglang.simulated_build or ("ddtree" if d.sglang.ddtree_source else "release")
+    parser = build_parser(d.sglang.base_version, build)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            _ns, unknown = parser.parse_known_args(["--model-path", "m", *d.server.extra_argv()])
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        unknown, problem = [], (lines[-1] if lines else "the parser rejected them")
+    else:
+        problem = ""
+    flags = [u for u in unknown if u.startswith("--")]
+    if flags or problem:
+        yield Finding("error", EXTRA, list(d.server.extra_args),
+                      f"the SGLang simulator of {d.sglang.base_version} ({build} build) "
+                      + (f"does not know {', '.join(flags)}" if flags else f"refuses them: {problem}"),
+                      "remove the flags the simulator does not model (ddtree_ops/sim/args.py), or deploy a real build",
+                      "ddtree_ops/sim/args.py build_parser")
 
 
 def rule_sglang_env(d: Deployment, p: Plan) -> Iterator[Finding]:

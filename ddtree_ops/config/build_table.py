@@ -225,6 +225,7 @@ OWNED_FLAGS: tuple[str, ...] = (
     "--page-size", "--disable-overlap-schedule", "--enable-metrics", "--log-level",
     "--disable-cuda-graph", "--cuda-graph-max-bs", "--cuda-graph-bs", "--cuda-graph-max-bs-decode",
     "--cuda-graph-bs-decode",
+    "--config",  # a YAML file of arguments (prepare_server_args merges it): would set any owned flag unseen
 )
 """Flags :func:`ddtree_ops.render.argv.build_argv` sets from modelled fields (the peer tier
 checks every alias the real parsers give these destinations is in :data:`OWNED_ALIASES` or here)."""
