@@ -1,7 +1,10 @@
 """SGLang versions and DDTree sources as data.
 
 Every module that depends on what a given SGLang build accepts (validator, argv renderer,
-probe) reads this table instead of comparing version strings itself.
+probe) reads this table instead of comparing version strings itself. Facts read off each
+release's package (attention backend names, backend/arch rules keyed by version range,
+environment variables, owned flags, the CUDA major of the wheel's dependencies) are in
+:mod:`ddtree_ops.config.build_table`, checked against the real packages by the peer tier.
 
 Sources of the facts:
 
