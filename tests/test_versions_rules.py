@@ -237,6 +237,13 @@ def test_env_deprecated_for_a_flag_names_the_flag():
     assert fix == "remove it"
 
 
+def test_env_of_an_unread_release_warns_once_unchecked():
+    hv = ct200("0.5.17", attention_backend="triton")
+    hv["ddtree_service"] = {"env": {"SGLANG_WHATEVER": "1", "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas"}}
+    [w] = [w for w in findings(hv)[1] if w.field.startswith("ddtree_service.env")]
+    assert w.value == ["SGLANG_WHATEVER"] and "never read" in w.rule
+
+
 def test_env_rule_warns_in_validation():
     hv = ct200("0.5.23", attention_backend="triton")
     hv["ddtree_service"] = {"env": {"SGLANG_QUEUED_TIMEOUT_MS": "1000", "SGLANG_ENABLE_TORCH_COMPILE": "1"}}

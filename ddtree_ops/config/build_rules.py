@@ -171,8 +171,19 @@ def rule_sglang_env(d: Deployment, p: Plan) -> Iterator[Finding]:
     """``SGLANG_*``/``SGL_*`` names of ``ddtree_service.env`` / ``ddtree_secret_env`` are
     variables the pinned build reads (its ``Envs`` registry or a direct read, per release
     read off the package: :mod:`.sglang_env`); renamed ones name their current name."""
+    from .sglang_env import ENV_REGISTRY
+
     version = d.sglang.base_version
     sim = d.sglang.source == "simulator"
+    if version not in ENV_REGISTRY:
+        names = [n for n in (*d.service.env, *d.secret_env) if n.startswith(("SGLANG_", "SGL_"))
+                 and not (sim and n.startswith("SGLANG_SIM_"))]
+        if names:
+            yield Finding("warning", "ddtree_service.env", names,
+                          f"SGLang {version}'s environment registry was never read off its package: these names are "
+                          "not checked", "pin a release of the build table (" + ", ".join(sorted(ENV_REGISTRY))
+                          + "), or check them against that release's sglang/srt/environ.py", TABLE)
+        return
     for section, names in (("ddtree_service.env", list(d.service.env)), ("ddtree_secret_env", list(d.secret_env))):
         for name in names:
             if sim and name.startswith("SGLANG_SIM_"):
