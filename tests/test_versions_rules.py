@@ -414,3 +414,50 @@ def test_wheel_driver_check_refuses_a_bad_driver_string(tmp_path):
 
     with pytest.raises(DriverCheckError, match="not dotted numbers"):
         check_build_driver("580;reboot", _wheel(tmp_path, "Name: sglang\n"))
+
+
+def _toolkit_action(**args):
+    """Run the ``ddtree_toolkit`` action plugin as Ansible does, on the controller."""
+    import sys
+    from types import SimpleNamespace
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    from helpers import REPO
+
+    sys.path.insert(0, str(REPO / "action_plugins"))
+    try:
+        from ddtree_toolkit import ActionModule
+    finally:
+        sys.path.pop(0)
+    task = Task()
+    task.args = args
+    loader = DataLoader()
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: runs on the controller
+    action = ActionModule(task=task, connection=connection, play_context=None, loader=loader,
+                          templar=Templar(loader=loader, variables={}), shared_loader_obj=None)
+    return action.run(task_vars={})
+
+
+def test_toolkit_action_driver_check_takes_the_plan_floor():
+    base = {"check": "driver", "stdout": "575.57.08, 12.0\n", "rc": 0, "stderr": "", "cuda": "12.8", "arch": "sm_120"}
+    assert not _toolkit_action(**base).get("failed")
+    r = _toolkit_action(**base, min_driver="580.65.06", min_driver_reason="the SGLang build depends on CUDA 13 wheels")
+    assert r["failed"] and "needs >= 580.65.06, the SGLang build depends on CUDA 13 wheels" in r["msg"]
+    r = _toolkit_action(**{**base, "stdout": "580.95.05, 12.0\n"}, min_driver="580.65.06")
+    assert not r.get("failed") and "the SGLang build (>= 580.65.06)" in r["msg"]
+
+
+def test_toolkit_action_build_driver_reads_the_wheelhouse(tmp_path):
+    from helpers import FIXTURES
+
+    _wheel(tmp_path, (FIXTURES / "sglang" / "METADATA-0.5.23").read_text())
+    (tmp_path / "flashinfer_python-0.7.2-py3-none-any.whl").write_bytes(b"")  # other wheels are not read
+    r = _toolkit_action(check="build_driver", wheelhouse=str(tmp_path), driver_version="575.57.08")
+    assert r["failed"] and "sglang 0.5.23" in r["msg"] and ">= 580.65.06" in r["msg"]
+    r = _toolkit_action(check="build_driver", wheelhouse=str(tmp_path), driver_version="580.95.05")
+    assert not r.get("failed") and r["wheel"].startswith("sglang-0.5.23-")
+    r = _toolkit_action(check="build_driver", wheelhouse=str(tmp_path / "none"), driver_version="580.95.05")
+    assert r["failed"] and "found 0" in r["msg"]
