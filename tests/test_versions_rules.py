@@ -300,6 +300,17 @@ def test_extra_args_on_a_simulator_host_parse_with_the_simulator():
     assert "invalid int value" in f.rule
 
 
+def test_extra_args_ports_checked_against_the_host_s():
+    hv = ct200("0.5.23", attention_backend="triton", extra_args={"--nccl-port": 30000})
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "clashes with ddtree_server.port" in f.rule
+    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 80}
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "1024-65535" in f.rule
+    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 30011}
+    assert errors_at(hv, "ddtree_server.extra_args") == []
+
+
 def test_extra_args_unowned_flags_allowed():
     for flag in ("--nccl-port", "--base-gpu-id", "--enable-expert-distribution-metrics", "--kv-cache-dtype"):
         assert owned_flag(flag) is None

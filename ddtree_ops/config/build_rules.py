@@ -108,6 +108,7 @@ def _read_versions() -> list[str]:
 def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
     """``ddtree_server.extra_args`` sets no flag the toolkit owns (the plan derives them:
     graph sizes, speculative settings, host/port, modelled fields) and no secret-taking flag;
+    a ``--*-port`` (``--nccl-port``) is an unprivileged port clashing with no port of the host's;
     with full-tree DDTree the per-phase attention backends stay triton (the tree-verify mask,
     as :func:`.rules.rule_full_tree` requires of ``attention_backend``)."""
     if p.full_tree:
@@ -121,6 +122,20 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
                               "DDTree worker: tree-verify attention mask")
     if d.sglang.source == "simulator" and d.server.extra_args:
         yield from _simulator_parse(d)
+    taken = {d.server.port: "ddtree_server.port", d.ops.exporter_port: "ddtree_ops.exporter_port"}
+    for flag, value in d.server.extra_args.items():
+        if not flag.endswith("-port") or isinstance(value, (bool, list)) or owned_flag(flag) is not None:
+            continue
+        try:
+            port = int(str(value))
+        except ValueError:
+            port = None
+        if port is None or not 1024 <= port <= 65535:
+            yield Finding("error", f"{EXTRA}.{flag}", value, f"{flag} must be a TCP port 1024-65535 (the service runs "
+                          "unprivileged, without CAP_NET_BIND_SERVICE)", "give a free port in 1024-65535")
+        elif port in taken:
+            yield Finding("error", f"{EXTRA}.{flag}", value, f"{flag} {port} clashes with {taken[port]} on the same host",
+                          "pick another port")
     for flag in d.server.extra_args:
         field = f"{EXTRA}.{flag}"
         if SECRET_FLAG.search(flag):
