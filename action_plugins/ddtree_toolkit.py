@@ -7,6 +7,10 @@ on the controller (no version logic in YAML). Option ``check`` picks one:
 * ``driver``: ``stdout``, ``rc``, ``stderr`` of ``nvidia-smi --query-gpu=driver_version,compute_cap
   --format=csv,noheader``, ``cuda``, ``arch`` -> ``gpus``; fails with one clear message when the
   driver is absent, too old for the toolkit, or the GPUs are not the host class' arch.
+  ``min_driver`` / ``min_driver_reason`` (``plan.toolchain``: the pinned build's floor, if higher).
+* ``build_driver``: ``wheelhouse`` (controller directory of the SGLang wheelhouse) and
+  ``driver_version``: the one ``sglang-*.whl`` there must not depend on CUDA wheels newer than
+  the driver runs (:func:`ddtree_ops.ops.toolkit.check_build_driver`).
 * ``reboot``: ``connection``, ``host``, ``managed_changed``, ``reboot_required``, ``allowed`` ->
   ``reboot`` (bool) and ``reason`` (see :func:`ddtree_ops.ops.toolkit.reboot_decision`).
 """
@@ -23,7 +27,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config.toolchain import KEYRING_DEB, KEYRING_PACKAGE, KEYRING_PATH, NVIDIA_REPO_URL, nvidia_repo
-        from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, reboot_decision
+        from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver, check_driver, reboot_decision
 
         result = super().run(tmp, task_vars)
         result["changed"] = False
@@ -41,17 +45,33 @@ class ActionModule(ActionBase):
         elif check == "driver":
             try:
                 gpus = check_driver(str(a.get("stdout", "")), int(a.get("rc", 1)), str(a["cuda"]),
-                                    a.get("arch"), str(a.get("stderr", "")))
+                                    a.get("arch"), str(a.get("stderr", "")),
+                                    str(a.get("min_driver") or "") or None, str(a.get("min_driver_reason") or ""))
             except DriverCheckError as exc:
                 return {**result, "failed": True, "msg": str(exc)}
             drv = gpus[0].driver_version
             result.update(gpus=[g.__dict__ for g in gpus], driver_version=drv,
-                          msg=f"{len(gpus)} GPU(s) {gpus[0].arch}, driver {drv}: ok for CUDA {a['cuda']}")
+                          msg=f"{len(gpus)} GPU(s) {gpus[0].arch}, driver {drv}: ok for CUDA {a['cuda']}"
+                              + (f" and the SGLang build (>= {a['min_driver']})" if a.get("min_driver") else ""))
+        elif check == "build_driver":
+            from pathlib import Path
+
+            wheels = sorted(Path(str(a.get("wheelhouse", ""))).glob("sglang-*.whl"))
+            if len(wheels) != 1:
+                return {**result, "failed": True,
+                        "msg": f"ddtree_toolkit: want one sglang-*.whl in the wheelhouse {str(a.get('wheelhouse'))[:200]}, "
+                               f"found {len(wheels)}. Fix: rebuild the wheelhouse (delete it; the sglang role rebuilds it)"}
+            try:
+                result["msg"] = check_build_driver(str(a.get("driver_version", "")), wheels[0])
+            except DriverCheckError as exc:
+                return {**result, "failed": True, "msg": str(exc)}
+            result["wheel"] = wheels[0].name
         elif check == "reboot":
             reboot, reason = reboot_decision(str(a.get("connection", "ssh")), str(a.get("host", "")),
                                              boolean(a.get("managed_changed", False)),
                                              boolean(a.get("reboot_required", False)), boolean(a.get("allowed", False)))
             result.update(reboot=reboot, reason=reason, msg=reason)
         else:
-            return {**result, "failed": True, "msg": f"ddtree_toolkit: check must be repo, driver or reboot, not {check!r}"}
+            return {**result, "failed": True, "msg": f"ddtree_toolkit: check must be repo, driver, build_driver or reboot, "
+                                                     f"not {str(check)[:40]!r}"}
         return result

@@ -39,6 +39,4 @@ HOST_CLASSES: dict[str, HostClass] = {
     )
 }
 
-SM120_UNSUPPORTED_ATTENTION = ("trtllm_mha", "trtllm_mla", "fa3", "fa4")
-"""Attention backends with no sm_120 kernels (TRT-LLM and FlashAttention 3/4 target
-sm_90/sm_100 only); SGLang fails at first use on RTX PRO 6000."""
+# Which attention backends each SGLang build refuses on which arch: config/build_table.py ARCH_RULES.

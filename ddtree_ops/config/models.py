@@ -57,6 +57,7 @@ _SAFE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]{0,62}$")
 
 MAX_PATH = 4096
 """Longest path or argv value, characters (Linux ``PATH_MAX``)."""
@@ -506,6 +507,14 @@ class Server(_Model):
             1-128; larger pages only waste KV cache).
         disable_overlap_schedule: pass ``--disable-overlap-schedule``.
         log_level: SGLang log level.
+        extra_args: SGLang flags the config has no field for (``{"--nccl-port": 30011,
+            "--enable-custom-all-reduce": true, "--mm-attention-backend": "fa4"}``), appended
+            to the argv: ``true`` -> the bare flag, a scalar -> ``FLAG VALUE``, a list ->
+            ``FLAG V1 V2 ...``. <= 64 flags, <= 64 values each; flags ``--[a-z0-9-]``, values
+            argv-safe (:func:`_safe_arg`: no whitespace/newline, no leading ``-``). Flags the
+            toolkit owns, secret-taking flags and names unknown to the pinned build are refused
+            by :func:`ddtree_ops.config.build_rules.rule_extra_args` and the probe / peer tier's
+            parse with the build's own parser.
     """
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
@@ -521,6 +530,47 @@ class Server(_Model):
     page_size: _bounded(0, 1024, gt=True) | None = None
     disable_overlap_schedule: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    extra_args: Annotated[dict[str, Any], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for flag, value in v.items():
+            if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
+                raise _fail(f"flag {str(flag)[:80]!r} is not a long option of lower-case letters, digits and dashes "
+                            "(--name, at most 64 characters; no =VALUE, no short options)",
+                            'write it as SGLang spells it, e.g. "--nccl-port": 30011')
+            values = value if isinstance(value, list) else [value]
+            if value is False or value is None or (isinstance(value, list) and not value):
+                raise _fail(f"{flag}: {value!r} sets nothing", f"remove {flag} (or give true for a bare flag)")
+            if len(values) > MAX_ITEMS:
+                raise _fail(f"{flag} has {len(values)} values (at most {MAX_ITEMS})", "give fewer values")
+            for x in values:
+                if x is True and not isinstance(value, list):
+                    continue
+                if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+                    raise _fail(f"{flag}: each value must be a string or a number (true alone for a bare flag)",
+                                f'e.g. "{flag}": 1 or "{flag}": [1, 2]')
+                text = str(x)
+                if len(text) > MAX_PATH:
+                    raise _fail(f"{flag}: a value is longer than {MAX_PATH} characters", "shorten it")
+                try:
+                    _safe_arg(text)
+                except ValueError as exc:
+                    rule = str(exc).split(RULE_FIX_SEP, 1)[0]
+                    raise _fail(f"{flag}: a value {rule}",
+                                f"give {flag} a value of those characters that does not start with - "
+                                "(it is one argv token), or remove the flag") from None
+        return v
+
+    def extra_argv(self) -> list[str]:
+        """:attr:`extra_args` as argv tokens, in the inventory's order."""
+        out: list[str] = []
+        for flag, value in self.extra_args.items():
+            out.append(flag)
+            if value is not True:
+                out += [str(x) for x in (value if isinstance(value, list) else [value])]
+        return out
 
     @field_validator("host")
     @classmethod

@@ -192,5 +192,19 @@ def make_plan(d: Deployment) -> Plan:
         page_size=page_size,
         disable_overlap_schedule=overlap_off,
         toolchain=plan_toolchain(HOST_CLASSES[d.host_class].arch if d.host_class in HOST_CLASSES else None,
-                                 d.toolchain.cuda, d.toolchain.triton),
+                                 d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d)),
     )
+
+
+def _build_cuda(d: Deployment) -> tuple[int | None, str]:
+    """CUDA major of the pinned build's wheel dependencies (build table row of its base release)
+    and the ``Requires-Dist`` lines behind it; ``(None, "")`` when no SGLang is installed
+    (simulator) or the release was never read."""
+    from .build_table import BUILD_REQUIRES_CUDA
+
+    if d.sglang.source == "simulator" and not d.sglang.install_release:
+        return None, ""
+    row = BUILD_REQUIRES_CUDA.get(d.sglang.base_version)
+    if row is None:
+        return None, ""
+    return row.cuda_major, f"SGLang {row.version}: {', '.join(row.requires)}"

@@ -10,7 +10,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from .errors import Finding
-from .hosts import HOST_CLASSES, SM120_UNSUPPORTED_ATTENTION
+from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
+from .hosts import HOST_CLASSES
 from .models import Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
@@ -225,18 +226,6 @@ def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed")
 
 
-def rule_sm120_attention(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """sm_120 (RTX PRO 6000) has no kernels for trtllm_mha, trtllm_mla, fa3, fa4."""
-    hc = _host_class(d)
-    if not (hc and hc.arch == "sm_120"):
-        return
-    for field, value in (("ddtree_server.attention_backend", d.server.attention_backend),
-                         (f"{SPEC}.draft_attention_backend", d.speculative.draft_attention_backend)):
-        if value in SM120_UNSUPPORTED_ATTENTION:
-            yield _err(field, value, f"{value} has no sm_120 kernels ({hc.name}: {hc.gpu_name})",
-                       "use triton or flashinfer")
-
-
 def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
     """tp_size * dp_size GPUs exist on the host and divide it evenly."""
     hc = _host_class(d)
@@ -443,7 +432,10 @@ RULES: list[Rule] = [
     rule_ddtree_build,
     rule_capture_plan,
     rule_sm103_tree_capture,
-    rule_sm120_attention,
+    rule_attention_backends,  # backend names + per-arch rules of the build table (was rule_sm120_attention)
+    rule_extra_args,
+    rule_sglang_env,
+    rule_build_driver_floor,
     rule_tp_fits,
     rule_ports,
     rule_health_timeout,

@@ -241,17 +241,24 @@ def nvidia_repo(distribution: str, version: str, machine: str) -> NvidiaRepo:
     return NvidiaRepo(f"{name}/{cpu}")
 
 
-def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None) -> dict:
+def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
+                   build_cuda_major: int | None = None, build_reason: str = "") -> dict:
     """What a host's toolchain will be and which ptxas override the service env needs.
 
     Args:
         arch: host class arch (``sm_103``) or None when unknown (then nothing is derived).
         cuda: pinned toolkit, or None for :func:`default_cuda`.
         triton: pinned Triton release, or None when the venv decides.
+        build_cuda_major: CUDA major the pinned SGLang build's wheel depends on (its
+            ``Requires-Dist``: :data:`ddtree_ops.config.build_table.BUILD_REQUIRES_CUDA`), or None.
+        build_reason: the dependencies that ask for it (shown in ``min_driver_reason``).
 
     Returns:
-        ``{arch, cuda, package, cuda_home, ptxas, min_driver, target, ptx_version, triton,
-        triton_ptxas, triton_ptxas_cuda, ptxas_env, ptxas_reason}``; ``ptxas_env`` maps
+        ``{arch, cuda, package, cuda_home, ptxas, min_driver, toolkit_min_driver,
+        min_driver_reason, target, ptx_version, triton, triton_ptxas, triton_ptxas_cuda,
+        ptxas_env, ptxas_reason}``; ``min_driver`` is the larger of the toolkit's GA driver
+        and that of the first toolkit of ``build_cuda_major`` (a cu13 wheel needs a CUDA 13
+        driver, >= 580.65.06, even with toolkit 12.8); ``ptxas_env`` maps
         the Triton variable(s) to the toolkit's ptxas when the ptxas Triton would pick is
         older than the arch needs (or, with Triton unpinned, both variables, since the
         toolkit's ptxas is the one known to be new enough). Empty dict for an unknown arch
@@ -264,10 +271,17 @@ def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None) -> di
         return {}
     out = {
         "arch": a.arch, "cuda": tk.version, "package": tk.package, "cuda_home": tk.home, "ptxas": tk.ptxas,
-        "min_driver": tk.min_driver, "target": a.target, "ptx_version": a.ptx_version,
+        "min_driver": tk.min_driver, "toolkit_min_driver": tk.min_driver,
+        "min_driver_reason": f"CUDA {tk.version} toolkit needs driver >= {tk.min_driver}", "target": a.target, "ptx_version": a.ptx_version,
         "triton": triton, "triton_ptxas": None, "triton_ptxas_cuda": None,
         "ptxas_env": {}, "ptxas_reason": "",
     }
+    btk = CUDA_TOOLKITS.get(f"{build_cuda_major}.0") if build_cuda_major else None
+    if btk is not None and not at_least(tk.min_driver, btk.min_driver):
+        out["min_driver"] = btk.min_driver
+        out["min_driver_reason"] = (f"the SGLang build depends on CUDA {build_cuda_major} wheels ({build_reason}): "
+                                    f"driver >= {btk.min_driver} (CUDA {btk.version} GA), above the "
+                                    f"{tk.min_driver} of toolkit {tk.version}")
     t = TRITONS.get(triton or "")
     if triton is None:
         out["ptxas_env"] = {"TRITON_PTXAS_PATH": tk.ptxas, "TRITON_PTXAS_BLACKWELL_PATH": tk.ptxas}

@@ -1,7 +1,10 @@
 """SGLang versions and DDTree sources as data.
 
 Every module that depends on what a given SGLang build accepts (validator, argv renderer,
-probe) reads this table instead of comparing version strings itself.
+probe) reads this table instead of comparing version strings itself. Facts read off each
+release's package (attention backend names, backend/arch rules keyed by version range,
+environment variables, owned flags, the CUDA major of the wheel's dependencies) are in
+:mod:`ddtree_ops.config.build_table`, checked against the real packages by the peer tier.
 
 Sources of the facts:
 
@@ -149,11 +152,9 @@ class KnownIssue:
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue("sm_103", "sm103-ddtree-graph-capture",
                "tree-verify CUDA-graph capture with budget > 8 hits illegal memory accesses"),
-    KnownIssue("sm_120", "sm120-attention",
-               "trtllm_mha, trtllm_mla, fa3 and fa4 attention backends do not run on sm_120",
-               ("none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE")),
 )
-"""Known issues per arch (every supported version and DDTree source so far)."""
+"""Known issues per arch (every supported version and DDTree source so far). Attention
+backends refused per arch and version range: :data:`ddtree_ops.config.build_table.ARCH_RULES`."""
 
 
 @dataclass(frozen=True)

@@ -77,4 +77,6 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
     elif plan.cuda_graph_max_bs is not None:
         argv += [dialect.max_bs_flag, str(plan.cuda_graph_max_bs)]
         argv += [dialect.bs_flag, *map(str, plan.capture_bs)]
+    # Flags the config does not model (validated, none the toolkit owns: config.build_rules).
+    argv += srv.extra_argv()
     return argv

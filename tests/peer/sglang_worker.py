@@ -15,6 +15,13 @@ line: ``{"results": [...]}``, one result per job, in order. Jobs:
   ``--attention-backend`` / ``--speculative-algorithm`` / ``--speculative-draft-attention-backend``,
   the ServerArgs field names, the ``sglang:`` metric names in
   ``sglang/srt/observability/metrics_collector.py`` and the SGLang version.
+* ``{"kind": "buildfacts", "set_env": {NAME: VALUE}}`` (first job of its run: it sets
+  ``set_env`` before SGLang is imported): the ``Envs`` registry names and their
+  ``deprecated_name`` aliases, the environment variables SGLang's import added (its
+  renames of deprecated names) and the warnings it gave, ``Requires-Dist`` of the
+  installed ``sglang``, the site-packages directory, every parser action's ``dest`` with
+  its option strings, and ``server_args``' ``ATTENTION_BACKEND_CHOICES`` /
+  ``DRAFT_ATTENTION_BACKEND_CHOICES`` (None where the release has none).
 """
 
 from __future__ import annotations
@@ -176,12 +183,54 @@ def job_introspect(_job):
     }
 
 
+def job_buildfacts(job):
+    import os
+    import warnings
+    from importlib import metadata
+
+    before = dict(os.environ)
+    os.environ.update({str(k): str(v) for k, v in job.get("set_env", {}).items()})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import sglang
+        from sglang.srt import environ
+
+    added = {k: v for k, v in os.environ.items() if k not in before and k not in job.get("set_env", {})}
+    names, aliases = [], {}
+    for attr, value in vars(environ.Envs).items():
+        if isinstance(value, environ.EnvField):
+            names.append(getattr(value, "name", None) or attr)
+            dep = getattr(value, "deprecated_name", None)
+            if dep:
+                aliases[dep] = getattr(value, "name", None) or attr
+    from sglang.srt import server_args as sa_mod
+
+    draft = getattr(sa_mod, "DRAFT_ATTENTION_BACKEND_CHOICES", None)
+    parser = _parser()
+    dests = {}
+    for action in parser._actions:
+        if action.option_strings:
+            dests.setdefault(action.dest, []).extend(action.option_strings)
+    return {
+        "env_registry": sorted(names),
+        "env_aliases": aliases,
+        "env_added": added,
+        "warnings": [str(w.message) for w in caught],
+        "requires": metadata.requires("sglang") or [],
+        "site_packages": str(Path(sglang.__file__).resolve().parent.parent),
+        "dests": dests,
+        "attention_choices": list(sa_mod.ATTENTION_BACKEND_CHOICES),
+        "draft_attention_choices": list(draft) if draft is not None else None,
+    }
+
+
 def main() -> int:
     logging.disable(logging.WARNING)
     jobs = json.loads(Path(sys.argv[1]).read_text())
     results = []
     for job in jobs:
-        fn = {"parse": job_parse, "resolve": job_resolve, "introspect": job_introspect}[job["kind"]]
+        fn = {"parse": job_parse, "resolve": job_resolve, "introspect": job_introspect,
+              "buildfacts": job_buildfacts}[job["kind"]]
         results.append(fn(job))
     sys.stdout.write("\n" + json.dumps({"results": results}) + "\n")
     return 0
