@@ -957,3 +957,14 @@ def test_a_vars_file_that_blocks_or_never_ends_is_refused(tmp_path, kind, capsys
     assert time.monotonic() - t0 < 10
     err = capsys.readouterr().err
     assert "h1.yml" in err and ("not a regular file" in err or "larger than 16 MiB" in err), err
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("DB_PASS", True), ("MYSQL_PASSWORD", True), ("PASSPHRASE", True), ("pass2", True), ("passwords", True),
+    # Real SGLang 0.5.23 settings (sglang/srt/environ.py) that only contain the letters "pass".
+    ("SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES", False), ("SGLANG_PASSTHROUGH", False), ("bypass", False),
+])
+def test_pass_words_are_secret_but_passes_is_not(name, secret):
+    from ddtree_ops.config.errors import is_secret_name
+
+    assert is_secret_name(name) is secret
