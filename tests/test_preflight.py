@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
 import sys
 import time
+from tempfile import gettempdir as tempfile_dir
 from pathlib import Path
 
 import pytest
@@ -376,3 +378,37 @@ def test_zipapp_runs_with_the_standard_library_only(tmp_path):
     doc = json.loads(r.stdout)
     c = _names(doc)
     assert r.returncode in (0, 1) and c["gpu_count"]["ok"] and c["interconnect"]["ok"] and c["gpu_name"]["ok"], r.stderr
+
+
+# ---------------------------------------------------------------- the deploy play
+
+def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
+    """deploy.yml on a host reached over the local connection: this machine has no GPU, so the
+    preflight play fails the host with the remediation and no later play touches it."""
+    import yaml
+
+    from helpers import REPO, base_hostvars
+
+    plays = yaml.safe_load((REPO / "deploy.yml").read_text())
+    pre = next(p for p in plays if p.get("name") == "Preflight")
+    assert pre["any_errors_fatal"] is False  # one unfit host never stops the fleet
+    assert plays.index(pre) < next(i for i, p in enumerate(plays) if "service.yml" in str(p.get("ansible.builtin.import_playbook")))
+    hv = base_hostvars()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = max(s.getsockname()[1], 1024)
+    hv["ddtree_server"] = {**hv["ddtree_server"], "port": port}
+    hv.update(ansible_connection="local", ansible_python_interpreter=sys.executable,
+              ddtree_service_preflight_zipapp=str(tmp_path / "preflight.pyz"))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"hosts": {"pf-local": hv}}}))
+    before = set(Path(tempfile_dir()).glob("*-ddtree-preflight"))
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+                        "deploy.yml"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    out = r.stdout
+    assert r.returncode != 0, out[-3000:]
+    assert "preflight failed on pf-local (nothing was changed on it)" in out
+    assert "[nvidia_smi] nvidia-smi not found" in out and "Fix: install the NVIDIA driver" in out
+    assert "TASK [cuda_toolkit" not in out and "PLAY [Install and start the SGLang service]" not in out
+    assert re.search(r"pf-local\s+:.*changed=0\s.*failed=1", out), out[-2000:]
+    assert set(Path(tempfile_dir()).glob("*-ddtree-preflight")) == before  # its temporary directory is gone

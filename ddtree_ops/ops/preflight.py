@@ -654,7 +654,8 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     else:
         fits = smi is not None and not matches.get(hc.name)
         checks.append(_check("host_class", fits, f"machine matches {hc.name}" if fits else
-                             f"machine is not a {hc.name}: " + ("; ".join(matches.get(hc.name) or [facts.smi_error]))[:600],
+                             f"machine is not a {hc.name}: " + "; ".join(matches[hc.name])[:600] if smi else
+                             f"unknown: nvidia_smi failed",
                              f"deploy this host with the class it is, or use a {hc.name} machine"))
     arch = hc.arch if hc else None
     if arch is None and smi and smi.gpus and smi.gpus[0].compute_cap:
@@ -662,7 +663,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
         arch = f"sm_{major}{minor}"
     toolchain = expect.toolchain or (plan_toolchain(arch, None, None) if arch in ARCHS else {})
     if smi is None:
-        checks += [_check(n, False, f"not checked: {facts.smi_error}", "fix nvidia_smi first")
+        checks += [_check(n, False, "not checked: nvidia_smi failed")
                    for n in ("gpu_count", "gpu_name", "compute_capability", "gpu_memory", "persistence_mode",
                              "interconnect")]
     elif hc is not None:
@@ -755,6 +756,7 @@ def build_zipapp(out: str) -> str:
     """Write a zipapp of the preflight (``python3 preflight.pyz --plan plan.json --json``) to ``out``.
     Deterministic bytes (fixed timestamps, sorted entries), so a redeploy sees no change."""
     pkg = Path(__file__).resolve().parent.parent
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = out + ".tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0)),
