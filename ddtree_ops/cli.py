@@ -576,17 +576,18 @@ def preflight(host_class: Annotated[str | None, typer.Option("--host-class", hel
               nccl_smoke: Annotated[bool, typer.Option("--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without).")] = False,
               nccl_python: Annotated[str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")] = sys.executable,
               nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Seconds before the smoke test is killed.")] = 120.0,
+              disk_min_free_gib: Annotated[float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")] = None,
               as_json: JsonOpt = False) -> None:
     """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,
     limits, disk, ports (run ON the host; exit 0 fit, 1 a check failed, 2 usage)."""
-    from .ops.preflight import PreflightUsageError, expect_from, load_plan, parse_skip
+    from .ops.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
     from .ops.preflight import preflight as run_preflight
 
     _positive("--nccl-deadline", nccl_deadline, 3600)
     try:
         exp = expect_from(host_class, load_plan(plan_file) if plan_file else None)
         result = run_preflight(exp, nvidia_smi, parse_skip(skip or []), nccl_python if nccl_smoke else None,
-                               nccl_deadline)
+                               nccl_deadline, disk_min_free=disk_bytes(disk_min_free_gib))
     except PreflightUsageError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not as_json:

@@ -365,6 +365,8 @@ def test_cli_json_exit_codes(tmp_path, capsys, monkeypatch):
     assert cli_main(["preflight", "--host-class", "h200", "--json"]) == 2
     assert "use one of" in json.loads(capsys.readouterr().out)["checks"][0]["detail"]
     assert cli_main(["preflight", "--skip", "bogus", "--json"]) == 2
+    assert cli_main(["preflight", "--disk-min-free-gib", "nan", "--json"]) == 2
+    assert "--disk-min-free-gib nan: must be 0.." in capsys.readouterr().out
 
 
 def test_zipapp_runs_with_the_standard_library_only(tmp_path):

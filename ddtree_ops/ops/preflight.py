@@ -502,8 +502,10 @@ def nofile_check(nr_open: int | None, unit_limit: str | None = None, unit: str |
                   f"`sysctl -w fs.nr_open={SERVICE_NOFILE}` and persist it in /etc/sysctl.d/; then redeploy the unit")
 
 
-def disk_check(dirs: list[str]) -> dict:
-    """Each directory's file system (its nearest existing ancestor) has :data:`DISK_MIN_FREE_BYTES` free."""
+def disk_check(dirs: list[str], min_free: int | None = None) -> dict:
+    """Each directory's file system (its nearest existing ancestor) has ``min_free`` bytes free
+    (default :data:`DISK_MIN_FREE_BYTES`)."""
+    need = DISK_MIN_FREE_BYTES if min_free is None else min_free
     seen, low, shown = set(), [], []
     for d in dirs:
         p = Path(d)
@@ -520,12 +522,13 @@ def disk_check(dirs: list[str]) -> dict:
             continue
         seen.add(key)
         shown.append(f"{d} ({p}: {free / (1 << 30):.1f} GiB free)")
-        if free < DISK_MIN_FREE_BYTES:
+        if free < need:
             low.append(f"{d} has {free / (1 << 30):.1f} GiB free on {p}")
-    return _check("disk", not low, ("; ".join(low) + f"; need >= {DISK_MIN_FREE_BYTES >> 30} GiB") if low else
-                  f"{'; '.join(shown)}: >= {DISK_MIN_FREE_BYTES >> 30} GiB each",
+    return _check("disk", not low, ("; ".join(low) + f"; need >= {need / (1 << 30):g} GiB") if low else
+                  f"{'; '.join(shown)}: >= {need / (1 << 30):g} GiB each",
                   "free space there (old caches: ~/.cache/flashinfer, Triton cache, journald) or move the "
-                  "directories (ddtree_service paths) to a larger disk")
+                  "directories (ddtree_service paths) to a larger disk; a deployment that needs less sets "
+                  "ddtree_service_preflight_disk_min_free_gib (--disk-min-free-gib)")
 
 
 def ports_check(ports: list[tuple[int, str | None, str | None]], proc: Path = Path("/proc")) -> dict:
@@ -622,7 +625,7 @@ def _unit_nofile(unit: str | None) -> str | None:
 
 def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, ...] = (),
               nccl_python: str | None = None, nccl_deadline_s: float = NCCL_DEADLINE_S,
-              root: Path = Path("/")) -> dict:
+              root: Path = Path("/"), disk_min_free: int | None = None) -> dict:
     """Run every check on this machine.
 
     Args:
@@ -630,6 +633,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
         nvidia_smi: the nvidia-smi to run.
         skip: check names to report as skipped (the test host has no kernel module).
         nccl_python: run the NCCL smoke test with this interpreter's torch (None: not run).
+        disk_min_free: bytes the ``disk`` check needs free (None: :data:`DISK_MIN_FREE_BYTES`).
         root: where ``proc/driver``, ``proc/sys``, ``sys`` and ``dev`` are read (``/``; tests give a
             tree). Ports are always checked against this machine's own ``/proc``.
 
@@ -705,7 +709,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     except (OSError, ValueError):
         nr_open = None
     checks.append(nofile_check(nr_open, _unit_nofile(expect.unit), expect.unit))
-    checks.append(disk_check(expect.dirs))
+    checks.append(disk_check(expect.dirs, disk_min_free))
     checks.append(ports_check(expect.ports))  # the machine's own sockets, whatever ``root`` is
     if nccl_python is not None:
         checks.append(nccl_check(nccl_python, len(smi.gpus) if smi else 0, nccl_deadline_s))
@@ -737,6 +741,15 @@ def load_plan(path: str) -> dict:
     if not isinstance(doc, dict):
         raise PreflightUsageError(f"--plan {path[:200]}: not a plan.json rendered by ddtree-ops")
     return doc
+
+
+def disk_bytes(gib: float | None) -> int | None:
+    """``--disk-min-free-gib`` in bytes (None: the default). Raises PreflightUsageError."""
+    if gib is None:
+        return None
+    if not 0 <= gib <= 1 << 20:  # NaN fails too
+        raise PreflightUsageError(f"--disk-min-free-gib {gib!r}: must be 0..{1 << 20} GiB")
+    return int(gib * (1 << 30))
 
 
 def parse_skip(names: list[str]) -> tuple[str, ...]:
@@ -777,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nccl-smoke", action="store_true", help="run the NCCL all-reduce smoke test")
     ap.add_argument("--nccl-python", default=sys.executable, help="interpreter with torch for --nccl-smoke")
     ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S)
+    ap.add_argument("--disk-min-free-gib", type=float, default=None,
+                    help=f"GiB the disk check needs free (default {DISK_MIN_FREE_BYTES >> 30})")
     ap.add_argument("--json", action="store_true", dest="as_json")
     try:
         args = ap.parse_args(argv)
@@ -787,7 +802,8 @@ def main(argv: list[str] | None = None) -> int:
             raise PreflightUsageError(f"--nccl-deadline {args.nccl_deadline}: must be > 0 and <= 3600 s")
         exp = expect_from(args.host_class, load_plan(args.plan) if args.plan else None)
         result = preflight(exp, args.nvidia_smi, parse_skip(args.skip),
-                           args.nccl_python if args.nccl_smoke else None, args.nccl_deadline)
+                           args.nccl_python if args.nccl_smoke else None, args.nccl_deadline,
+                           disk_min_free=disk_bytes(args.disk_min_free_gib))
     except PreflightUsageError as exc:
         result, rc = {"ok": False, "checks": [{"name": "usage", "ok": False, "detail": str(exc)}]}, 2
     else:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.hosts
 
 PROBE = ("sha256sum /etc/systemd/system/ddtree-sglang.service /etc/ddtree-ops/sglang/*; "
          "systemctl show -p MainPID -p ActiveEnterTimestamp ddtree-sglang.service")
-SKIP = ["--skip=kernel_module", "--skip=device_nodes"]  # inventory/test's ddtree_service_preflight_skip
+SKIP = ["--skip=kernel_module", "--skip=device_nodes", "--disk-min-free-gib", "2"]  # as inventory/test
 TAKEN = 30123
 
 
