@@ -346,12 +346,20 @@ def test_nccl_smoke_skips_cleanly_without_torch():
 
 def test_nccl_smoke_killed_at_the_deadline_reports_the_acs_fix(tmp_path):
     fake = tmp_path / "python"  # answers the torch probe, then hangs as a stuck all-reduce does
-    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo True; exit 0;; esac\nsleep 30 & sleep 30\n")
+    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 8; exit 0;; esac\nsleep 30 & sleep 30\n")
     fake.chmod(0o755)
     t = time.monotonic()
     c = pf.nccl_check(str(fake), 8, 1.0)
     assert time.monotonic() - t < 10
     assert not c["ok"] and "did not finish in 1 s (killed)" in c["detail"] and "iommu=pt" in c["remediation"]
+
+
+def test_nccl_smoke_torch_without_cuda_fails(tmp_path):
+    fake = tmp_path / "python"  # a torch that imports but sees no device (CPU wheel, wrong CUDA)
+    fake.write_text("#!/bin/sh\necho 0\n")
+    fake.chmod(0o755)
+    c = pf.nccl_check(str(fake), 2, 5)
+    assert not c["ok"] and "sees no CUDA device" in c["detail"] and "torch build" in c["remediation"]
 
 
 # ---------------------------------------------------------------- CLI and zipapp

@@ -28,6 +28,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -556,6 +557,9 @@ def work(rank, world, port, mib, q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    y = torch.ones(1024, dtype=torch.float32, device="cuda")
+    dist.all_reduce(y)
+    ok = bool((y == world).all().item())
     x = torch.ones(mib << 18, dtype=torch.float32, device="cuda")
     for _ in range(3):
         dist.all_reduce(x)
@@ -565,7 +569,6 @@ def work(rank, world, port, mib, q):
         dist.all_reduce(x)
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / n
-    ok = bool(x[0].item() == world ** 13)
     if rank == 0:
         q.put({"world": world, "bytes": x.numel() * 4, "seconds": dt, "correct": ok,
                "busbw_gbps": x.numel() * 4 * 2 * (world - 1) / world / dt / 1e9 if world > 1 else None,
@@ -581,20 +584,29 @@ if __name__ == "__main__":
 
 
 def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib: int = 64) -> dict:
-    """All-reduce ``mib`` MiB over ``gpus`` GPUs with NCCL (``NCCL_NVLS_ENABLE=0``) in ``python``'s
-    torch, in its own process group, killed at ``deadline_s`` (then the ACS/IOMMU fix is the
-    remediation: a peer-to-peer path that hangs is the usual cause). Skipped (ok) where torch is
-    absent or there is no GPU."""
+    """All-reduce ``mib`` MiB with NCCL (``NCCL_NVLS_ENABLE=0``) over the GPUs ``python``'s torch
+    sees (``torch.cuda.device_count()``, so ``CUDA_VISIBLE_DEVICES`` applies), in its own process
+    group, killed at ``deadline_s`` (then the ACS/IOMMU fix is the remediation: a peer-to-peer
+    path that hangs is the usual cause). Skipped (ok) where torch is absent or nvidia-smi lists
+    no GPU (``gpus``); failed where torch sees no CUDA device although there are GPUs."""
     if gpus < 1:
         return _skip("nccl", "no GPU")
-    probe = run_bounded([python, "-c", "import torch, torch.distributed; print(torch.cuda.is_available())"], 60)
+    probe = run_bounded([python, "-c", "import torch, torch.distributed; print(torch.cuda.device_count())"], 120)
     if probe.rc != 0:
         return _skip("nccl", f"no torch in {python} ({(probe.stderr.strip().splitlines() or [probe.note])[-1][:160]})")
+    seen = (probe.stdout.strip().splitlines() or [""])[-1]
+    if not seen.isdigit() or int(seen) < 1:
+        return _check("nccl", False, f"torch in {python} sees no CUDA device (device_count {seen[:40]!r}) on a host "
+                      f"with {gpus} GPU(s)", "install a torch build for this CUDA driver (e.g. the cu130 wheels), and "
+                      "check CUDA_VISIBLE_DEVICES and /dev/nvidia* permissions")
+    gpus = int(seen)
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with tempfile.TemporaryDirectory(prefix="ddtree-nccl-") as tmp:
         script = Path(tmp) / "nccl_smoke.py"
         script.write_text(_NCCL_CHILD)
-        port = 29500 + os.getpid() % 1000
+        with socket.socket() as s:  # a free loopback port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         r = run_bounded([python, str(script), str(gpus), str(port), str(mib)], deadline_s, env=env)
     if r.rc == 124:
         return _check("nccl", False, f"all-reduce over {gpus} GPU(s) did not finish in {deadline_s:g} s (killed)",
