@@ -116,6 +116,7 @@ def test_topo_refuses_garbage():
 def test_proc_version_real_fixture_and_proprietary():
     m = gf.parse_proc_version((GPU / "h200x1_proc_driver_version.txt").read_text())
     assert (m.flavor, m.version) == ("open", "580.159.04")
+    assert gf.parse_proc_version((GPU / "h200x1_misc.txt").read_text()) == m  # the same line, other session
     p = gf.parse_proc_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan 22 2025\n")
     assert (p.flavor, p.version) == ("proprietary", "570.86.15")
     with pytest.raises(gf.FactsError):
@@ -277,11 +278,14 @@ def test_shm_64mb_fails_with_the_fix():
     assert pf.shm_check(128 << 30)["ok"]
 
 
-def test_nofile_below_the_unit_limit_fails():
-    c = pf.nofile_check(65536)
+def test_limits_below_the_units_fail():
+    c = pf.limits_check(65536)
     assert not c["ok"] and "fs.nr_open is 65536" in c["detail"] and "sysctl -w fs.nr_open=1048576" in c["remediation"]
-    assert not pf.nofile_check(1048576, "4096", "ddtree-sglang.service")["ok"]
-    assert pf.nofile_check(1048576, "1048576", "ddtree-sglang.service")["ok"]
+    unit = "ddtree-sglang.service"
+    low = pf.limits_check(1048576, {"LimitNOFILE": "4096", "LimitMEMLOCK": "8388608"}, unit)
+    assert not low["ok"] and "LimitNOFILE=4096" in low["detail"] and "LimitMEMLOCK=8388608, not infinity" in low["detail"]
+    assert pf.limits_check(1048576, {"LimitNOFILE": "1048576", "LimitMEMLOCK": "infinity"}, unit)["ok"]
+    assert pf.limits_check(1048576, None, unit)["ok"]  # not loaded yet: the unit file sets both
 
 
 def test_disk_check_low_space_fails(monkeypatch, tmp_path):
@@ -422,3 +426,14 @@ def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
     assert "TASK [cuda_toolkit" not in out and "PLAY [Install and start the SGLang service]" not in out
     assert re.search(r"pf-local\s+:.*changed=0\s.*failed=1", out), out[-2000:]
     assert set(Path(tempfile_dir()).glob("*-ddtree-preflight")) == before  # its temporary directory is gone
+
+
+def test_limits_are_the_rendered_units():
+    """The preflight's limits are the ones the SGLang unit sets (templates/sglang.service.j2)."""
+    from ddtree_ops.config import validate_hostvars
+    from ddtree_ops.render import render_host
+    from helpers import base_hostvars
+
+    v = validate_hostvars("h1", base_hostvars())
+    unit = next(f.content for f in render_host(v) if f.path.endswith("/" + v.deployment.service.unit_name))
+    assert f"\nLimitNOFILE={pf.SERVICE_NOFILE}\n" in unit and f"\nLimitMEMLOCK={pf.SERVICE_MEMLOCK}\n" in unit

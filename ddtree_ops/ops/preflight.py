@@ -12,7 +12,7 @@ Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, p
 ``nvidia_smi``, ``host_class`` (no class given: which class the machine matches),
 ``gpu_count``, ``gpu_name``, ``compute_capability``, ``gpu_memory``, ``persistence_mode``,
 ``interconnect``, ``kernel_module``, ``driver``, ``pcie_acs``, ``iommu``, ``device_nodes``,
-``ptxas``, ``shm``, ``nofile``, ``disk``, ``ports``, ``nccl`` (with ``--nccl-smoke``).
+``ptxas``, ``shm``, ``limits``, ``disk``, ``ports``, ``nccl`` (with ``--nccl-smoke``).
 
 Every command runs with a total deadline and bounded output (:func:`run_bounded`); a missing
 ``nvidia-smi`` is a failed ``nvidia_smi`` check, not a traceback.
@@ -47,7 +47,7 @@ from .toolkit import QUERY_COMMAND, DriverCheckError, parse_query_gpu
 
 CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
                "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu", "device_nodes",
-               "ptxas", "shm", "nofile", "disk", "ports", "nccl")
+               "ptxas", "shm", "limits", "disk", "ports", "nccl")
 """Every check name :func:`preflight` can report (``--skip`` takes these)."""
 
 COMMAND_TIMEOUT_S = 20.0
@@ -60,6 +60,9 @@ SHM_MIN_BYTES = 1 << 30
 their buffers there; NVIDIA's container guidance runs GPU jobs with ``--shm-size=1g --ulimit
 memlock=-1``, and Docker's 64 MB default makes NCCL fail in ``ncclShmOpen`` (pytorch/tutorials
 commit 0ba3e39)."""
+
+SERVICE_MEMLOCK = "infinity"
+"""The SGLang unit's ``LimitMEMLOCK`` (``templates/sglang.service.j2``)."""
 
 SERVICE_NOFILE = 1048576
 """The SGLang unit's ``LimitNOFILE`` (``templates/sglang.service.j2``). The kernel refuses a
@@ -488,19 +491,29 @@ def shm_check(size_bytes: int | None, path: str = "/dev/shm", error: str = "") -
                   "line (in a container: --shm-size=16g / --ipc=host)")
 
 
-def nofile_check(nr_open: int | None, unit_limit: str | None = None, unit: str | None = None) -> dict:
-    """``fs.nr_open`` admits :data:`SERVICE_NOFILE`; a loaded unit's effective ``LimitNOFILE`` too."""
+def limits_check(nr_open: int | None, unit_limits: dict | None = None, unit: str | None = None) -> dict:
+    """``fs.nr_open`` admits :data:`SERVICE_NOFILE`; where the unit is already loaded (a redeploy),
+    its effective ``LimitNOFILE`` >= :data:`SERVICE_NOFILE` and ``LimitMEMLOCK`` ``infinity``
+    (:data:`SERVICE_MEMLOCK`; ``systemctl show``). A unit not loaded yet gets both from its file
+    (systemd, as root, may raise any limit but ``nofile`` above ``fs.nr_open``)."""
     if nr_open is None:
-        return _check("nofile", False, "/proc/sys/fs/nr_open unreadable", "run preflight on the host itself")
+        return _check("limits", False, "/proc/sys/fs/nr_open unreadable", "run preflight on the host itself")
     problems = []
     if nr_open < SERVICE_NOFILE:
         problems.append(f"fs.nr_open is {nr_open}, below the unit's LimitNOFILE={SERVICE_NOFILE}: the start fails")
-    if unit_limit not in (None, "", "infinity") and unit_limit.isdigit() and int(unit_limit) < SERVICE_NOFILE:
-        problems.append(f"{unit} runs with LimitNOFILE={unit_limit}, below {SERVICE_NOFILE}")
-    return _check("nofile", not problems, "; ".join(problems) or
-                  f"fs.nr_open {nr_open} admits LimitNOFILE={SERVICE_NOFILE}"
-                  + (f"; {unit} LimitNOFILE={unit_limit}" if unit_limit else ""),
-                  f"`sysctl -w fs.nr_open={SERVICE_NOFILE}` and persist it in /etc/sysctl.d/; then redeploy the unit")
+    got = unit_limits or {}
+    nofile, memlock = got.get("LimitNOFILE"), got.get("LimitMEMLOCK")
+    if nofile and nofile != "infinity" and (not nofile.isdigit() or int(nofile) < SERVICE_NOFILE):
+        problems.append(f"{unit} runs with LimitNOFILE={nofile[:40]}, below {SERVICE_NOFILE}")
+    if memlock and memlock != SERVICE_MEMLOCK:
+        problems.append(f"{unit} runs with LimitMEMLOCK={memlock[:40]}, not {SERVICE_MEMLOCK} (NCCL and CUDA pin "
+                        "host memory)")
+    shown = "".join(f"; {unit} {k}={v[:40]}" for k, v in sorted(got.items()))
+    return _check("limits", not problems, "; ".join(problems) or
+                  f"fs.nr_open {nr_open} admits LimitNOFILE={SERVICE_NOFILE}{shown}",
+                  f"`sysctl -w fs.nr_open={SERVICE_NOFILE}` and persist it in /etc/sysctl.d/; a unit running with "
+                  "other limits has a drop-in overriding LimitNOFILE/LimitMEMLOCK (`systemctl cat` it): remove it "
+                  "and redeploy")
 
 
 def disk_check(dirs: list[str], min_free: int | None = None) -> dict:
@@ -627,12 +640,15 @@ def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib:
                   "the all-reduce summed wrongly: a GPU or link fault; run nvidia-smi -q and dcgmi diag")
 
 
-def _unit_nofile(unit: str | None) -> str | None:
+def _unit_limits(unit: str | None) -> dict | None:
+    """``{LimitNOFILE, LimitMEMLOCK}`` of ``unit`` when systemd has it loaded, else None."""
     if not unit:
         return None
-    r = run_bounded(["systemctl", "show", unit, "-p", "LoadState", "-p", "LimitNOFILE"], 10, 65536)
+    r = run_bounded(["systemctl", "show", unit, "-p", "LoadState", "-p", "LimitNOFILE", "-p", "LimitMEMLOCK"], 10, 65536)
     props = dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
-    return props.get("LimitNOFILE") if r.rc == 0 and props.get("LoadState") == "loaded" else None
+    if r.rc != 0 or props.get("LoadState") != "loaded":
+        return None
+    return {k: props[k] for k in ("LimitNOFILE", "LimitMEMLOCK") if k in props}
 
 
 def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, ...] = (),
@@ -720,7 +736,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
         nr_open = int((root / "proc/sys/fs/nr_open").read_text().strip())
     except (OSError, ValueError):
         nr_open = None
-    checks.append(nofile_check(nr_open, _unit_nofile(expect.unit), expect.unit))
+    checks.append(limits_check(nr_open, _unit_limits(expect.unit), expect.unit))
     checks.append(disk_check(expect.dirs, disk_min_free))
     checks.append(ports_check(expect.ports))  # the machine's own sockets, whatever ``root`` is
     if nccl_python is not None:
