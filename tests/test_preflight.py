@@ -329,6 +329,10 @@ def test_plan_gives_class_toolchain_ports_and_dirs():
     assert e.host_class.name == "b300" and e.toolchain["target"] == "sm_103a"
     assert e.ports[0] == (31000, "ddtree-sglang.service", "0.0.0.0") and e.ports[1][0] == 19401
     assert doc["paths"]["cache"] in e.dirs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert pf.ports_check([(free, "ddtree-sglang.service", "1host.example")])["ok"]  # a name: any address
     with pytest.raises(pf.PreflightUsageError, match="contradicts"):
         pf.expect_from("ct200", doc)
     with pytest.raises(pf.PreflightUsageError, match="not a plan.json"):

@@ -23,6 +23,7 @@ Exit codes (:func:`main`): 0 every check passed, 1 a check failed, 2 usage error
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
@@ -545,6 +546,14 @@ def disk_check(dirs: list[str], min_free: int | None = None) -> dict:
                   "ddtree_service_preflight_disk_min_free_gib (--disk-min-free-gib)")
 
 
+def _ip_or_none(host: str | None) -> str | None:
+    """``host`` if it is an IP address; None (any address: the strictest check) for a host name."""
+    try:
+        return str(ipaddress.ip_address(host)) if host else None
+    except ValueError:
+        return None
+
+
 def ports_check(ports: list[tuple[int, str | None, str | None]], proc: Path = Path("/proc")) -> dict:
     """Each port is free or held by its own unit (:func:`ddtree_ops.ops.ports.check_port`)."""
     if not ports:
@@ -552,7 +561,7 @@ def ports_check(ports: list[tuple[int, str | None, str | None]], proc: Path = Pa
     bad, good = [], []
     for port, unit, host in ports:
         try:
-            r = check_port(port, unit or "ddtree-unknown.service", proc, host if host and host[0].isdigit() else None)
+            r = check_port(port, unit or "ddtree-unknown.service", proc, _ip_or_none(host))
         except ValueError as exc:
             bad.append(str(exc))
             continue
