@@ -49,13 +49,14 @@ def test_deployed_host_passes(deployed, zipapp):
 
 def test_64mb_dev_shm_fails_with_the_fix(deployed, zipapp):
     addr = deployed["address"]
-    size = ssh(addr, "findmnt -no OPTIONS /dev/shm").stdout
+    opts = ssh(addr, "findmnt -no OPTIONS /dev/shm").stdout.strip()
+    size = next((o for o in opts.split(",") if o.startswith("size=")), "size=50%")
     assert ssh(addr, "mount -o remount,size=64M /dev/shm").returncode == 0
     try:
         rc, c = preflight(addr, zipapp)
     finally:
-        ssh(addr, "mount -o remount,size=50% /dev/shm")
-    assert rc == 1 and not c["shm"]["ok"], size
+        assert ssh(addr, f"mount -o remount,{size} /dev/shm").returncode == 0  # as it was
+    assert rc == 1 and not c["shm"]["ok"], opts
     assert "/dev/shm is 64 MiB" in c["shm"]["detail"] and "remount,size=" in c["shm"]["remediation"]
 
 
