@@ -441,3 +441,13 @@ def test_limits_are_the_rendered_units():
     v = validate_hostvars("h1", base_hostvars())
     unit = next(f.content for f in render_host(v) if f.path.endswith("/" + v.deployment.service.unit_name))
     assert f"\nLimitNOFILE={pf.SERVICE_NOFILE}\n" in unit and f"\nLimitMEMLOCK={pf.SERVICE_MEMLOCK}\n" in unit
+
+
+def test_driver_without_a_cuda_version_is_read(tmp_path):
+    """vGPU hosts print ``CUDA Version: Not Found``: the driver check still runs, no crash."""
+    xml = (GPU / "h200x1_nvidia_smi_q.xml").read_text().replace("<cuda_version>13.0<", "<cuda_version>Not Found<")
+    (tmp_path / "vgpu.xml").write_text(xml)
+    smi = standin_smi(tmp_path, tmp_path / "vgpu.xml", GPU / "h200x1_misc.txt", REAL_QUERY_LINE)
+    root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    c = _names(pf.preflight(pf.expect_from(None, None), smi, root=root))
+    assert c["driver"]["ok"] and "driver 580.159.04 (CUDA Not Found) >= 580.65.06" in c["driver"]["detail"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.hosts import HOST_CLASSES, HostClass
-from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain
+from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain, version_key
 from . import gpu_facts as gf
 from .ports import check_port
 from .ptxas import PtxasUsageError, assemble
@@ -424,7 +424,11 @@ def device_node_check(count: int, dev: Path = Path("/dev")) -> dict:
 
 def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]:
     """``kernel_module`` (loaded; open modules on Blackwell) and ``driver`` (>= the toolkit's floor,
-    the same version in kernel and user space)."""
+    the same version in kernel and user space, the CUDA it supports >= the toolkit).
+
+    Source for the open modules: NVIDIA, "NVIDIA Transitions Fully Towards Open-Source GPU Kernel
+    Modules" (2024): Grace Hopper and Blackwell are supported by the open GPU kernel modules only.
+    """
     out = []
     m, smi = facts.module, facts.smi
     if m is None:
@@ -448,12 +452,12 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
     if drv and m is not None and m.version != drv:
         problems.append(f"kernel module {m.version} but nvidia-smi (user space) {drv}: a driver upgrade is half done")
     cuda = toolchain.get("cuda")
-    if drv and smi and cuda and smi.cuda_version and not at_least(smi.cuda_version, cuda):
+    if drv and smi and cuda and re.fullmatch(r"\d+(\.\d+)+", smi.cuda_version) and not at_least(smi.cuda_version, cuda):
         problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
     detail = "; ".join(problems) if problems else (
         f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
     out.append(_check("driver", not problems, detail,
-                      f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS)].min_driver} and reboot (a half-done "
+                      f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot (a half-done "
                       "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows"))
     return out
 
