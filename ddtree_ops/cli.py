@@ -736,6 +736,39 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
         raise CheckFailed()
 
 
+@app.command()
+def preflight(host_class: Annotated[str | None, typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches).")] = None,
+              plan_file: Annotated[str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")] = None,
+              nvidia_smi: Annotated[str, typer.Option("--nvidia-smi", help="The nvidia-smi to run.")] = "nvidia-smi",
+              skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
+              nccl_smoke: Annotated[bool, typer.Option("--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without).")] = False,
+              nccl_python: Annotated[str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")] = sys.executable,
+              nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Seconds before the smoke test is killed.")] = 120.0,
+              disk_min_free_gib: Annotated[float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")] = None,
+              as_json: JsonOpt = False) -> None:
+    """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,
+    limits, disk, ports (run ON the host; exit 0 fit, 1 a check failed, 2 usage)."""
+    from .ops.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
+    from .ops.preflight import preflight as run_preflight
+
+    _positive("--nccl-deadline", nccl_deadline, 3600)
+    try:
+        exp = expect_from(host_class, load_plan(plan_file) if plan_file else None)
+        result = run_preflight(exp, nvidia_smi, parse_skip(skip or []), nccl_python if nccl_smoke else None,
+                               nccl_deadline, disk_min_free=disk_bytes(disk_min_free_gib))
+    except PreflightUsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not as_json:
+        for c in result["checks"]:
+            say(out, "ok  " if c["ok"] else "FAIL", "green" if c["ok"] else "red", f"{c['name']}: {c['detail']}")
+            if c.get("remediation"):
+                say(out, "     fix:", "yellow", c["remediation"])
+        if not result["ok"]:
+            raise CheckFailed()
+        return
+    _print_checks(result["checks"], True, {k: v for k, v in result.items() if k not in ("ok", "checks")})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; maps every error to a one-line message and an exit code."""
     try:

@@ -7,9 +7,12 @@
 #     served over HTTP at http://10.213.1.1:8765 — the address inventory/test gives as
 #     cuda_toolkit_repo_url (10.213.1.1 is the root namespace's end of ddt-th1's veth).
 #   * the NVIDIA driver's nvidia-smi -> /usr/local/bin/nvidia-smi on the host, a script
-#     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs.
-#     Default: driver 580.159.04 (read off a real H200 host, tests/fixtures/gpu) with
-#     compute capability 10.3 (B300: inventory/test deploys the b300 host class).
+#     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs,
+#     and for the preflight `-q -x` and `topo -m`: the DERIVED 8x B300 fixtures
+#     (tests/fixtures/gpu/derived/b300x8_*, copied to /usr/local/share/ddtree-standin/ with
+#     the driver version set). Default: driver 580.159.04 (read off a real H200 host,
+#     tests/fixtures/gpu) with compute capability 10.3 (B300: inventory/test deploys the b300
+#     host class).
 #   * the driver's nvidia-modprobe -> /usr/bin/nvidia-modprobe on the host (the path
 #     ddtree-nvidia-devices.service runs), a script that only logs its arguments to the
 #     journal and exits 0: there is no driver to load and no GPU to make nodes for, but the
@@ -29,6 +32,8 @@ PORT=8765
 PIDFILE="$RUNDIR/cuda-apt-standin.pid"
 DEFAULT_DRIVER=580.159.04
 DEFAULT_CC=10.3
+DERIVED="$REPO_ROOT/tests/fixtures/gpu/derived"
+STANDIN_SHARE=/usr/local/share/ddtree-standin
 
 die() { printf 'testhost-standins: error: %s\n' "$*" >&2; exit 1; }
 log() { printf 'testhost-standins: %s\n' "$*" >&2; }
@@ -40,11 +45,19 @@ nvidia_smi() {
   [[ $driver =~ ^(none|[0-9]+(\.[0-9]+)+)$ ]] || die "DRIVER must be a version like 580.159.04 or 'none', got '$driver'"
   [[ $cc =~ ^[0-9]+\.[0-9]+$ ]] || die "CC must be like 10.3, got '$cc'"
   if [[ $driver == none ]]; then
-    bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" rm -f /usr/local/bin/nvidia-smi
+    bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" rm -rf /usr/local/bin/nvidia-smi "$STANDIN_SHARE"
     return
   fi
+  bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" "mkdir -p $STANDIN_SHARE"
+  sed "s|<driver_version>[^<]*<|<driver_version>$driver<|" "$DERIVED/b300x8_nvidia_smi_q.xml" \
+    | bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" "cat > $STANDIN_SHARE/nvidia-smi-q.xml"
+  bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" "cat > $STANDIN_SHARE/topo-m.txt" < "$DERIVED/b300x8_topo.txt"
   script="#!/bin/sh
 # STAND-IN nvidia-smi (ddtree-ops test host; there is no GPU): 8 GPUs, driver $driver, compute capability $cc
+case \"\$*\" in
+  '-q -x') exec cat $STANDIN_SHARE/nvidia-smi-q.xml ;;
+  'topo -m') exec cat $STANDIN_SHARE/topo-m.txt ;;
+esac
 for i in 1 2 3 4 5 6 7 8; do echo '$driver, $cc'; done"
   bash "$REPO_ROOT/scripts/testhost.sh" ssh "$host" \
     "cat > /usr/local/bin/nvidia-smi <<'EOF'

@@ -147,13 +147,15 @@ def secrets_path(v: Validated) -> str:
 
 def plan_document(v: Validated) -> dict:
     """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
-    left out) and its plan. ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
+    left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
+    ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
     ``paths.secrets`` is where the secrets file lives (present or not)."""
     d = v.deployment
     return {
         "host": d.host,
         "host_class": d.host_class,
         "unit": d.service.unit_name,
+        "exporter_unit": exporter_unit_name(v),
         "url": d.server.local_url,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,

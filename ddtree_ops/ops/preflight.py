@@ -1,0 +1,862 @@
+"""``ddtree-ops preflight``: is this machine fit for the deployment, before anything changes?
+
+Runs ON the GPU host (standard library only: the deploy play runs it there as a zipapp built
+by :func:`build_zipapp`, with the host's ``python3``, before ddtree-ops is installed; the CLI
+runs the same code). It reads the machine, compares it with a host class
+(:data:`ddtree_ops.config.hosts.HOST_CLASSES`) and, with a ``plan.json``, with one deployment
+(toolkit, ports, directories), and reports one check per fact.
+
+Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, plus
+``skipped: true`` where the check does not apply):
+
+``nvidia_smi``, ``host_class`` (no class given: which class the machine matches),
+``gpu_count``, ``gpu_name``, ``compute_capability``, ``gpu_memory``, ``persistence_mode``,
+``interconnect``, ``kernel_module``, ``driver``, ``pcie_acs``, ``iommu``, ``device_nodes``,
+``ptxas``, ``shm``, ``limits``, ``disk``, ``ports``, ``nccl`` (with ``--nccl-smoke``).
+
+Every command runs with a total deadline and bounded output (:func:`run_bounded`); a missing
+``nvidia-smi`` is a failed ``nvidia_smi`` check, not a traceback.
+
+Exit codes (:func:`main`): 0 every check passed, 1 a check failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.hosts import HOST_CLASSES, HostClass
+from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain, version_key
+from . import gpu_facts as gf
+from .ports import check_port
+from .ptxas import PtxasUsageError, assemble
+from .toolkit import QUERY_COMMAND, DriverCheckError, parse_query_gpu
+
+CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
+               "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu", "device_nodes",
+               "ptxas", "shm", "limits", "disk", "ports", "nccl")
+"""Every check name :func:`preflight` can report (``--skip`` takes these)."""
+
+COMMAND_TIMEOUT_S = 20.0
+"""Total seconds for one probing command (nvidia-smi on 8 GPUs answers in ~1-3 s)."""
+MAX_OUTPUT = 4 << 20
+"""Bytes of output kept from one command; beyond that it is killed and reported."""
+
+SHM_MIN_BYTES = 1 << 30
+"""Least ``/dev/shm`` size: NCCL's shared-memory transport and PyTorch's multiprocessing put
+their buffers there; NVIDIA's container guidance runs GPU jobs with ``--shm-size=1g --ulimit
+memlock=-1``, and Docker's 64 MB default makes NCCL fail in ``ncclShmOpen`` (pytorch/tutorials
+commit 0ba3e39)."""
+
+SERVICE_MEMLOCK = "infinity"
+"""The SGLang unit's ``LimitMEMLOCK`` (``templates/sglang.service.j2``)."""
+
+SERVICE_NOFILE = 1048576
+"""The SGLang unit's ``LimitNOFILE`` (``templates/sglang.service.j2``). The kernel refuses a
+``RLIMIT_NOFILE`` above ``fs.nr_open`` (setrlimit(2) EPERM), so the unit fails to start where
+``/proc/sys/fs/nr_open`` is lower."""
+
+DISK_MIN_FREE_BYTES = 20 << 30
+"""Least free space on the file systems of the model, state and cache directories: JIT caches
+(Triton, FlashInfer, torch.compile) and logs of one SGLang service; a project choice, not a
+vendor figure (the model itself is not downloaded by ddtree-ops)."""
+
+NCCL_DEADLINE_S = 120.0
+"""Default total seconds for the NCCL all-reduce smoke test (init + warm-up + timed runs)."""
+
+ACS_FIX = ("disable PCIe ACS P2P redirect on the GPUs' upstream bridges (BIOS: ACS off; or at each boot "
+           "`setpci -s <bridge> ECAP_ACS+6.w=0000` for every bridge above a GPU) and run the IOMMU in "
+           "pass-through (kernel command line `iommu=pt`, with `intel_iommu=on` / `amd_iommu=on`), as NCCL's "
+           "troubleshooting guide says for PCIe peer-to-peer")
+
+
+def _check(name: str, ok: bool, detail: str, remediation: str = "", skipped: bool = False) -> dict:
+    c = {"name": name, "ok": ok, "detail": detail, "remediation": "" if ok else remediation}
+    if skipped:
+        c["skipped"] = True
+    return c
+
+
+def _skip(name: str, why: str) -> dict:
+    return _check(name, True, f"skipped: {why}", skipped=True)
+
+
+@dataclass(frozen=True)
+class CmdResult:
+    """Outcome of :func:`run_bounded`.
+
+    Attributes:
+        rc: exit status; 127 not found / not executable, 124 killed at the deadline,
+            125 killed for printing more than ``max_bytes``.
+        stdout, stderr: decoded output (UTF-8, undecodable bytes replaced), at most ``max_bytes`` each.
+        note: why it was killed or did not start (``""`` otherwise).
+    """
+
+    rc: int
+    stdout: str
+    stderr: str
+    note: str = ""
+
+
+def run_bounded(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, max_bytes: int = MAX_OUTPUT,
+                env: dict | None = None) -> CmdResult:
+    """Run ``argv`` (no shell) in its own process group with a TOTAL deadline and bounded output;
+    at the deadline, or past ``max_bytes`` on either stream, the whole group is killed.
+    Never raises for the command's sake."""
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, env=env)
+    except OSError as exc:
+        return CmdResult(127, "", "", f"{argv[0]}: {exc.strerror or exc}")
+    bufs = {p.stdout: bytearray(), p.stderr: bytearray()}
+    note, rc_override = "", None
+    end = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for f in bufs:
+            sel.register(f, selectors.EVENT_READ)
+        while sel.get_map():
+            left = end - time.monotonic()
+            if left <= 0:
+                note, rc_override = f"killed after {timeout:g} s (deadline)", 124
+                break
+            for key, _ in sel.select(min(left, 0.5)):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = bufs[key.fileobj]
+                buf += chunk
+                if len(buf) > max_bytes:
+                    note, rc_override = f"killed: printed more than {max_bytes} bytes", 125
+                    break
+            if rc_override is not None:
+                break
+    if rc_override is not None:
+        _kill_group(p)
+    try:
+        rc = p.wait(timeout=max(0.1, end - time.monotonic()) if rc_override is None else 5)
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        rc, note, rc_override = 124, f"killed after {timeout:g} s (deadline)", 124
+    for f in bufs:
+        f.close()
+    out, err = (bytes(bufs[f][:max_bytes]).decode("utf-8", "replace") for f in (p.stdout, p.stderr))
+    return CmdResult(rc_override if rc_override is not None else rc, out, err, note)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@dataclass
+class Expect:
+    """What the machine is checked against.
+
+    Attributes:
+        host_class: the class, or None (then :func:`preflight` reports which class matches).
+        toolchain: :func:`ddtree_ops.config.toolchain.plan_toolchain` of the deployment
+            (``{}``: derive from the class, or from the GPUs seen when no class is given).
+        ports: ``(port, allowed unit or None, bind address or None)`` the deployment listens on.
+        dirs: directories whose file systems need :data:`DISK_MIN_FREE_BYTES` free.
+        unit: the SGLang unit (its effective limits are read when it is loaded).
+    """
+
+    host_class: HostClass | None = None
+    toolchain: dict = field(default_factory=dict)
+    ports: list[tuple[int, str | None, str | None]] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=lambda: ["/var/cache"])
+    unit: str | None = None
+
+
+class PreflightUsageError(Exception):
+    """Bad arguments or an unreadable plan (exit 2)."""
+
+
+def expect_from(host_class: str | None, plan: dict | None) -> Expect:
+    """Build :class:`Expect` from ``--host-class`` and/or a plan document (``plan.json``).
+
+    Raises:
+        PreflightUsageError: unknown class, a plan that is not ddtree-ops' ``plan.json``, or a
+            class that contradicts the plan's.
+    """
+    e = Expect()
+    if plan is not None:
+        try:
+            dep, pl, paths = plan["deployment"], plan["plan"], plan["paths"]
+            name = plan["host_class"]
+            e.toolchain = dict(pl.get("toolchain") or {})
+            e.unit = str(plan["unit"])
+            server, ops = dep["server"], dep.get("ops") or {}
+            bind = str(server.get("host") or "") or None
+            e.ports = [(int(server["port"]), e.unit, bind)]
+            if ops.get("exporter_port") is not None:
+                e.ports.append((int(ops["exporter_port"]), plan.get("exporter_unit"), None))
+            model = str((dep.get("model") or {}).get("path") or "")
+            e.dirs = [p for p in (model if model.startswith("/") else "", paths.get("state"), paths.get("cache")) if p]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PreflightUsageError(f"--plan: not a plan.json rendered by ddtree-ops (missing or bad {exc}); "
+                                      "use the host's /etc/ddtree-ops/<name>/plan.json") from None
+        if host_class is not None and host_class != name:
+            raise PreflightUsageError(f"--host-class {host_class!r} contradicts the plan's host_class {name!r}; "
+                                      "give one of them")
+        host_class = name
+    if host_class is not None:
+        if host_class not in HOST_CLASSES:
+            raise PreflightUsageError(f"host class {str(host_class)[:200]!r}: use one of {', '.join(sorted(HOST_CLASSES))}")
+        e.host_class = HOST_CLASSES[host_class]
+        if not e.toolchain:
+            e.toolchain = plan_toolchain(e.host_class.arch, None, None)
+    return e
+
+
+@dataclass
+class Facts:
+    """What :func:`gather` read (or why it could not).
+
+    Attributes:
+        smi: ``nvidia-smi -q -x`` parsed, with compute capabilities merged from ``--query-gpu``.
+        smi_error: why there is no ``smi`` (one line), else ``""``.
+        topo: ``nvidia-smi topo -m`` parsed (None: not read; ``topo_error`` says why).
+        module: ``/proc/driver/nvidia/version`` parsed (None: ``module_error`` says why).
+    """
+
+    smi: gf.SmiReport | None = None
+    smi_error: str = ""
+    topo: gf.Topology | None = None
+    topo_error: str = ""
+    module: gf.KernelModule | None = None
+    module_error: str = ""
+
+
+def _smi(nvidia_smi: str, args: list[str]) -> tuple[str, str]:
+    """``(stdout, error)`` of one nvidia-smi call."""
+    r = run_bounded([nvidia_smi, *args])
+    if r.rc == 127:
+        return "", f"{nvidia_smi} not found or not executable ({r.note})"
+    if r.rc != 0 or r.note:
+        last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["no output"]
+        return "", f"`nvidia-smi {' '.join(args)}` failed (rc {r.rc}{', ' + r.note if r.note else ''}: {last[0][:200]})"
+    return r.stdout, ""
+
+
+def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
+    """Read the GPU facts: ``nvidia-smi -q -x``, ``--query-gpu=driver_version,compute_cap``
+    (:data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`), ``topo -m`` and the kernel module version."""
+    f = Facts()
+    text, f.smi_error = _smi(nvidia_smi, ["-q", "-x"])
+    if not f.smi_error:
+        try:
+            f.smi = gf.parse_smi_xml(text)
+        except gf.FactsError as exc:
+            f.smi_error = str(exc)
+    if f.smi is not None:
+        q, qerr = _smi(nvidia_smi, QUERY_COMMAND[1:])
+        try:
+            caps = [g.compute_cap for g in parse_query_gpu(q)] if not qerr else []
+        except DriverCheckError:
+            caps = []
+        if len(caps) == len(f.smi.gpus):
+            f.smi.gpus[:] = [gf.GpuFacts(**{**g.__dict__, "compute_cap": c}) for g, c in zip(f.smi.gpus, caps)]
+        topo, f.topo_error = _smi(nvidia_smi, ["topo", "-m"])
+        if not f.topo_error:
+            try:
+                f.topo = gf.parse_topo(topo)
+            except gf.FactsError as exc:
+                f.topo_error = str(exc)
+    try:
+        f.module = gf.parse_proc_version((proc / "driver/nvidia/version").read_text(errors="replace")[:4096])
+    except OSError as exc:
+        f.module_error = f"{proc}/driver/nvidia/version: {exc.strerror or exc} (the NVIDIA kernel module is not loaded)"
+    except gf.FactsError as exc:
+        f.module_error = str(exc)
+    return f
+
+
+def match_classes(smi: gf.SmiReport, topo: gf.Topology | None) -> dict[str, list[str]]:
+    """For each host class, the ways the machine differs from it (empty list: it matches)."""
+    out = {}
+    for name, hc in sorted(HOST_CLASSES.items()):
+        out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo) if not c["ok"]]
+    return out
+
+
+def gpu_checks(hc: HostClass, smi: gf.SmiReport, topo: gf.Topology | None, topo_error: str = "") -> list[dict]:
+    """``gpu_count`` .. ``persistence_mode`` and ``interconnect`` of ``smi``/``topo`` against ``hc``."""
+    g = smi.gpus
+    names = sorted({x.name for x in g})
+    caps = sorted({x.compute_cap or "unknown" for x in g})
+    mem = min((x.memory_mib for x in g), default=0)
+    off = [x.index for x in g if not x.persistence]
+    fix_class = f"deploy this host with the host class it is (ddtree_host_class), or use a {hc.name} machine"
+    checks = [
+        _check("gpu_count", len(g) == hc.gpu_count, f"{len(g)} GPU(s); {hc.name} has {hc.gpu_count}",
+               f"{fix_class}; a GPU missing from nvidia-smi is a hardware or driver fault (dmesg, `nvidia-smi -q`)"),
+        _check("gpu_name", bool(g) and all(x.name.startswith(hc.gpu_name) for x in g),
+               f"{', '.join(names) or 'no GPU'}; {hc.name} is {hc.gpu_name}*", fix_class),
+        _check("compute_capability", caps == [hc.compute_cap],
+               f"compute capability {', '.join(caps) or 'unknown'}; {hc.name} is {hc.compute_cap} ({hc.arch})", fix_class),
+        _check("gpu_memory", bool(g) and mem >= hc.min_memory_mib,
+               f"least GPU memory {mem} MiB; {hc.name} needs >= {hc.min_memory_mib} MiB ({hc.gpu_memory_gib} GB)",
+               fix_class),
+        _check("persistence_mode", bool(g) and not off,
+               "persistence mode on for every GPU" if g and not off else
+               f"persistence mode off on GPU {', '.join(map(str, off))}" if g else "no GPU",
+               "enable it (`nvidia-smi -pm 1`, or run nvidia-persistenced): without it the driver tears the GPUs "
+               "down between processes and SGLang's start pays the re-initialisation"),
+    ]
+    checks.append(interconnect_check(hc, len(g), topo, topo_error))
+    return checks
+
+
+def interconnect_check(hc: HostClass, count: int, topo: gf.Topology | None, topo_error: str = "") -> dict:
+    """``nvlink`` class: every GPU pair ``NV#``; ``pcie``: no pair is (``topo -m``)."""
+    if count < 2:
+        return _check("interconnect", hc.gpu_count < 2, f"{count} GPU: no GPU pair to connect; {hc.name} is "
+                      f"{hc.interconnect} between {hc.gpu_count} GPUs", f"use a {hc.name} machine")
+    if topo is None:
+        return _check("interconnect", False, f"nvidia-smi topo -m unreadable: {topo_error}",
+                      "run `nvidia-smi topo -m` on the host and fix what it reports")
+    kinds = sorted(topo.kinds())
+    nv = [v for v in topo.links.values() if v.startswith("NV")]
+    if hc.interconnect == "nvlink":
+        ok = len(nv) == len(topo.links)
+        detail = (f"GPU pairs: {', '.join(kinds)}; {hc.name} needs NVLink (NV#) between every pair"
+                  + ("" if ok else f" ({len(topo.links) - len(nv)} of {len(topo.links)} ordered pairs are not)"))
+        return _check("interconnect", ok, detail, "check the NVLink/NVSwitch fabric (`nvidia-smi nvlink -s`, "
+                      "nvidia-fabricmanager running, `nvidia-smi -q` fabric state), or deploy as a PCIe class")
+    ok = not nv
+    return _check("interconnect", ok, f"GPU pairs: {', '.join(kinds)}; {hc.name} is PCIe only "
+                  "(PIX/PXB/PHB/NODE/SYS)", f"an NVLink machine is not a {hc.name}: use its own host class")
+
+
+def acs_iommu_checks(bus_ids: list[str], sys_root: Path = Path("/sys")) -> list[dict]:
+    """``pcie_acs`` and ``iommu`` for the GPUs at ``bus_ids`` (nvidia-smi form).
+
+    ``pcie_acs``: every PCIe bridge above a GPU (its sysfs path,
+    ``/sys/bus/pci/devices/<bdf>`` resolved) has ACS P2P Request/Completion Redirect off
+    (:func:`ddtree_ops.ops.gpu_facts.acs_control` on its ``config``). ``iommu``: the GPUs'
+    IOMMU groups are ``identity`` (pass-through) or there is no IOMMU group (IOMMU off).
+    """
+    redirect, unread, domains = [], [], {}
+    for bus in bus_ids:
+        try:
+            bdf = gf.parse_bdf(bus)
+        except gf.FactsError as exc:
+            unread.append(str(exc))
+            continue
+        dev = sys_root / "bus/pci/devices" / bdf
+        try:
+            real = Path(os.path.realpath(dev))
+        except OSError:
+            real = dev
+        if not real.exists():
+            unread.append(f"{bdf}: not in {sys_root}/bus/pci/devices")
+            continue
+        for bridge in [p for p in real.parents if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", p.name)]:
+            try:
+                with open(bridge / "config", "rb") as fh:
+                    cfg = fh.read(4096)
+                ctrl = gf.acs_control(cfg)
+            except (OSError, gf.FactsError) as exc:
+                unread.append(f"{bridge.name}: {getattr(exc, 'strerror', None) or exc}")
+                continue
+            if ctrl is None and len(cfg) <= 256:
+                unread.append(f"{bridge.name}: only {len(cfg)} bytes of config space readable (run as root)")
+            elif ctrl is not None and ctrl & (gf.ACS_REQUEST_REDIRECT | gf.ACS_COMPLETION_REDIRECT):
+                redirect.append(f"{bridge.name} (ACSCtl {ctrl:#06x}) above GPU {bdf}")
+        try:
+            group = Path(os.path.realpath(dev / "iommu_group"))
+            domains[bdf] = (group / "type").read_text().strip() if (dev / "iommu_group").exists() else "none"
+        except OSError:
+            domains[bdf] = "unknown"
+    if redirect:
+        acs = _check("pcie_acs", False, f"ACS P2P redirect is on at {'; '.join(redirect)}: GPU peer traffic goes "
+                     "through the root complex (NCCL hangs or crawls)", ACS_FIX)
+    elif unread:
+        acs = _check("pcie_acs", False, f"cannot read the GPUs' upstream bridges: {'; '.join(unread)[:400]}",
+                     "run preflight as root (the PCIe extended configuration space is root-only)")
+    else:
+        acs = _check("pcie_acs", True, f"no ACS P2P redirect on the bridges above {len(bus_ids)} GPU(s)")
+    translated = {b: t for b, t in domains.items() if t not in ("identity", "none")}
+    iommu = _check("iommu", not translated,
+                   "IOMMU off or pass-through for every GPU" if not translated else
+                   f"IOMMU translates GPU DMA ({', '.join(f'{b}: {t}' for b, t in sorted(translated.items()))}): "
+                   "PCIe peer-to-peer is redirected or refused", ACS_FIX)
+    return [acs, iommu]
+
+
+def device_node_check(count: int, dev: Path = Path("/dev")) -> dict:
+    """``/dev/nvidiactl``, ``/dev/nvidia-uvm`` and ``/dev/nvidia0..count-1`` are character devices."""
+    want = ["nvidiactl", "nvidia-uvm", *[f"nvidia{i}" for i in range(count)]]
+    missing = []
+    for n in want:
+        try:
+            if not stat.S_ISCHR(os.stat(dev / n).st_mode):
+                missing.append(f"{n} (not a character device)")
+        except OSError:
+            missing.append(n)
+    return _check("device_nodes", not missing,
+                  f"{dev}/{{{', '.join(want)}}} present" if not missing else f"missing in {dev}: {', '.join(missing)}",
+                  "create them with `nvidia-modprobe -u -c=0` (and `-c=N` per GPU), as ddtree-nvidia-devices.service "
+                  "does at boot once deployed; /dev/nvidia-uvm needs the nvidia_uvm module (`modprobe nvidia-uvm`)")
+
+
+def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]:
+    """``kernel_module`` (loaded; open modules on Blackwell) and ``driver`` (>= the toolkit's floor,
+    the same version in kernel and user space, the CUDA it supports >= the toolkit).
+
+    Source for the open modules: NVIDIA, "NVIDIA Transitions Fully Towards Open-Source GPU Kernel
+    Modules" (2024): Grace Hopper and Blackwell are supported by the open GPU kernel modules only.
+    """
+    out = []
+    m, smi = facts.module, facts.smi
+    if m is None:
+        out.append(_check("kernel_module", False, facts.module_error,
+                          "install the NVIDIA driver and load it (`modprobe nvidia`; reboot after a driver install)"))
+    else:
+        need_open = arch is not None and ARCHS.get(arch) is not None and ARCHS[arch].number >= 100
+        ok = m.flavor == "open" or not need_open
+        out.append(_check("kernel_module", ok, f"{m.flavor} kernel module {m.version}"
+                          + (f"; {arch} (Blackwell) is supported by NVIDIA's open kernel modules only" if need_open else ""),
+                          "install the open kernel module flavour of the same driver (e.g. nvidia-open / "
+                          "`nvidia-driver-<ver>-open`) and reboot"))
+    drv = smi.driver_version if smi else ""
+    problems = []
+    if not drv:
+        problems.append("no driver version (nvidia-smi unreadable)")
+    floor = toolchain.get("min_driver")
+    if drv and floor and not at_least(drv, floor):
+        problems.append(f"driver {drv} is older than CUDA {toolchain.get('cuda')} needs (>= {floor}, NVIDIA CUDA "
+                        "release notes)")
+    if drv and m is not None and m.version != drv:
+        problems.append(f"kernel module {m.version} but nvidia-smi (user space) {drv}: a driver upgrade is half done")
+    cuda = toolchain.get("cuda")
+    if drv and smi and cuda and re.fullmatch(r"\d+(\.\d+)+", smi.cuda_version) and not at_least(smi.cuda_version, cuda):
+        problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
+    detail = "; ".join(problems) if problems else (
+        f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
+    out.append(_check("driver", not problems, detail,
+                      f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot (a half-done "
+                      "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows"))
+    return out
+
+
+def ptxas_check(toolchain: dict) -> dict:
+    """The ptxas the service will use (the toolkit's, which the plan's ``TRITON_PTXAS_*`` point
+    at) assembles the arch's target (:func:`ddtree_ops.ops.ptxas.assemble`). Skipped when that
+    toolkit is not installed yet (the ``cuda_toolkit`` role installs it; the ``triton`` role's
+    check assembles with Triton's own choice after the install)."""
+    path, target, ptx = toolchain.get("ptxas"), toolchain.get("target"), toolchain.get("ptx_version")
+    env = toolchain.get("ptxas_env") or {}
+    path = next(iter(env.values()), path) if env else path
+    if not path or not target:
+        return _skip("ptxas", "no toolchain: give --host-class or --plan")
+    if not os.path.exists(path):
+        return _skip("ptxas", f"{path} is not installed yet (the cuda_toolkit role installs CUDA "
+                              f"{toolchain.get('cuda')}); the triton role checks it after the install")
+    try:
+        r = assemble(path, target, ptx)
+    except PtxasUsageError as exc:
+        return _check("ptxas", False, str(exc), f"reinstall {toolchain.get('package') or 'the CUDA toolkit'}")
+    return _check("ptxas", r["ok"], f"ptxas {r['version']} ({path}) "
+                  + ("assembled" if r["ok"] else "cannot assemble")
+                  + f" .version {ptx} .target {target}" + ("" if r["ok"] else f": {r['output'][:300]}"),
+                  f"install CUDA >= {ARCHS[toolchain['arch']].min_cuda if toolchain.get('arch') in ARCHS else '?'} and "
+                  "point TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH at its ptxas (ddtree_toolchain.cuda)")
+
+
+def shm_check(size_bytes: int | None, path: str = "/dev/shm", error: str = "") -> dict:
+    """``/dev/shm`` is at least :data:`SHM_MIN_BYTES`."""
+    if size_bytes is None:
+        return _check("shm", False, f"{path}: {error or 'unreadable'}", "mount a tmpfs on /dev/shm (systemd does by default)")
+    return _check("shm", size_bytes >= SHM_MIN_BYTES,
+                  f"{path} is {size_bytes / (1 << 20):.0f} MiB; NCCL and PyTorch need >= {SHM_MIN_BYTES >> 20} MiB",
+                  f"enlarge it: `mount -o remount,size=16G {path}` now, and the size= option of its /etc/fstab "
+                  "line (in a container: --shm-size=16g / --ipc=host)")
+
+
+def limits_check(nr_open: int | None, unit_limits: dict | None = None, unit: str | None = None) -> dict:
+    """``fs.nr_open`` admits :data:`SERVICE_NOFILE`; where the unit is already loaded (a redeploy),
+    its effective ``LimitNOFILE`` >= :data:`SERVICE_NOFILE` and ``LimitMEMLOCK`` ``infinity``
+    (:data:`SERVICE_MEMLOCK`; ``systemctl show``). A unit not loaded yet gets both from its file
+    (systemd, as root, may raise any limit but ``nofile`` above ``fs.nr_open``)."""
+    if nr_open is None:
+        return _check("limits", False, "/proc/sys/fs/nr_open unreadable", "run preflight on the host itself")
+    problems = []
+    if nr_open < SERVICE_NOFILE:
+        problems.append(f"fs.nr_open is {nr_open}, below the unit's LimitNOFILE={SERVICE_NOFILE}: the start fails")
+    got = unit_limits or {}
+    nofile, memlock = got.get("LimitNOFILE"), got.get("LimitMEMLOCK")
+    if nofile and nofile != "infinity" and (not nofile.isdigit() or int(nofile) < SERVICE_NOFILE):
+        problems.append(f"{unit} runs with LimitNOFILE={nofile[:40]}, below {SERVICE_NOFILE}")
+    if memlock and memlock != SERVICE_MEMLOCK:
+        problems.append(f"{unit} runs with LimitMEMLOCK={memlock[:40]}, not {SERVICE_MEMLOCK} (NCCL and CUDA pin "
+                        "host memory)")
+    shown = "".join(f"; {unit} {k}={v[:40]}" for k, v in sorted(got.items()))
+    return _check("limits", not problems, "; ".join(problems) or
+                  f"fs.nr_open {nr_open} admits LimitNOFILE={SERVICE_NOFILE}{shown}",
+                  f"`sysctl -w fs.nr_open={SERVICE_NOFILE}` and persist it in /etc/sysctl.d/; a unit running with "
+                  "other limits has a drop-in overriding LimitNOFILE/LimitMEMLOCK (`systemctl cat` it): remove it "
+                  "and redeploy")
+
+
+def disk_check(dirs: list[str], min_free: int | None = None) -> dict:
+    """Each directory's file system (its nearest existing ancestor) has ``min_free`` bytes free
+    (default :data:`DISK_MIN_FREE_BYTES`)."""
+    need = DISK_MIN_FREE_BYTES if min_free is None else min_free
+    seen, low, shown = set(), [], []
+    for d in dirs:
+        p = Path(d)
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        try:
+            st = os.statvfs(p)
+        except OSError as exc:
+            low.append(f"{d}: {exc.strerror or exc}")
+            continue
+        key = st.f_fsid if hasattr(st, "f_fsid") else str(p)
+        free = st.f_bavail * st.f_frsize
+        if key in seen:
+            continue
+        seen.add(key)
+        shown.append(f"{d} ({p}: {free / (1 << 30):.1f} GiB free)")
+        if free < need:
+            low.append(f"{d} has {free / (1 << 30):.1f} GiB free on {p}")
+    return _check("disk", not low, ("; ".join(low) + f"; need >= {need / (1 << 30):g} GiB") if low else
+                  f"{'; '.join(shown)}: >= {need / (1 << 30):g} GiB each",
+                  "free space there (old caches: ~/.cache/flashinfer, Triton cache, journald) or move the "
+                  "directories (ddtree_service paths) to a larger disk; a deployment that needs less sets "
+                  "ddtree_service_preflight_disk_min_free_gib (--disk-min-free-gib)")
+
+
+def _ip_or_none(host: str | None) -> str | None:
+    """``host`` if it is an IP address; None (any address: the strictest check) for a host name."""
+    try:
+        return str(ipaddress.ip_address(host)) if host else None
+    except ValueError:
+        return None
+
+
+def ports_check(ports: list[tuple[int, str | None, str | None]], proc: Path = Path("/proc")) -> dict:
+    """Each port is free or held by its own unit (:func:`ddtree_ops.ops.ports.check_port`)."""
+    if not ports:
+        return _skip("ports", "no deployment given (--plan)")
+    bad, good = [], []
+    for port, unit, host in ports:
+        try:
+            r = check_port(port, unit or "ddtree-unknown.service", proc, _ip_or_none(host))
+        except ValueError as exc:
+            bad.append(str(exc))
+            continue
+        (good if r.ok else bad).append(r.detail)
+    return _check("ports", not bad, "; ".join(bad or good),
+                  "stop the process holding the port or set another port in the inventory "
+                  "(ddtree_server.port / ddtree_ops.exporter_port)")
+
+
+_NCCL_CHILD = r"""
+import json, os, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def work(rank, world, port, mib, q):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    y = torch.ones(1024, dtype=torch.float32, device="cuda")
+    dist.all_reduce(y)
+    ok = bool((y == world).all().item())
+    x = torch.ones(mib << 18, dtype=torch.float32, device="cuda")
+    for _ in range(3):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter(); n = 10
+    for _ in range(n):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t) / n
+    if rank == 0:
+        q.put({"world": world, "bytes": x.numel() * 4, "seconds": dt, "correct": ok,
+               "busbw_gbps": x.numel() * 4 * 2 * (world - 1) / world / dt / 1e9 if world > 1 else None,
+               "nccl": ".".join(map(str, torch.cuda.nccl.version())), "torch": torch.__version__})
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    world, port, mib = (int(a) for a in sys.argv[1:4])
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(work, args=(world, port, mib, q), nprocs=world, join=True)
+    print(json.dumps(q.get()))
+"""
+
+
+def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib: int = 64) -> dict:
+    """All-reduce ``mib`` MiB with NCCL (``NCCL_NVLS_ENABLE=0``) over the GPUs ``python``'s torch
+    sees (``torch.cuda.device_count()``, so ``CUDA_VISIBLE_DEVICES`` applies), in its own process
+    group, killed at ``deadline_s`` (then the ACS/IOMMU fix is the remediation: a peer-to-peer
+    path that hangs is the usual cause). Skipped (ok) where torch is absent or nvidia-smi lists
+    no GPU (``gpus``); failed where torch sees no CUDA device although there are GPUs."""
+    if gpus < 1:
+        return _skip("nccl", "no GPU")
+    probe = run_bounded([python, "-c", "import torch, torch.distributed; print(torch.cuda.device_count())"], 120)
+    if probe.rc != 0:
+        return _skip("nccl", f"no torch in {python} ({(probe.stderr.strip().splitlines() or [probe.note])[-1][:160]})")
+    seen = (probe.stdout.strip().splitlines() or [""])[-1]
+    if not seen.isdigit() or int(seen) < 1:
+        return _check("nccl", False, f"torch in {python} sees no CUDA device (device_count {seen[:40]!r}) on a host "
+                      f"with {gpus} GPU(s)", "install a torch build for this CUDA driver (e.g. the cu130 wheels), and "
+                      "check CUDA_VISIBLE_DEVICES and /dev/nvidia* permissions")
+    gpus = int(seen)
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
+    with tempfile.TemporaryDirectory(prefix="ddtree-nccl-") as tmp:
+        script = Path(tmp) / "nccl_smoke.py"
+        script.write_text(_NCCL_CHILD)
+        with socket.socket() as s:  # a free loopback port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        r = run_bounded([python, str(script), str(gpus), str(port), str(mib)], deadline_s, env=env)
+    if r.rc == 124:
+        return _check("nccl", False, f"all-reduce over {gpus} GPU(s) did not finish in {deadline_s:g} s (killed)",
+                      ACS_FIX)
+    try:
+        res = json.loads((r.stdout.strip().splitlines() or [""])[-1])
+    except ValueError:
+        res = None
+    if r.rc != 0 or not isinstance(res, dict):
+        last = (r.stderr.strip().splitlines() or [r.note or "no output"])[-1][:300]
+        return _check("nccl", False, f"all-reduce over {gpus} GPU(s) failed (rc {r.rc}): {last}",
+                      "read the NCCL error above (NCCL_DEBUG=WARN); if it names P2P or SHM, " + ACS_FIX)
+    bw = res.get("busbw_gbps")
+    return _check("nccl", bool(res.get("correct")),
+                  f"all-reduce of {res['bytes'] >> 20} MiB over {res['world']} GPU(s): {res['seconds'] * 1e3:.2f} ms"
+                  + (f", bus bandwidth {bw:.1f} GB/s" if bw else "") + f" (NCCL {res.get('nccl')}, torch "
+                  f"{res.get('torch')}, NCCL_NVLS_ENABLE=0)" + ("" if res.get("correct") else "; WRONG SUM"),
+                  "the all-reduce summed wrongly: a GPU or link fault; run nvidia-smi -q and dcgmi diag")
+
+
+def _unit_limits(unit: str | None) -> dict | None:
+    """``{LimitNOFILE, LimitMEMLOCK}`` of ``unit`` when systemd has it loaded, else None."""
+    if not unit:
+        return None
+    r = run_bounded(["systemctl", "show", unit, "-p", "LoadState", "-p", "LimitNOFILE", "-p", "LimitMEMLOCK"], 10, 65536)
+    props = dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
+    if r.rc != 0 or props.get("LoadState") != "loaded":
+        return None
+    return {k: props[k] for k in ("LimitNOFILE", "LimitMEMLOCK") if k in props}
+
+
+def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, ...] = (),
+              nccl_python: str | None = None, nccl_deadline_s: float = NCCL_DEADLINE_S,
+              root: Path = Path("/"), disk_min_free: int | None = None) -> dict:
+    """Run every check on this machine.
+
+    Args:
+        expect: what to check against (:func:`expect_from`).
+        nvidia_smi: the nvidia-smi to run.
+        skip: check names to report as skipped (the test host has no kernel module).
+        nccl_python: run the NCCL smoke test with this interpreter's torch (None: not run).
+        disk_min_free: bytes the ``disk`` check needs free (None: :data:`DISK_MIN_FREE_BYTES`).
+        root: where ``proc/driver``, ``proc/sys``, ``sys`` and ``dev`` are read (``/``; tests give a
+            tree). Ports are always checked against this machine's own ``/proc``.
+
+    Returns:
+        ``{ok, checks, host_class, matches, facts}``: ``matches`` maps each class to how the
+        machine differs from it (``[]``: it matches); ``facts`` the GPUs, driver and links read.
+    """
+    facts = gather(nvidia_smi, root / "proc")
+    smi, hc = facts.smi, expect.host_class
+    checks: list[dict] = []
+    checks.append(_check("nvidia_smi", smi is not None,
+                         f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}" if smi else facts.smi_error,
+                         "install the NVIDIA driver (nvidia-smi comes with it) and reboot; if it is installed, "
+                         "run `nvidia-smi` by hand and fix what it says"))
+    matches = match_classes(smi, facts.topo) if smi else {}
+    if hc is None:
+        fits = [n for n, d in matches.items() if not d]
+        why = "; ".join(f"not {n}: {', '.join(d[:3])}" for n, d in matches.items() if d)
+        checks.append(_check("host_class", bool(fits), (f"matches {', '.join(fits)}" if fits else
+                             f"matches no host class ({why or 'no GPU facts'})"),
+                             f"deploy only to machines of a class ({', '.join(sorted(HOST_CLASSES))})"))
+    else:
+        fits = smi is not None and not matches.get(hc.name)
+        checks.append(_check("host_class", fits, f"machine matches {hc.name}" if fits else
+                             f"machine is not a {hc.name}: " + "; ".join(matches[hc.name])[:600] if smi else
+                             f"unknown: nvidia_smi failed",
+                             f"deploy this host with the class it is, or use a {hc.name} machine"))
+    arch = hc.arch if hc else None
+    if arch is None and smi and smi.gpus and smi.gpus[0].compute_cap:
+        major, minor = smi.gpus[0].compute_cap.split(".")
+        arch = f"sm_{major}{minor}"
+    toolchain = expect.toolchain or (plan_toolchain(arch, None, None) if arch in ARCHS else {})
+    if smi is None:
+        checks += [_check(n, False, "not checked: nvidia_smi failed")
+                   for n in ("gpu_count", "gpu_name", "compute_capability", "gpu_memory", "persistence_mode",
+                             "interconnect")]
+    elif hc is not None:
+        checks += gpu_checks(hc, smi, facts.topo, facts.topo_error)
+    else:
+        g = smi.gpus
+        checks += [
+            _check("gpu_count", bool(g), f"{len(g)} GPU(s)", "no GPU visible: check the driver"),
+            _check("gpu_name", True, ", ".join(sorted({x.name for x in g})) or "none"),
+            _check("compute_capability", True, ", ".join(sorted({x.compute_cap or "unknown" for x in g}))),
+            _check("gpu_memory", True, f"least {min((x.memory_mib for x in g), default=0)} MiB per GPU"),
+            _check("persistence_mode", all(x.persistence for x in g),
+                   "on for every GPU" if all(x.persistence for x in g) else "off on some GPU",
+                   "enable it (`nvidia-smi -pm 1` or nvidia-persistenced)"),
+            _check("interconnect", facts.topo is not None or len(g) < 2,
+                   (", ".join(sorted(facts.topo.kinds())) or "single GPU") if facts.topo else
+                   (facts.topo_error or "single GPU"), "run `nvidia-smi topo -m` and fix what it reports"),
+        ]
+    checks += driver_checks(facts, toolchain, arch)
+    nvlink = hc.interconnect == "nvlink" if hc else bool(facts.topo and all(
+        v.startswith("NV") for v in facts.topo.links.values()))
+    if smi is None or len(smi.gpus) < 2:
+        checks += [_skip("pcie_acs", "fewer than two GPUs: no peer-to-peer traffic"),
+                   _skip("iommu", "fewer than two GPUs: no peer-to-peer traffic")]
+    elif nvlink:
+        checks += [_skip("pcie_acs", "NVLink host: GPU peer traffic does not cross PCIe bridges"),
+                   _skip("iommu", "NVLink host: GPU peer traffic does not cross PCIe bridges")]
+    else:
+        checks += acs_iommu_checks([g.bus_id for g in smi.gpus], root / "sys")
+    checks.append(device_node_check(len(smi.gpus) if smi else 0, root / "dev"))
+    checks.append(ptxas_check(toolchain))
+    try:
+        st = os.statvfs(root / "dev/shm")
+        checks.append(shm_check(st.f_blocks * st.f_frsize, str(root / "dev/shm")))
+    except OSError as exc:
+        checks.append(shm_check(None, str(root / "dev/shm"), exc.strerror or str(exc)))
+    try:
+        nr_open = int((root / "proc/sys/fs/nr_open").read_text().strip())
+    except (OSError, ValueError):
+        nr_open = None
+    checks.append(limits_check(nr_open, _unit_limits(expect.unit), expect.unit))
+    checks.append(disk_check(expect.dirs, disk_min_free))
+    checks.append(ports_check(expect.ports))  # the machine's own sockets, whatever ``root`` is
+    if nccl_python is not None:
+        checks.append(nccl_check(nccl_python, len(smi.gpus) if smi else 0, nccl_deadline_s))
+    for c in checks:
+        if c["name"] in skip and not c.get("skipped"):
+            c.update(ok=True, skipped=True, remediation="", detail=f"skipped (--skip): {c['detail']}")
+    return {
+        "ok": all(c["ok"] for c in checks), "checks": checks, "host_class": hc.name if hc else None,
+        "matches": matches,
+        "facts": {"driver": smi.driver_version if smi else None, "cuda": smi.cuda_version if smi else None,
+                  "gpus": [g.__dict__ for g in smi.gpus] if smi else [],
+                  "links": sorted(facts.topo.kinds()) if facts.topo else [],
+                  "kernel_module": facts.module.__dict__ if facts.module else None},
+    }
+
+
+def load_plan(path: str) -> dict:
+    """Read a ``plan.json`` (at most 16 MiB, regular file). Raises PreflightUsageError."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20:
+            raise PreflightUsageError(f"--plan {path[:200]}: not a regular file of at most 16 MiB")
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise PreflightUsageError(f"--plan {path[:200]}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PreflightUsageError(f"--plan {path[:200]}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise PreflightUsageError(f"--plan {path[:200]}: not a plan.json rendered by ddtree-ops")
+    return doc
+
+
+def disk_bytes(gib: float | None) -> int | None:
+    """``--disk-min-free-gib`` in bytes (None: the default). Raises PreflightUsageError."""
+    if gib is None:
+        return None
+    if not 0 <= gib <= 1 << 20:  # NaN fails too
+        raise PreflightUsageError(f"--disk-min-free-gib {gib!r}: must be 0..{1 << 20} GiB")
+    return int(gib * (1 << 30))
+
+
+def parse_skip(names: list[str]) -> tuple[str, ...]:
+    """Validate ``--skip`` names against :data:`CHECK_NAMES`. Raises PreflightUsageError."""
+    bad = [n for n in names if n not in CHECK_NAMES]
+    if bad:
+        raise PreflightUsageError(f"--skip {bad[0][:200]!r}: not a check; use one of {', '.join(CHECK_NAMES)}")
+    return tuple(names)
+
+
+ZIPAPP_MODULES = ("__init__.py", "config/__init__.py", "config/hosts.py", "config/toolchain.py", "ops/__init__.py",
+                  "ops/gpu_facts.py", "ops/ports.py", "ops/preflight.py", "ops/ptxas.py", "ops/toolkit.py")
+"""The files of ``ddtree_ops`` the preflight imports (all standard-library only)."""
+
+
+def build_zipapp(out: str) -> str:
+    """Write a zipapp of the preflight (``python3 preflight.pyz --plan plan.json --json``) to ``out``.
+    Deterministic bytes (fixed timestamps, sorted entries), so a redeploy sees no change."""
+    pkg = Path(__file__).resolve().parent.parent
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0)),
+                   "import sys\nfrom ddtree_ops.ops.preflight import main\nsys.exit(main())\n")
+        for rel in ZIPAPP_MODULES:
+            z.writestr(zipfile.ZipInfo(f"ddtree_ops/{rel}", (1980, 1, 1, 0, 0, 0)), (pkg / rel).read_bytes())
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The zipapp's entry point (the CLI's ``preflight`` command takes the same options)."""
+    ap = argparse.ArgumentParser(prog="preflight", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))} (default: report which matches)")
+    ap.add_argument("--plan", help="the deployment's plan.json (host class, toolkit, ports, directories)")
+    ap.add_argument("--nvidia-smi", default="nvidia-smi")
+    ap.add_argument("--skip", action="append", default=[], help="report this check as skipped (repeatable)")
+    ap.add_argument("--nccl-smoke", action="store_true", help="run the NCCL all-reduce smoke test")
+    ap.add_argument("--nccl-python", default=sys.executable, help="interpreter with torch for --nccl-smoke")
+    ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S)
+    ap.add_argument("--disk-min-free-gib", type=float, default=None,
+                    help=f"GiB the disk check needs free (default {DISK_MIN_FREE_BYTES >> 30})")
+    ap.add_argument("--json", action="store_true", dest="as_json")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 2
+    try:
+        if not 0 < args.nccl_deadline <= 3600:
+            raise PreflightUsageError(f"--nccl-deadline {args.nccl_deadline}: must be > 0 and <= 3600 s")
+        exp = expect_from(args.host_class, load_plan(args.plan) if args.plan else None)
+        result = preflight(exp, args.nvidia_smi, parse_skip(args.skip),
+                           args.nccl_python if args.nccl_smoke else None, args.nccl_deadline,
+                           disk_min_free=disk_bytes(args.disk_min_free_gib))
+    except PreflightUsageError as exc:
+        result, rc = {"ok": False, "checks": [{"name": "usage", "ok": False, "detail": str(exc)}]}, 2
+    else:
+        rc = 0 if result["ok"] else 1
+    if args.as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        for c in result["checks"]:
+            print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}"
+                  + (f"\n     fix: {c['remediation']}" if c.get("remediation") else ""))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

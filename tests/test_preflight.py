@@ -1,0 +1,453 @@
+"""``ddtree-ops preflight`` (:mod:`ddtree_ops.ops.preflight`, parsers in :mod:`ddtree_ops.ops.gpu_facts`).
+
+Parsers run on every real fixture (``tests/fixtures/gpu/``) and on the derived 8x B300 /
+8x RTX PRO 6000 variants (``tests/fixtures/gpu/derived/``, documented as hand-made). The
+end-to-end tests run the real preflight with a stand-in ``nvidia-smi`` (a shell script that
+prints those fixture files) and a machine tree (``proc``/``sys``/``dev``) built in tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import time
+from tempfile import gettempdir as tempfile_dir
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.cli import main as cli_main
+from ddtree_ops.config.hosts import HOST_CLASSES
+from ddtree_ops.ops import gpu_facts as gf
+from ddtree_ops.ops import preflight as pf
+from helpers import FIXTURES
+
+GPU = FIXTURES / "gpu"
+DERIVED = GPU / "derived"
+REAL_QUERY_LINE = "580.159.04, 9.0\n"  # h200x1_ptxas_triton_2026-11-30.txt, --query-gpu=driver_version,compute_cap
+
+
+def standin_smi(tmp: Path, xml: Path, topo: Path, query: str) -> str:
+    """A stand-in nvidia-smi printing the given fixture files for -q -x / topo -m / --query-gpu."""
+    (tmp / "query.csv").write_text(query)
+    smi = tmp / "nvidia-smi"
+    smi.write_text(f"""#!/bin/sh
+case "$*" in
+  "-q -x") cat '{xml}' ;;
+  "topo -m") cat '{topo}' ;;
+  --query-gpu=*) cat '{tmp / "query.csv"}' ;;
+  *) echo "stand-in: unknown args $*" >&2; exit 2 ;;
+esac
+""")
+    smi.chmod(0o755)
+    return str(smi)
+
+
+def machine(tmp: Path, gpus: int, module: str | None = None, nr_open: int = 1048576, uvm: bool = True) -> Path:
+    """A ``proc``/``sys``/``dev`` tree: kernel module version file, fs.nr_open, device nodes."""
+    root = tmp / "root"
+    (root / "proc/sys/fs").mkdir(parents=True)
+    (root / "proc/sys/fs/nr_open").write_text(f"{nr_open}\n")
+    if module is not None:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_text(module)
+    (root / "dev/shm").mkdir(parents=True)
+    (root / "sys").mkdir()
+    names = ["nvidiactl", *[f"nvidia{i}" for i in range(gpus)]] + (["nvidia-uvm"] if uvm else [])
+    for n in names:
+        os.mknod(root / "dev" / n, stat.S_IFCHR | 0o666, os.makedev(195, 0))
+    return root
+
+
+# ---------------------------------------------------------------- parsers on real and derived fixtures
+
+def test_smi_xml_real_h200_fixtures():
+    one = gf.parse_smi_xml((GPU / "h200x1_nvidia_smi_q.xml").read_text())
+    assert (one.driver_version, one.cuda_version, len(one.gpus)) == ("580.159.04", "13.0", 1)
+    g = one.gpus[0]
+    assert (g.name, g.architecture, g.bus_id, g.memory_mib, g.persistence) == (
+        "NVIDIA H200", "Hopper", "00000000:00:06.0", 143771, True)
+    two = gf.parse_smi_xml((GPU / "h200x2_nvidia_smi_q.xml").read_text())
+    assert [x.name for x in two.gpus] == ["NVIDIA H200"] * 2 and len({x.bus_id for x in two.gpus}) == 2
+
+
+@pytest.mark.parametrize("key,name,mib", [("b300x8", "NVIDIA B300 SXM6 AC", 275040),
+                                          ("rtxpro6000x8", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887)])
+def test_smi_xml_derived_fixtures(key, name, mib):
+    r = gf.parse_smi_xml((DERIVED / f"{key}_nvidia_smi_q.xml").read_text())
+    assert len(r.gpus) == 8 and {g.name for g in r.gpus} == {name} and {g.memory_mib for g in r.gpus} == {mib}
+    assert len({gf.parse_bdf(g.bus_id) for g in r.gpus}) == 8
+
+
+def test_smi_xml_refuses_entities_non_xml_and_other_documents():
+    with pytest.raises(gf.FactsError, match="entities"):
+        gf.parse_smi_xml('<!DOCTYPE a [<!ENTITY x "y">]><nvidia_smi_log>&x;</nvidia_smi_log>')
+    with pytest.raises(gf.FactsError, match="not XML"):
+        gf.parse_smi_xml("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    with pytest.raises(gf.FactsError, match="driver_version"):
+        gf.parse_smi_xml("<other><driver_version>580</driver_version></other>")
+    with pytest.raises(gf.FactsError, match="more than"):
+        gf.parse_smi_xml("<a/>" + " " * gf.MAX_XML_BYTES)
+
+
+def test_topo_real_and_derived():
+    real = gf.parse_topo((GPU / "h200x2_topo_and_ptxas.txt").read_text())  # ANSI header, ptxas log around it
+    assert real.gpus == ["GPU0", "GPU1"] and real.links == {(0, 1): "NV18", (1, 0): "NV18"}
+    single = gf.parse_topo((GPU / "h200x1_misc.txt").read_text())
+    assert single.gpus == ["GPU0"] and single.links == {}
+    b300 = gf.parse_topo((DERIVED / "b300x8_topo.txt").read_text())
+    assert len(b300.links) == 56 and b300.kinds() == {"NV"}
+    rtx = gf.parse_topo((DERIVED / "rtxpro6000x8_topo.txt").read_text())
+    assert rtx.kinds() == {"PIX", "NODE", "SYS"} and rtx.links[(0, 7)] == "SYS" and rtx.links[(0, 1)] == "PIX"
+
+
+def test_topo_refuses_garbage():
+    with pytest.raises(gf.FactsError, match="GPU0"):
+        gf.parse_topo("No devices were found")
+    with pytest.raises(gf.FactsError, match="not a link"):
+        gf.parse_topo("\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tFOO\t X \n")
+
+
+def test_proc_version_real_fixture_and_proprietary():
+    m = gf.parse_proc_version((GPU / "h200x1_proc_driver_version.txt").read_text())
+    assert (m.flavor, m.version) == ("open", "580.159.04")
+    assert gf.parse_proc_version((GPU / "h200x1_misc.txt").read_text()) == m  # the same line, other session
+    p = gf.parse_proc_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan 22 2025\n")
+    assert (p.flavor, p.version) == ("proprietary", "570.86.15")
+    with pytest.raises(gf.FactsError):
+        gf.parse_proc_version("garbage")
+
+
+def _config_space(acs_ctrl: int | None, readable: int = 4096) -> bytes:
+    """PCIe config space with an extended capability chain at 0x100: AER (id 1) -> ACS (id 0xD)."""
+    cfg = bytearray(4096)
+    cfg[0x100:0x104] = (0x0001 | (1 << 16) | (0x140 << 20)).to_bytes(4, "little")
+    if acs_ctrl is not None:
+        cfg[0x140:0x144] = (0x000D | (1 << 16)).to_bytes(4, "little")
+        cfg[0x146:0x148] = acs_ctrl.to_bytes(2, "little")
+    return bytes(cfg[:readable])
+
+
+def test_acs_control_walks_the_capability_chain():
+    assert gf.acs_control(_config_space(0x001C)) == 0x001C
+    assert gf.acs_control(_config_space(None)) is None
+    assert gf.acs_control(_config_space(0x1C, readable=256)) is None
+    loop = bytearray(4096)
+    loop[0x100:0x104] = (0x0001 | (0x100 << 20)).to_bytes(4, "little")
+    with pytest.raises(gf.FactsError, match="loops"):
+        gf.acs_control(bytes(loop))
+
+
+def test_host_class_facts():
+    assert HOST_CLASSES["b300"].compute_cap == "10.3" and HOST_CLASSES["ct200"].compute_cap == "12.0"
+    assert 97887 >= HOST_CLASSES["ct200"].min_memory_mib > 0
+    assert 143771 < HOST_CLASSES["b300"].min_memory_mib <= 275040  # an H200 is not a B300
+
+
+# ---------------------------------------------------------------- preflight end to end (stand-in nvidia-smi)
+
+def _names(result: dict) -> dict:
+    return {c["name"]: c for c in result["checks"]}
+
+
+def test_real_h200_matches_neither_class(tmp_path):
+    smi = standin_smi(tmp_path, GPU / "h200x2_nvidia_smi_q.xml", GPU / "h200x2_topo_and_ptxas.txt", REAL_QUERY_LINE * 2)
+    root = machine(tmp_path, 2, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    r = pf.preflight(pf.expect_from(None, None), smi, root=root)
+    c = _names(r)
+    assert not r["ok"] and not c["host_class"]["ok"]
+    assert "matches no host class" in c["host_class"]["detail"] and "not b300" in c["host_class"]["detail"]
+    assert r["matches"]["b300"] and r["matches"]["ct200"]
+    assert c["nvidia_smi"]["ok"] and c["kernel_module"]["ok"] and c["driver"]["ok"], c
+    assert c["compute_capability"]["detail"] == "9.0" and c["interconnect"]["detail"] == "NV"
+    assert c["pcie_acs"]["skipped"] and c["device_nodes"]["ok"]
+    assert [x["name"] for x in r["checks"]] == [n for n in pf.CHECK_NAMES if n != "nccl"]
+    assert r["facts"]["gpus"][0]["compute_cap"] == "9.0" and r["facts"]["kernel_module"]["flavor"] == "open"
+
+
+def test_real_h200_against_b300_fails_each_fact_with_its_fix(tmp_path):
+    smi = standin_smi(tmp_path, GPU / "h200x1_nvidia_smi_q.xml", GPU / "h200x1_misc.txt",
+                      (GPU / "h200x1_query_gpu.csv").read_text())
+    root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    c = _names(pf.preflight(pf.expect_from("b300", None), smi, root=root))
+    for n in ("host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory", "interconnect"):
+        assert not c[n]["ok"] and c[n]["remediation"], n
+    assert "1 GPU(s); b300 has 8" in c["gpu_count"]["detail"]
+    assert "9.0" in c["compute_capability"]["detail"] and "10.3" in c["compute_capability"]["detail"]
+    assert c["persistence_mode"]["ok"]
+
+
+def test_derived_b300_passes_as_b300_and_not_as_ct200(tmp_path):
+    smi = standin_smi(tmp_path, DERIVED / "b300x8_nvidia_smi_q.xml", DERIVED / "b300x8_topo.txt",
+                      (DERIVED / "b300x8_query_gpu.csv").read_text())
+    root = machine(tmp_path, 8, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    r = pf.preflight(pf.expect_from(None, None), smi, root=root)
+    assert r["matches"]["b300"] == [] and r["matches"]["ct200"]
+    assert _names(r)["host_class"]["detail"] == "matches b300"
+    c = _names(pf.preflight(pf.expect_from("b300", None), smi, root=root))
+    bad = {n: x["detail"] for n, x in c.items() if not x["ok"]}
+    assert bad == {}, bad
+    assert c["interconnect"]["ok"] and c["pcie_acs"]["skipped"]
+
+
+def test_blackwell_needs_the_open_kernel_module(tmp_path):
+    smi = standin_smi(tmp_path, DERIVED / "b300x8_nvidia_smi_q.xml", DERIVED / "b300x8_topo.txt",
+                      (DERIVED / "b300x8_query_gpu.csv").read_text())
+    root = machine(tmp_path, 8, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Release Build\n")
+    c = _names(pf.preflight(pf.expect_from("b300", None), smi, root=root))
+    assert not c["kernel_module"]["ok"] and "open kernel module" in c["kernel_module"]["remediation"]
+
+
+def _pcie_sysfs(root: Path, buses: list[str], acs_ctrl: int, iommu_type: str) -> None:
+    """sysfs for GPUs below one bridge each: devices/pci0000:00/<bridge>/<gpu>, bus/pci/devices links,
+    IOMMU groups."""
+    (root / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    for i, bus in enumerate(buses):
+        bridge = root / f"sys/devices/pci0000:00/0000:00:{i + 1:02x}.0"
+        gpu = bridge / f"0000:{bus.lower()}:00.0"
+        gpu.mkdir(parents=True)
+        (bridge / "config").write_bytes(_config_space(acs_ctrl))
+        (gpu / "config").write_bytes(_config_space(None))
+        group = root / f"sys/kernel/iommu_groups/{i}"
+        group.mkdir(parents=True)
+        (group / "type").write_text(iommu_type + "\n")
+        (gpu / "iommu_group").symlink_to(group)
+        (root / "sys/bus/pci/devices" / gpu.name).symlink_to(gpu)
+
+
+@pytest.mark.parametrize("acs,iommu,ok", [(0x0000, "identity", True), (0x001D, "identity", False),
+                                          (0x0000, "DMA-FQ", False)])
+def test_derived_rtx_pro_6000_acs_and_iommu(tmp_path, acs, iommu, ok):
+    smi = standin_smi(tmp_path, DERIVED / "rtxpro6000x8_nvidia_smi_q.xml", DERIVED / "rtxpro6000x8_topo.txt",
+                      (DERIVED / "rtxpro6000x8_query_gpu.csv").read_text())
+    root = machine(tmp_path, 8, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    _pcie_sysfs(root, ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"], acs, iommu)
+    c = _names(pf.preflight(pf.expect_from("ct200", None), smi, root=root))
+    assert c["gpu_name"]["ok"] and c["compute_capability"]["ok"] and c["gpu_memory"]["ok"] and c["interconnect"]["ok"]
+    assert (c["pcie_acs"]["ok"] and c["iommu"]["ok"]) is ok
+    if acs:
+        assert "ACS P2P redirect is on at 0000:00:01.0" in c["pcie_acs"]["detail"]
+        assert "ECAP_ACS+6.w=0000" in c["pcie_acs"]["remediation"]
+    if iommu != "identity":
+        assert "DMA-FQ" in c["iommu"]["detail"] and "iommu=pt" in c["iommu"]["remediation"]
+    b300 = _names(pf.preflight(pf.expect_from("b300", None), smi, root=root))
+    assert not b300["interconnect"]["ok"] and not b300["gpu_name"]["ok"]
+
+
+def test_missing_nvidia_smi_is_a_failed_check_not_a_traceback(tmp_path):
+    root = machine(tmp_path, 0, uvm=False)
+    r = pf.preflight(pf.expect_from("b300", None), str(tmp_path / "absent" / "nvidia-smi"), root=root)
+    c = _names(r)
+    assert not c["nvidia_smi"]["ok"] and "not found" in c["nvidia_smi"]["detail"]
+    assert "install the NVIDIA driver" in c["nvidia_smi"]["remediation"]
+    assert not c["kernel_module"]["ok"] and "not loaded" in c["kernel_module"]["detail"]
+    assert not c["device_nodes"]["ok"] and "nvidia-uvm" in c["device_nodes"]["detail"]
+    assert "nvidia-modprobe" in c["device_nodes"]["remediation"]
+
+
+def test_nvidia_smi_that_hangs_or_floods_is_killed(tmp_path):
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 30 &\nsleep 30\n")
+    hang.chmod(0o755)
+    t = time.monotonic()
+    r = pf.run_bounded([str(hang)], timeout=0.5)
+    assert r.rc == 124 and "deadline" in r.note and time.monotonic() - t < 5
+    flood = pf.run_bounded(["yes"], timeout=10, max_bytes=1 << 16)
+    assert flood.rc == 125 and len(flood.stdout) <= 1 << 16
+
+
+def test_driver_older_than_the_toolkit_and_half_done_upgrade(tmp_path):
+    xml = (GPU / "h200x1_nvidia_smi_q.xml").read_text().replace("580.159.04", "575.57.08")
+    (tmp_path / "old.xml").write_text(xml)
+    smi = standin_smi(tmp_path, tmp_path / "old.xml", GPU / "h200x1_misc.txt", "575.57.08, 9.0\n")
+    root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    c = _names(pf.preflight(pf.expect_from("b300", None), smi, root=root))
+    assert not c["driver"]["ok"]
+    assert "older than CUDA 13.0 needs (>= 580.65.06" in c["driver"]["detail"]
+    assert "kernel module 580.159.04 but nvidia-smi (user space) 575.57.08" in c["driver"]["detail"]
+
+
+def test_shm_64mb_fails_with_the_fix():
+    c = pf.shm_check(64 << 20)
+    assert not c["ok"] and "64 MiB" in c["detail"] and "remount,size=" in c["remediation"]
+    assert pf.shm_check(128 << 30)["ok"]
+
+
+def test_limits_below_the_units_fail():
+    c = pf.limits_check(65536)
+    assert not c["ok"] and "fs.nr_open is 65536" in c["detail"] and "sysctl -w fs.nr_open=1048576" in c["remediation"]
+    unit = "ddtree-sglang.service"
+    low = pf.limits_check(1048576, {"LimitNOFILE": "4096", "LimitMEMLOCK": "8388608"}, unit)
+    assert not low["ok"] and "LimitNOFILE=4096" in low["detail"] and "LimitMEMLOCK=8388608, not infinity" in low["detail"]
+    assert pf.limits_check(1048576, {"LimitNOFILE": "1048576", "LimitMEMLOCK": "infinity"}, unit)["ok"]
+    assert pf.limits_check(1048576, None, unit)["ok"]  # not loaded yet: the unit file sets both
+
+
+def test_disk_check_low_space_fails(monkeypatch, tmp_path):
+    monkeypatch.setattr(pf, "DISK_MIN_FREE_BYTES", 1 << 60)  # more than any disk here
+    c = pf.disk_check([str(tmp_path / "not" / "yet" / "created")])
+    assert not c["ok"] and "GiB free" in c["detail"]
+
+
+def _plan(port: int, exporter_port: int, host_class: str = "b300") -> dict:
+    from ddtree_ops.config import validate_hostvars
+    from ddtree_ops.render.files import plan_document
+    from helpers import base_hostvars
+
+    hv = base_hostvars() | {"ddtree_host_class": host_class, "ddtree_server": {
+        **base_hostvars()["ddtree_server"], "port": port}, "ddtree_ops": {"exporter_port": exporter_port}}
+    return plan_document(validate_hostvars("h1", hv))
+
+
+def test_taken_port_fails_naming_the_holder_and_the_fix(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import socket,sys,time\ns=socket.socket()\n"
+                               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0',0))\n"
+                               "s.listen()\nprint(s.getsockname()[1], flush=True)\ntime.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(holder.stdout.readline())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        e = pf.expect_from(None, _plan(port, free if free >= 1024 else 19400))
+        c = pf.ports_check(e.ports)
+        assert not c["ok"] and f"port {port} is already in use by pid {holder.pid}" in c["detail"]
+        assert "set another port in the inventory" in c["remediation"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_plan_gives_class_toolchain_ports_and_dirs():
+    doc = _plan(31000, 19401)
+    e = pf.expect_from(None, doc)
+    assert e.host_class.name == "b300" and e.toolchain["target"] == "sm_103a"
+    assert e.ports[0] == (31000, "ddtree-sglang.service", "0.0.0.0") and e.ports[1][0] == 19401
+    assert doc["paths"]["cache"] in e.dirs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert pf.ports_check([(free, "ddtree-sglang.service", "1host.example")])["ok"]  # a name: any address
+    with pytest.raises(pf.PreflightUsageError, match="contradicts"):
+        pf.expect_from("ct200", doc)
+    with pytest.raises(pf.PreflightUsageError, match="not a plan.json"):
+        pf.expect_from(None, {"plan": {}})
+    with pytest.raises(pf.PreflightUsageError, match="use one of"):
+        pf.expect_from("h200", None)
+
+
+def test_ptxas_check_skips_until_the_toolkit_is_installed():
+    c = pf.ptxas_check({"arch": "sm_103", "cuda": "13.0", "ptxas": "/nonexistent/ptxas", "target": "sm_103a",
+                        "ptx_version": "8.8"})
+    assert c["ok"] and c["skipped"] and "not installed yet" in c["detail"]
+
+
+def test_nccl_smoke_skips_cleanly_without_torch():
+    c = pf.nccl_check(sys.executable, 2, 30)  # the project venv has no torch
+    assert c["ok"] and c["skipped"] and "no torch" in c["detail"]
+
+
+def test_nccl_smoke_killed_at_the_deadline_reports_the_acs_fix(tmp_path):
+    fake = tmp_path / "python"  # answers the torch probe, then hangs as a stuck all-reduce does
+    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 8; exit 0;; esac\nsleep 30 & sleep 30\n")
+    fake.chmod(0o755)
+    t = time.monotonic()
+    c = pf.nccl_check(str(fake), 8, 1.0)
+    assert time.monotonic() - t < 10
+    assert not c["ok"] and "did not finish in 1 s (killed)" in c["detail"] and "iommu=pt" in c["remediation"]
+
+
+def test_nccl_smoke_torch_without_cuda_fails(tmp_path):
+    fake = tmp_path / "python"  # a torch that imports but sees no device (CPU wheel, wrong CUDA)
+    fake.write_text("#!/bin/sh\necho 0\n")
+    fake.chmod(0o755)
+    c = pf.nccl_check(str(fake), 2, 5)
+    assert not c["ok"] and "sees no CUDA device" in c["detail"] and "torch build" in c["remediation"]
+
+
+# ---------------------------------------------------------------- CLI and zipapp
+
+def test_cli_json_exit_codes(tmp_path, capsys, monkeypatch):
+    smi = standin_smi(tmp_path, GPU / "h200x1_nvidia_smi_q.xml", GPU / "h200x1_misc.txt",
+                      (GPU / "h200x1_query_gpu.csv").read_text())
+    assert cli_main(["preflight", "--nvidia-smi", smi, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["host_class"] is None and {c["name"] for c in doc["checks"]} >= {"host_class"}
+    assert cli_main(["preflight", "--host-class", "h200", "--json"]) == 2
+    assert "use one of" in json.loads(capsys.readouterr().out)["checks"][0]["detail"]
+    assert cli_main(["preflight", "--skip", "bogus", "--json"]) == 2
+    assert cli_main(["preflight", "--disk-min-free-gib", "nan", "--json"]) == 2
+    assert "--disk-min-free-gib nan: must be 0.." in capsys.readouterr().out
+
+
+def test_zipapp_runs_with_the_standard_library_only(tmp_path):
+    app = pf.build_zipapp(str(tmp_path / "preflight.pyz"))
+    assert Path(app).read_bytes() == Path(pf.build_zipapp(str(tmp_path / "again.pyz"))).read_bytes()
+    smi = standin_smi(tmp_path, DERIVED / "b300x8_nvidia_smi_q.xml", DERIVED / "b300x8_topo.txt",
+                      (DERIVED / "b300x8_query_gpu.csv").read_text())
+    # -I -S: no site-packages (no pydantic, typer, rich): what a fresh GPU host has
+    r = subprocess.run([sys.executable, "-I", "-S", app, "--host-class", "b300", "--nvidia-smi", smi, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    c = _names(doc)
+    assert r.returncode in (0, 1) and c["gpu_count"]["ok"] and c["interconnect"]["ok"] and c["gpu_name"]["ok"], r.stderr
+
+
+# ---------------------------------------------------------------- the deploy play
+
+def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
+    """deploy.yml on a host reached over the local connection: this machine has no GPU, so the
+    preflight play fails the host with the remediation and no later play touches it."""
+    import yaml
+
+    from helpers import REPO, base_hostvars
+
+    plays = yaml.safe_load((REPO / "deploy.yml").read_text())
+    pre = next(p for p in plays if p.get("name") == "Preflight")
+    assert pre["any_errors_fatal"] is False  # one unfit host never stops the fleet
+    assert plays.index(pre) < next(i for i, p in enumerate(plays) if "service.yml" in str(p.get("ansible.builtin.import_playbook")))
+    hv = base_hostvars()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = max(s.getsockname()[1], 1024)
+    hv["ddtree_server"] = {**hv["ddtree_server"], "port": port}
+    hv.update(ansible_connection="local", ansible_python_interpreter=sys.executable,
+              ddtree_service_preflight_zipapp=str(tmp_path / "preflight.pyz"))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"hosts": {"pf-local": hv}}}))
+    before = set(Path(tempfile_dir()).glob("*-ddtree-preflight"))
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+                        "deploy.yml"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    out = r.stdout
+    assert r.returncode != 0, out[-3000:]
+    assert "preflight failed on pf-local (nothing was changed on it)" in out
+    assert "[nvidia_smi] nvidia-smi not found" in out and "Fix: install the NVIDIA driver" in out
+    assert "TASK [cuda_toolkit" not in out and "PLAY [Install and start the SGLang service]" not in out
+    assert re.search(r"pf-local\s+:.*changed=0\s.*failed=1", out), out[-2000:]
+    assert set(Path(tempfile_dir()).glob("*-ddtree-preflight")) == before  # its temporary directory is gone
+
+
+def test_limits_are_the_rendered_units():
+    """The preflight's limits are the ones the SGLang unit sets (templates/sglang.service.j2)."""
+    from ddtree_ops.config import validate_hostvars
+    from ddtree_ops.render import render_host
+    from helpers import base_hostvars
+
+    v = validate_hostvars("h1", base_hostvars())
+    unit = next(f.content for f in render_host(v) if f.path.endswith("/" + v.deployment.service.unit_name))
+    assert f"\nLimitNOFILE={pf.SERVICE_NOFILE}\n" in unit and f"\nLimitMEMLOCK={pf.SERVICE_MEMLOCK}\n" in unit
+
+
+def test_driver_without_a_cuda_version_is_read(tmp_path):
+    """vGPU hosts print ``CUDA Version: Not Found``: the driver check still runs, no crash."""
+    xml = (GPU / "h200x1_nvidia_smi_q.xml").read_text().replace("<cuda_version>13.0<", "<cuda_version>Not Found<")
+    (tmp_path / "vgpu.xml").write_text(xml)
+    smi = standin_smi(tmp_path, tmp_path / "vgpu.xml", GPU / "h200x1_misc.txt", REAL_QUERY_LINE)
+    root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    c = _names(pf.preflight(pf.expect_from(None, None), smi, root=root))
+    assert c["driver"]["ok"] and "driver 580.159.04 (CUDA Not Found) >= 580.65.06" in c["driver"]["detail"]
