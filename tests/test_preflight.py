@@ -164,7 +164,7 @@ def test_real_h200_matches_neither_class(tmp_path):
     assert "matches no host class" in c["host_class"]["detail"] and "not b300" in c["host_class"]["detail"]
     assert r["matches"]["b300"] and r["matches"]["ct200"]
     assert c["nvidia_smi"]["ok"] and c["kernel_module"]["ok"] and c["driver"]["ok"], c
-    assert c["compute_capability"]["detail"] == "9.0" and c["interconnect"]["detail"] == "NV"
+    assert c["compute_capability"]["detail"] == "9.0" and c["interconnect"]["detail"] == "NV18"
     assert c["pcie_acs"]["skipped"] and c["device_nodes"]["ok"]
     assert [x["name"] for x in r["checks"]] == [n for n in pf.CHECK_NAMES if n != "nccl"]
     assert r["facts"]["gpus"][0]["compute_cap"] == "9.0" and r["facts"]["kernel_module"]["flavor"] == "open"
@@ -451,3 +451,42 @@ def test_driver_without_a_cuda_version_is_read(tmp_path):
     root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
     c = _names(pf.preflight(pf.expect_from(None, None), smi, root=root))
     assert c["driver"]["ok"] and "driver 580.159.04 (CUDA Not Found) >= 580.65.06" in c["driver"]["detail"]
+
+
+# ---------------------------------------------------------------- the real-GPU run (2x H200, 2026-11-30)
+
+def _section(text: str, command: str) -> str:
+    """One command's output from scripts/record-gpu-facts.sh's facts.txt."""
+    head = f"===== $ {command}\n"
+    start = text.index(head) + len(head)
+    return text[start:text.index("\n[rc=", start)] + "\n"
+
+
+def test_recorded_host_gives_the_facts_and_verdicts_of_the_real_run(tmp_path):
+    """The same machine twice: `ddtree-ops preflight` ran on the real 2x H200 host (its --json is
+    the fixture), and the parsers here read that host's own recording (nvidia-smi -q -x, topo -m
+    with its ANSI underline, the query CSV, /proc/driver/nvidia/version). Facts and the verdict of
+    every GPU check must agree; the real run also proved the NCCL smoke test on real GPUs."""
+    real = json.loads((GPU / "h200x2_2026-11-30_preflight.json").read_text())
+    real_b300 = json.loads((GPU / "h200x2_2026-11-30_preflight_as_b300.json").read_text())
+    facts = (GPU / "h200x2_2026-11-30_facts.txt").read_text()
+    (tmp_path / "topo.txt").write_text(_section(facts, "nvidia-smi topo -m"))
+    csv = _section(facts, "nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,compute_cap,memory.total,memory.used,"
+                          "driver_version,persistence_mode,power.limit,clocks.max.sm --format=csv")
+    query = "".join(f"{row.split(', ')[7]}, {row.split(', ')[4]}\n" for row in csv.splitlines()[1:])
+    smi = standin_smi(tmp_path, GPU / "h200x2_2026-11-30_nvidia_smi_q.xml", tmp_path / "topo.txt", query)
+    root = machine(tmp_path, 2, _section(facts, "cat /proc/driver/nvidia/version"))
+
+    here = pf.preflight(pf.expect_from(None, None), smi, root=root)
+    here_b300 = pf.preflight(pf.expect_from("b300", None), smi, root=root)
+    assert real["host_class"] is None and not real["ok"]
+    assert here["facts"] == real["facts"]
+    assert here["matches"] == real["matches"]
+    gpu_checks = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
+                  "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu")
+    for ours, theirs in ((here, real), (here_b300, real_b300)):
+        got = {c["name"]: (c["ok"], c["detail"]) for c in ours["checks"] if c["name"] in gpu_checks}
+        want = {c["name"]: (c["ok"], c["detail"]) for c in theirs["checks"] if c["name"] in gpu_checks}
+        assert got == want
+    nccl = next(c for c in real["checks"] if c["name"] == "nccl")
+    assert nccl["ok"] and "over 2 GPU(s)" in nccl["detail"] and "NCCL_NVLS_ENABLE=0" in nccl["detail"]

@@ -692,9 +692,9 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     matches = match_classes(smi, facts.topo) if smi else {}
     if hc is None:
         fits = [n for n, d in matches.items() if not d]
-        why = "; ".join(f"not {n}: {', '.join(d[:3])}" for n, d in matches.items() if d)
+        why = " ".join(f"[not {n}: {' / '.join(d[:3])}]" for n, d in matches.items() if d)
         checks.append(_check("host_class", bool(fits), (f"matches {', '.join(fits)}" if fits else
-                             f"matches no host class ({why or 'no GPU facts'})"),
+                             f"matches no host class {why or '(no GPU facts)'}"),
                              f"deploy only to machines of a class ({', '.join(sorted(HOST_CLASSES))})"))
     else:
         fits = smi is not None and not matches.get(hc.name)
@@ -724,7 +724,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
                    "on for every GPU" if all(x.persistence for x in g) else "off on some GPU",
                    "enable it (`nvidia-smi -pm 1` or nvidia-persistenced)"),
             _check("interconnect", facts.topo is not None or len(g) < 2,
-                   (", ".join(sorted(facts.topo.kinds())) or "single GPU") if facts.topo else
+                   (", ".join(sorted(set(facts.topo.links.values()))) or "single GPU") if facts.topo else
                    (facts.topo_error or "single GPU"), "run `nvidia-smi topo -m` and fix what it reports"),
         ]
     checks += driver_checks(facts, toolchain, arch)
