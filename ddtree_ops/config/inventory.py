@@ -338,12 +338,13 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                    + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
+    memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (models._memo_get)
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
         try:
             with _deadline(TEMPLATE_DEADLINE_S):
-                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar), host.name)
+                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar), host.name, memo)
         except TemplateTimeout as exc:
             killed = _kill_started(before)
             what = getattr(exc, "cause", None) or "templating the host's variables"
