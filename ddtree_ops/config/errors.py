@@ -50,8 +50,10 @@ def scrub(text: str) -> str:
     for s in _secrets_longest_first():
         if s in text:
             text = text.replace(s, REDACTED)
-    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
-    text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
+    if "://" in text:  # (a cheap test first: most texts hold no URL and no scheme word)
+        text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
+    if not text.isascii() or any(w in text.lower() for w in _AUTH_WORDS):
+        text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     return _NAMED_VALUE.sub(_redact_named, text)
 
@@ -114,6 +116,9 @@ only not echoed)."""
 
 _AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
 """An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
+_AUTH_WORDS = ("bearer", "basic", "token", "digest")
+"""The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot
+match it (a non-ASCII text always goes through the regex: Unicode case folding, e.g. ``K``)."""
 
 _SECRET_QUERY = re.compile(r"(?i)(?P<pre>[?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|"
                            r"credential|session)[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+)")
@@ -136,9 +141,11 @@ def value_secret_reason(value: str) -> str | None:
         return "a name=value pair with a secret-looking name"
     return None
 
-_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
+_NAMED_VALUE = re.compile(r"(?<![A-Za-z_])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
                           r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")
-"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line)."""
+"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line). The look-behind
+only saves time (issue 15): where a match could start after a letter or ``_``, one starts at that
+letter already (and a value never ends right before one), so the matches are the same."""
 
 
 def _is_vaulted(v: Any) -> bool:
