@@ -314,3 +314,24 @@ def test_load_memo_gives_what_each_host_alone_gives(inv, monkeypatch):
     plain = models.deployment_vars
     monkeypatch.setattr(inventory_mod, "deployment_vars", lambda a, t, h="", memo=None: plain(a, t, h, None))
     assert inventory_mod.load_hostvars(str(REPO / inv)) == with_memo
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o027, 0o077])
+def test_created_directories_are_0755_under_any_umask(tmp_path, umask):
+    """``_open_dir`` skips its ``fchmod`` when ``mkdir`` already gave 0755 (issue 15); under a
+    umask that takes bits away it still sets 0755, with and without :class:`OpenDirs`."""
+    import os
+
+    out = tmp_path / "out"
+    old = os.umask(umask)
+    try:
+        with OpenDirs() as dirs:
+            write_under(out, "h1/etc/ddtree-ops/x/plan.json", "{}\n", 0o644, dirs)
+            write_under(out, "h1/etc/ddtree-ops/x/secrets.env", "A=b\n", 0o600, dirs)
+        write_under(out, "h2/etc/systemd/system/a.service", "[Unit]\n", 0o644)
+    finally:
+        os.umask(old)
+    dirs_made = [p for p in out.rglob("*") if p.is_dir()]
+    assert len(dirs_made) == 8 and {oct(p.stat().st_mode & 0o7777) for p in dirs_made} == {"0o755"}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()} == {
+        "plan.json": "0o644", "secrets.env": "0o600", "a.service": "0o644"}
