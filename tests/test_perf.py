@@ -335,3 +335,23 @@ def test_created_directories_are_0755_under_any_umask(tmp_path, umask):
     assert len(dirs_made) == 8 and {oct(p.stat().st_mode & 0o7777) for p in dirs_made} == {"0o755"}
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()} == {
         "plan.json": "0o644", "secrets.env": "0o600", "a.service": "0o644"}
+
+
+def test_gc_thresholds_raised_while_loading_and_restored(monkeypatch, capsys):
+    """validate runs the load and the checks with fewer collector passes (issue 15) and gives the
+    caller its own thresholds back, also when the inventory is refused."""
+    import gc
+
+    seen = []
+    real = inventory_mod.load_hostvars
+
+    def spy(*a, **kw):
+        seen.append(gc.get_threshold()[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(inventory_mod, "load_hostvars", spy)
+    before = gc.get_threshold()
+    assert main(["validate", "-i", str(REPO / "inventory/example")]) == 0
+    assert main(["validate", "-i", str(REPO / "no-such-inventory")]) == 2
+    assert gc.get_threshold() == before and len(seen) == 2 and min(seen) >= 100_000
+    capsys.readouterr()
