@@ -1033,12 +1033,19 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     for name, value in list(all_vars.items()):
         if name in SKIP_VARS or budget <= 0:
             continue
-        clean = _memo_get(memo, "unvaulted", value)  # (values popped, leaves yielded) of a whole walk
-        if clean is not None and clean[0] <= budget:
-            budget -= clean[1]
+        if isinstance(value, (dict, list, tuple)):
+            clean = _memo_get(memo, "unvaulted", value)  # (values popped, leaves yielded) of a whole walk
+            if clean is not None and clean[0] <= budget:
+                budget -= clean[1]
+                continue
+            leaves: Any = _strings(value, budget)
+        elif not _is_vaulted(value):  # a scalar: the walk would yield it alone (most per-host variables)
+            budget -= 1
             continue
+        else:
+            leaves = (("", value),)
         start, vaulted = budget, False
-        for _, leaf in _strings(value, budget):
+        for _, leaf in leaves:
             budget -= 1
             if _is_vaulted(leaf):
                 vaulted = True
