@@ -355,3 +355,25 @@ def test_gc_thresholds_raised_while_loading_and_restored(monkeypatch, capsys):
     assert main(["validate", "-i", str(REPO / "no-such-inventory")]) == 2
     assert gc.get_threshold() == before and len(seen) == 2 and min(seen) >= 100_000
     capsys.readouterr()
+
+
+def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch):
+    """Re-rendering into an existing OUT checks every directory on the way once (a tree walk),
+    not once per file path (issue 15), and still finds a bad one anywhere in it."""
+    import os
+
+    from ddtree_ops.render import write as write_mod
+
+    out = tmp_path / "out"
+    rels = [f"h{h}/etc/{d}/f{i}" for h in range(3) for d in ("systemd/system", "ddtree-ops/x") for i in range(2)]
+    for rel in rels:
+        write_under(out, rel, "x\n", 0o644)
+    opened = []
+    real = write_mod._open_nofollow
+    monkeypatch.setattr(write_mod, "_open_nofollow", lambda name, fd, shown: (opened.append(shown), real(name, fd, shown))[1])
+    write_mod.check_targets(out, rels + ["h9/new/f", "prometheus/p.yml"])
+    existing = {str(p) for p in [out, *out.rglob("*")] if p.is_dir()}
+    assert sorted(opened) == sorted(existing | {str(out / "h9"), str(out / "prometheus")})  # + the missing ones tried
+    os.chmod(out / "h2/etc/ddtree-ops/x", 0o757)
+    with pytest.raises(write_mod.UnsafeOutput, match=r"h2/etc/ddtree-ops/x: mode 0757"):
+        write_mod.check_targets(out, rels)

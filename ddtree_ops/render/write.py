@@ -151,21 +151,32 @@ def check_targets(out_dir: Path, rels: list[str]) -> None:
     if not os.path.lexists(out_dir):
         return
     check_out_dir(out_dir)
-    dirs = sorted({tuple(relative_parts(rel)[:-1]) for rel in rels})
-    for parts in dirs:
-        fd = _open_nofollow(str(out_dir), None, str(out_dir))
+    tree: dict = {}  # the directories as a tree, so each existing one is opened and checked once
+    for rel in rels:
+        node = tree
+        for name in relative_parts(rel)[:-1]:
+            node = node.setdefault(name, {})
+    fd = _open_nofollow(str(out_dir), None, str(out_dir))
+    try:
+        _check_tree(fd, tree, out_dir, ())
+    finally:
+        os.close(fd)
+
+
+def _check_tree(fd: int, tree: dict, out_dir: Path, parts: tuple[str, ...]) -> None:
+    """Check the existing directories of ``tree`` under ``fd`` (``out_dir/parts``), depth first
+    in name order (the order the paths sort in); a missing one ends its branch (render creates it)."""
+    for name in sorted(tree):
+        shown = str(out_dir.joinpath(*parts, name))
         try:
-            for i, name in enumerate(parts):
-                shown = str(out_dir.joinpath(*parts[:i + 1]))
-                try:
-                    nfd = _open_nofollow(name, fd, shown)
-                except FileNotFoundError:
-                    break
-                os.close(fd)
-                fd = nfd
-                _check_dir_stat(os.fstat(fd), shown)
+            nfd = _open_nofollow(name, fd, shown)
+        except FileNotFoundError:
+            continue
+        try:
+            _check_dir_stat(os.fstat(nfd), shown)
+            _check_tree(nfd, tree[name], out_dir, (*parts, name))
         finally:
-            os.close(fd)
+            os.close(nfd)
 
 
 class OpenDirs:
