@@ -52,7 +52,8 @@ def scrub(text: str) -> str:
             text = text.replace(s, REDACTED)
     if "://" in text:  # (a cheap test first: most texts hold no URL and no scheme word)
         text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
-    if not text.isascii() or any(w in text.lower() for w in _AUTH_WORDS):
+    lower = text.lower() if text.isascii() else None
+    if lower is None or any(w in lower for w in _AUTH_WORDS):
         text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     return _NAMED_VALUE.sub(_redact_named, text)
