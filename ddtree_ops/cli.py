@@ -10,11 +10,13 @@ traceback reaches users unless ``DDTREE_DEBUG=1`` asks for one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -118,8 +120,30 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
     return value
 
 
+@contextlib.contextmanager
+def _fewer_gc_passes(gen0: int = 100_000) -> Iterator[None]:
+    """Run the cyclic garbage collector's youngest generation every ``gen0`` allocations (instead of
+    Python's 700) while loading and checking, then restore the thresholds: a 1000-host load
+    allocates millions of objects and each pass walks the young ones (~5-10 % of validate's CPU,
+    for ~6 MB more peak memory at 1000 hosts; issue 15). Cycles are still collected."""
+    import gc
+
+    saved = gc.get_threshold()
+    gc.set_threshold(max(gen0, saved[0]), *saved[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
 def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = None,
                   hub: bool = False) -> tuple[list[Validated], list[Finding]]:
+    with _fewer_gc_passes():
+        return _validate_all_hosts(inventory, limit, vault, hub)
+
+
+def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | None,
+                        hub: bool) -> tuple[list[Validated], list[Finding]]:
     from .config.checkpoint import CheckpointReader, hub_allowed, validate_with_checkpoints
     from .config.fleet import fleet_findings
     from .config import ConfigError, validate_hostvars

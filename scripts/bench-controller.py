@@ -16,8 +16,12 @@ every command once), and the median wall time and median CPU time (user + sys of
 
 and ``ddtree-ops --help`` start-up (target: <= 0.3 s), beside ``python -c pass``.
 
-Usage: .venv/bin/python scripts/bench-controller.py [--sizes 1,10,100,1000] [--repeat 5]
+Usage: .venv/bin/python scripts/bench-controller.py [--sizes 1,10,100,1000] [--repeat 5] [--tmp DIR]
 Prints figures; it is not a test. CPU figures are the ones to trust on a loaded machine.
+``--tmp`` puts the inventories and the rendered trees on another file system (e.g. ``/dev/shm``,
+a tmpfs): render's system time is almost all the file system's cost of creating ~6000
+directories and ~5000 files at 1000 hosts, which differs by ~40x between this VM's ext4 disk and
+a tmpfs (see the README, "Speed at a thousand hosts").
 """
 
 from __future__ import annotations
@@ -103,10 +107,26 @@ def measure(commands: dict[str, list[str]], repeat: int, before: dict | None = N
             for k, v in samples.items()}
 
 
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (``/proc/self/mounts``), or ``?``."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and str(path).startswith(fields[1].rstrip("/") + "/") and len(fields[1]) > len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        pass
+    return kind
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,10,100,1000", help="comma-separated host counts")
     ap.add_argument("--repeat", type=int, default=5, help="runs per command and size (median)")
+    ap.add_argument("--tmp", default=None, help="directory for the inventories and rendered trees "
+                    "(default: the system's temporary directory)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     ddtree = [sys.executable, "-m", "ddtree_ops"]  # run from the checkout: this tree's ddtree_ops
@@ -124,8 +144,9 @@ def main() -> int:
     help_wall = start["ddtree-ops --help"][0]
     print(f"  --help {help_wall:.3f} s (target <= 0.3 s: {'met' if help_wall <= 0.3 else 'NOT met'})")
 
-    with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-controller-", dir=args.tmp) as tmp:
         base = Path(tmp)
+        print(f"\ninventories and rendered trees under {base} ({_fs_type(base)})")
         print(f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'user':>7} {'sys':>7} {'ratio':>7} {'(wall)':>8}")
         for n in sizes:
             inv = make_inventory(base, n)

@@ -4,6 +4,7 @@ plain-line fast path of ``say`` and lazy imports (figures: ``scripts/bench-contr
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def test_template_skip_and_cached_environment_render_identically(inv, tmp_path, 
     path = _templated_inventory(tmp_path) if inv == "templated" else REPO / inv
     fast = _render_all(path)
     with monkeypatch.context() as m:
-        m.setattr(inventory_mod, "_template_if_marked", lambda templar: templar.template)
+        m.setattr(inventory_mod, "_template_if_marked", lambda templar, memo=None: templar.template)
         m.setattr(files_mod, "_env", files_mod._env.__wrapped__)  # uncached: one environment per call
         m.setattr(files_mod, "YAML_DUMPER", yaml.SafeDumper)
         slow = _render_all(path)
@@ -204,3 +205,175 @@ def test_open_dirs_keeps_a_bounded_number_of_descriptors(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == before
     assert (out / "h79/etc/ddtree-ops/x/plan.json").read_text() == "79\n"
     assert (out / "h0/etc/ddtree-ops/x/again").read_text() == "0\n"
+
+
+def _reference_scrub(text: str) -> str:
+    """``errors.scrub`` as it was before its fast paths (issue 15): every regex on every text,
+    ``_NAMED_VALUE`` without its look-behind."""
+    from ddtree_ops.config import errors
+
+    named = re.compile(errors._NAMED_VALUE.pattern.replace("(?<![A-Za-z_])", "", 1))
+    assert named.pattern != errors._NAMED_VALUE.pattern
+    for s in sorted(errors._known_secrets, key=len, reverse=True):
+        text = text.replace(s, errors.REDACTED)
+    text = errors._URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{errors.REDACTED}@", text)
+    text = errors._AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{errors.REDACTED}", text)
+    text = errors._SECRET_QUERY.sub(lambda m: f"{m['pre']}{errors.REDACTED}", text)
+    return named.sub(errors._redact_named, text)
+
+
+SCRUB_CASES = [
+    "b300-01: ddtree_sglang.commit = None: source git needs repo and commit. Fix: set repo (git rev-parse HEAD)",
+    "https://tok123@github.com/x", "socks5://u:p4ss@proxy:1080", "Authorization: Bearer abcd.efgh", "BASIC QWxhZGRpbg==",
+    "Token\tsecretvalue1", "\u212aey token: x", "to\u212aen abcdef", "ba\u017fic QWxhZGRpbg==", "digeſt AAAA1234",
+    "x?token=abc&sig=def", "HF_TOKEN=hf_abc WANDB_API_KEY=k1 draft_tokens_per_req=4", "9token=v", "_key=v", "a.b-c: v",
+    "api-key=X,auth: y", "(redacted)", "name=(redacted)", "X_API_KEY: 'q'", "é_token=é", "tokens: 5", "API_TOKENS=a",
+    "CANARY-registered-secret in text", "",
+]
+
+
+def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
+    """The cheap tests before two regexes and ``_NAMED_VALUE``'s look-behind change no text: the
+    cases above (URLs, schemes in any case, Unicode case folding, names inside words) and 20,000
+    random strings over the characters the patterns care about."""
+    import random
+
+    from ddtree_ops.config import errors
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
+    errors.register_secret("CANARY-registered-secret")
+    rng = random.Random(15)
+    alphabet = list("aZk_9.-=:/@?&; \t'\",{}()…xTOKENbearerbasicdigestsig\u212a\u017f") + ["://", "token", "Key"]
+    randoms = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20_000)]
+    for text in SCRUB_CASES + randoms:
+        assert errors.scrub(text) == _reference_scrub(text), repr(text)
+    assert "hf_abc" not in errors.scrub(SCRUB_CASES[11]) and "QWxhZGRpbg" not in errors.scrub(SCRUB_CASES[8])
+
+
+def test_a_kept_message_is_built_again_once_a_secret_is_registered(monkeypatch):
+    from ddtree_ops.config import errors
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
+    f = errors.Finding("warning", "ddtree_model.path", "/models/CANARY-late-secret", "a rule", "a fix", host="h1")
+    assert "CANARY-late-secret" in f.message() and f.message() is f.message()  # kept
+    errors.register_secret("CANARY-late-secret")
+    assert "CANARY-late-secret" not in f.message() and errors.REDACTED in f.message()
+    monkeypatch.setattr(errors, "_known_secrets", {"CANARY-late-secret"})  # a new registry (as tests do)
+    assert "CANARY-late-secret" not in f.message()
+
+
+def _host_vars(i: int, shared: dict, own: dict | None = None) -> dict:
+    """One host's variables as Ansible hands them out: the group's values are the same objects."""
+    return {"inventory_hostname": f"h{i}", "ansible_host": f"10.0.0.{i}", **shared, **(own or {})}
+
+
+def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
+    """The hosts of a group share their group_vars objects; with one load's memo, a vaulted value in
+    a plain field is refused (and its plaintext registered) for every host, not only the first, and
+    the size bound still counts each host's own values on top of the shared ones."""
+    from ansible.template import Templar
+
+    from ddtree_ops.config import errors
+    from ddtree_ops.config.errors import ConfigError
+    from ddtree_ops.config.models import MAX_VAR_NODES, deployment_vars
+
+    from test_trust_inventory import _vaulted
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
+    loader, enc = _vaulted(tmp_path, "CANARY-shared-vault-value")
+    shared = {"ddtree_host_class": "b300", "ddtree_model": {"path": "/models/m", "served_model_name": "m"},
+              "ddtree_service": {"env": {"FOO": enc, "BAR": "plain"}}}
+    memo: dict = {}
+    for i in range(3):
+        hv = _host_vars(i, shared)
+        with pytest.raises(ConfigError) as exc:
+            deployment_vars(hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo)
+        assert [f.field for f in exc.value.findings] == ["ddtree_service.env.FOO"], i
+        assert "CANARY" not in str(exc.value)
+        assert "CANARY-shared-vault-value" in errors._known_secrets  # registered by this host's load
+        errors._known_secrets.clear()
+    big = {"ddtree_host_class": "b300", "ddtree_server": {"a": list(range(MAX_VAR_NODES - 5000))}}
+    memo = {}
+    outcomes = []
+    for i, own in enumerate([None, {"ddtree_model": {"path": list(range(6000))}}, None]):
+        hv = _host_vars(i, big, own)
+        try:
+            deployment_vars(hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo)
+            outcomes.append("ok")
+        except ConfigError as exc:
+            outcomes.append(exc.findings[0].rule.split(" (")[0])
+    assert outcomes == ["ok", f"the host's deployment variables exceed {MAX_VAR_NODES} values or 1024 KiB of text", "ok"]
+
+
+@pytest.mark.parametrize("inv", SHIPPED)
+def test_load_memo_gives_what_each_host_alone_gives(inv, monkeypatch):
+    """One load with the memo and one without (every walk done for every host) give the same variables."""
+    from ddtree_ops.config import models
+
+    with_memo = inventory_mod.load_hostvars(str(REPO / inv))
+    plain = models.deployment_vars
+    monkeypatch.setattr(inventory_mod, "deployment_vars", lambda a, t, h="", memo=None: plain(a, t, h, None))
+    assert inventory_mod.load_hostvars(str(REPO / inv)) == with_memo
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o027, 0o077])
+def test_created_directories_are_0755_under_any_umask(tmp_path, umask):
+    """``_open_dir`` skips its ``fchmod`` when ``mkdir`` already gave 0755 (issue 15); under a
+    umask that takes bits away it still sets 0755, with and without :class:`OpenDirs`."""
+    import os
+
+    out = tmp_path / "out"
+    old = os.umask(umask)
+    try:
+        with OpenDirs() as dirs:
+            write_under(out, "h1/etc/ddtree-ops/x/plan.json", "{}\n", 0o644, dirs)
+            write_under(out, "h1/etc/ddtree-ops/x/secrets.env", "A=b\n", 0o600, dirs)
+        write_under(out, "h2/etc/systemd/system/a.service", "[Unit]\n", 0o644)
+    finally:
+        os.umask(old)
+    dirs_made = [p for p in out.rglob("*") if p.is_dir()]
+    assert len(dirs_made) == 8 and {oct(p.stat().st_mode & 0o7777) for p in dirs_made} == {"0o755"}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()} == {
+        "plan.json": "0o644", "secrets.env": "0o600", "a.service": "0o644"}
+
+
+def test_gc_thresholds_raised_while_loading_and_restored(monkeypatch, capsys):
+    """validate runs the load and the checks with fewer collector passes (issue 15) and gives the
+    caller its own thresholds back, also when the inventory is refused."""
+    import gc
+
+    seen = []
+    real = inventory_mod.load_hostvars
+
+    def spy(*a, **kw):
+        seen.append(gc.get_threshold()[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(inventory_mod, "load_hostvars", spy)
+    before = gc.get_threshold()
+    assert main(["validate", "-i", str(REPO / "inventory/example")]) == 0
+    assert main(["validate", "-i", str(REPO / "no-such-inventory")]) == 2
+    assert gc.get_threshold() == before and len(seen) == 2 and min(seen) >= 100_000
+    capsys.readouterr()
+
+
+def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch):
+    """Re-rendering into an existing OUT checks every directory on the way once (a tree walk),
+    not once per file path (issue 15), and still finds a bad one anywhere in it."""
+    import os
+
+    from ddtree_ops.render import write as write_mod
+
+    out = tmp_path / "out"
+    rels = [f"h{h}/etc/{d}/f{i}" for h in range(3) for d in ("systemd/system", "ddtree-ops/x") for i in range(2)]
+    for rel in rels:
+        write_under(out, rel, "x\n", 0o644)
+    opened = []
+    real = write_mod._open_nofollow
+    monkeypatch.setattr(write_mod, "_open_nofollow", lambda name, fd, shown: (opened.append(shown), real(name, fd, shown))[1])
+    write_mod.check_targets(out, rels + ["h9/new/f", "prometheus/p.yml"])
+    existing = {str(p) for p in [out, *out.rglob("*")] if p.is_dir()}
+    assert sorted(opened) == sorted(existing | {str(out / "h9"), str(out / "prometheus")})  # + the missing ones tried
+    os.chmod(out / "h2/etc/ddtree-ops/x", 0o757)
+    with pytest.raises(write_mod.UnsafeOutput, match=r"h2/etc/ddtree-ops/x: mode 0757"):
+        write_mod.check_targets(out, rels)

@@ -47,13 +47,31 @@ def scrub(text: str) -> str:
     parameters, and the
     value of every ``NAME=value`` / ``NAME: value`` whose NAME looks secret (:func:`is_secret_name`,
     e.g. ``X_API_KEY=...``) redacted."""
-    for s in sorted(_known_secrets, key=len, reverse=True):
+    for s in _secrets_longest_first():
         if s in text:
             text = text.replace(s, REDACTED)
-    text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
-    text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
+    if "://" in text:  # (a cheap test first: most texts hold no URL and no scheme word)
+        text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
+    lower = text.lower() if text.isascii() else None
+    if lower is None or any(w in lower for w in _AUTH_WORDS):
+        text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     return _NAMED_VALUE.sub(_redact_named, text)
+
+
+_sorted_secrets: tuple[set[str], int, list[str]] | None = None
+
+
+def _secrets_longest_first() -> list[str]:
+    """The registered secrets, longest first (so a secret containing another is replaced
+    whole), sorted again only when the set changed: secrets are only ever added, so the set
+    object and its size identify its contents (issue 15: every message was sorting them)."""
+    global _sorted_secrets
+    cached = _sorted_secrets
+    if cached is None or cached[0] is not _known_secrets or cached[1] != len(_known_secrets):
+        cached = _sorted_secrets = (_known_secrets, len(_known_secrets),
+                                    sorted(_known_secrets, key=len, reverse=True))
+    return cached[2]
 
 
 def _redact_named(m: re.Match[str]) -> str:
@@ -72,7 +90,18 @@ is a secret too; lower-case ``tokens`` and inner words stay counts (``draft_toke
 
 def is_secret_name(name: str) -> bool:
     """True when a field path or name looks like it holds a secret (:data:`SECRET_NAME`, or an
-    upper-case plural word :data:`_PLURAL_SECRET`)."""
+    upper-case plural word :data:`_PLURAL_SECRET`). Names up to 128 characters are remembered
+    (a pure function of the name; every host and message repeats the same few dozen)."""
+    name = str(name)
+    return _secret_name_cached(name) if len(name) <= 128 else _is_secret_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name_cached(name: str) -> bool:
+    return _is_secret_name(name)
+
+
+def _is_secret_name(name: str) -> bool:
     words = [w for w in re.split(r"[^A-Za-z0-9]+", str(name)) if w]
     return any(SECRET_NAME.fullmatch(w) for w in words) or bool(words and _PLURAL_SECRET.fullmatch(words[-1]))
 
@@ -88,6 +117,9 @@ only not echoed)."""
 
 _AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
 """An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
+_AUTH_WORDS = ("bearer", "basic", "token", "digest")
+"""The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot
+match it (a non-ASCII text always goes through the regex: Unicode case folding, e.g. ``K``)."""
 
 _SECRET_QUERY = re.compile(r"(?i)(?P<pre>[?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|"
                            r"credential|session)[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+)")
@@ -110,9 +142,11 @@ def value_secret_reason(value: str) -> str | None:
         return "a name=value pair with a secret-looking name"
     return None
 
-_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
+_NAMED_VALUE = re.compile(r"(?<![A-Za-z_])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
                           r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")
-"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line)."""
+"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line). The look-behind
+only saves time (issue 15): where a match could start after a letter or ``_``, one starts at that
+letter already (and a value never ends right before one), so the matches are the same."""
 
 
 def _is_vaulted(v: Any) -> bool:
@@ -215,12 +249,21 @@ class Finding:
         return shorten(scrub(repr(self.value)))
 
     def message(self) -> str:
-        """One line: ``host: field = value: rule. Fix: fix [source]`` (no newline inside)."""
+        """One line: ``host: field = value: rule. Fix: fix [source]`` (no newline inside).
+
+        Built when first asked for and kept while the registered secrets stay the same (the
+        plan's warnings and the printed line ask twice: issue 15); a secret registered later
+        makes the next call build (and scrub) it again."""
+        cached = self.__dict__.get("_message")
+        if cached is not None and cached[0] is _known_secrets and cached[1] == len(_known_secrets):
+            return cached[2]
         where = f"{show_host(self.host)}: " if self.host else ""
         src = f" [{self.source}]" if self.source else ""
         text = (f"{where}{shorten(self.field, 300)} = {self._shown_value()}: {shorten(self.rule, 2000)}. "
                 f"Fix: {shorten(self.fix, 1000)}{src}")
-        return scrub(text).replace("\n", "\\n").replace("\r", "\\r")
+        line = scrub(text).replace("\n", "\\n").replace("\r", "\\r")
+        object.__setattr__(self, "_message", (_known_secrets, len(_known_secrets), line))
+        return line
 
     def as_dict(self) -> dict[str, Any]:
         """The finding as JSON-safe data (value shortened, secrets scrubbed)."""

@@ -338,12 +338,13 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                    + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
+    memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (models._memo_get)
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=all_vars)
         try:
             with _deadline(TEMPLATE_DEADLINE_S):
-                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar), host.name)
+                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar, memo), host.name, memo)
         except TemplateTimeout as exc:
             killed = _kill_started(before)
             what = getattr(exc, "cause", None) or "templating the host's variables"
@@ -358,7 +359,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
     return out
 
 
-def _template_if_marked(templar: Any) -> Callable[[Any], Any]:
+def _template_if_marked(templar: Any, memo: dict | None = None) -> Callable[[Any], Any]:
     """``templar.template``, skipped for a value that cannot template to anything but itself.
 
     A value is passed through unchanged when every scalar in it (keys included) is ``None``,
@@ -369,10 +370,20 @@ def _template_if_marked(templar: Any) -> Callable[[Any], Any]:
     same types (``tests/test_perf.py`` checks the rendered output is byte-identical); the
     Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (issue 15).
     Anything else (a marker, a vaulted string, another type) goes through the Templar.
+    ``memo`` (one load's, ``models._memo_get``): the verdict on a container the hosts share
+    (their group_vars values), worked out once per load; the test depends on the value alone.
     """
     from .errors import _is_vaulted
+    from .models import _memo_get, _memo_put
 
     def plain(value: Any) -> bool:
+        known = _memo_get(memo, "plain", value)
+        if known is None:
+            known = _plain(value)
+            _memo_put(memo, "plain", value, known)
+        return known
+
+    def _plain(value: Any) -> bool:
         stack = [value]
         while stack:
             v = stack.pop()

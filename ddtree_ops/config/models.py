@@ -926,10 +926,21 @@ def _size_problem(name: str, value: Any, budget: list[int]) -> str | None:
     return None
 
 
-def _check_size(host: str, variables: dict[str, Any]) -> None:
+def _check_size(host: str, variables: dict[str, Any], memo: dict | None = None) -> None:
     budget = [MAX_VAR_NODES, MAX_VAR_CHARS]
     for name in sorted(variables, key=str):
-        where = _size_problem(str(name), variables[name], budget)
+        value = variables[name]
+        cost = _memo_get(memo, "size", value)
+        # a value walked whole before costs the same again; it cannot overrun while the budget
+        # left covers that cost (the walk's early stops test the budget left after pending items)
+        if cost is not None and budget[0] >= cost[0] and budget[1] >= cost[1]:
+            budget[0] -= cost[0]
+            budget[1] -= cost[1]
+            continue
+        before = tuple(budget)
+        where = _size_problem(str(name), value, budget)
+        if where is None:
+            _memo_put(memo, "size", value, (before[0] - budget[0], before[1] - budget[1]))
         if where is not None:
             raise ConfigError([Finding(
                 "error", where, "…", f"the host's deployment variables exceed {MAX_VAR_NODES} values or "
@@ -948,10 +959,18 @@ def _secret_key_cached(name: str) -> bool:
     return is_secret_name(name)
 
 
-def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
-    """Register every string that is secret: under a secret-looking name or key, or vaulted."""
+def _register_secrets(name: str, value: Any, secret: bool = False, memo: dict | None = None) -> None:
+    """Register every string that is secret: under a secret-looking name or key, or vaulted.
+    With ``memo`` (one load's, :func:`deployment_vars`), a container seen before under the same
+    name registers the strings its first walk found, without walking it again."""
     from .errors import _is_vaulted
 
+    known = _memo_get(memo, ("secrets", name, secret), value)
+    if known is not None:
+        for v in known:
+            register_secret(v)
+        return
+    found: list[str] = []
     stack = [(name, value, secret)]
     while stack:
         key, v, sec = stack.pop()
@@ -959,10 +978,30 @@ def _register_secrets(name: str, value: Any, secret: bool = False) -> None:
         if isinstance(v, str):
             if sec:
                 register_secret(v)
+                found.append(v)
         elif isinstance(v, dict):
             stack.extend((str(k), x, sec) for k, x in v.items())
         elif isinstance(v, (list, tuple)):
             stack.extend((key, x, sec) for x in v)
+    _memo_put(memo, ("secrets", name, secret), value, found)
+
+
+def _memo_get(memo: dict | None, kind: Any, value: Any) -> Any:
+    """What ``kind`` of walk found in the container ``value`` earlier in this load, or None.
+
+    ``memo`` belongs to one inventory load (:func:`deployment_vars`' ``memo``): the hosts of a
+    group share their group_vars values as the very same objects, and nothing mutates them while
+    loading, so a walk's result is kept per object (the memo holds the object, so its ``id``
+    cannot be reused). Strings and scalars are not kept (checking them is as cheap)."""
+    if memo is None or not isinstance(value, (dict, list, tuple)):
+        return None
+    hit = memo.get((kind, id(value)))
+    return hit[1] if hit is not None and hit[0] is value else None
+
+
+def _memo_put(memo: dict | None, kind: Any, value: Any, result: Any) -> None:
+    if memo is not None and isinstance(value, (dict, list, tuple)):
+        memo[(kind, id(value))] = (value, result)
 
 
 SECRET_VARS = ("ddtree_hf_token", "ddtree_secret_env")
@@ -999,29 +1038,52 @@ def _strings(value: Any, limit: int = MAX_VAR_NODES) -> Iterator[tuple[str, Any]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _reachable_vars(all_vars: dict[str, Any]) -> set[str]:
+def _nodes(value: Any) -> int:
+    """How many values :func:`_strings` pops walking all of ``value`` (its ``limit`` counts these)."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return n
+
+
+def _reachable_vars(all_vars: dict[str, Any], memo: dict | None = None) -> set[str]:
     """Names of the variables whose values can reach the loader's output: the deployment
     variables (:data:`INVENTORY_VARS`, ``ddtree_*``) and, transitively, every variable named
     anywhere inside their Jinja (``{{ x }}``, ``hostvars[h]['x']``, ``lookup('vars', 'x')``).
-    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed (README: limits)."""
+    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed (README: limits).
+    ``memo``: one load's (:func:`_memo_get`); a container walked whole before gives its names again."""
     known = {str(n) for n in all_vars if n not in SKIP_VARS}
     todo = [n for n in known if n in INVENTORY_VARS.values() or is_deployment_var(n)]
     seen = set(todo)
     budget = MAX_VAULT_NODES
     while todo and budget > 0:
         value = all_vars[todo.pop()]
-        words: set[str] = set()
-        for _, leaf in _strings(value, budget):
-            budget -= 1
-            if isinstance(leaf, str) and ("{{" in leaf or "{%" in leaf):
-                words.update(w for expr in _JINJA.findall(leaf) for w in _NAME.findall(expr))
+        hit = _memo_get(memo, "names", value)  # (values popped, leaves yielded, names) of a whole walk
+        if hit is not None and hit[0] <= budget:
+            budget -= hit[1]
+            words = hit[2]
+        else:
+            start = budget
+            words = set()
+            for _, leaf in _strings(value, budget):
+                budget -= 1
+                if isinstance(leaf, str) and ("{{" in leaf or "{%" in leaf):
+                    words.update(w for expr in _JINJA.findall(leaf) for w in _NAME.findall(expr))
+            if memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
+                _memo_put(memo, "names", value, (_nodes(value), start - budget, frozenset(words)))
         for w in (words & known) - seen:
             seen.add(w)
             todo.append(w)
     return seen
 
 
-def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) -> tuple[set[str], set[str]]:
+def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
+                      memo: dict | None = None) -> tuple[set[str], set[str]]:
     """Walk every variable of the host (not :data:`SKIP_VARS`; at most :data:`MAX_VAULT_NODES`
     values) for vaulted values; return (the plaintexts of those in :func:`_reachable_vars`,
     registered as secrets; the names of the variables that hold one or whose Jinja refers to
@@ -1031,20 +1093,37 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) 
     ~3 ms), so 2,000 of them in an unrelated variable took 7-12 s, and a value no deployment
     variable refers to cannot reach a field. A deadline firing while decrypting (inventory's
     ``TemplateTimeout``) gets ``cause``, ``variable`` and ``fix`` attributes naming decryption,
-    not Jinja, as the cause."""
+    not Jinja, as the cause.
+
+    ``memo`` (one load's, :func:`_memo_get`): a container walked whole before without a vaulted
+    value in it is charged to the budget as before and not walked again (issue 15: the hosts of
+    a group share their group_vars values)."""
     from .errors import _is_vaulted
 
     plain: set[str] = set()
     holders: set[str] = set()
-    reachable = _reachable_vars(all_vars)
+    reachable = _reachable_vars(all_vars, memo)
     budget = MAX_VAULT_NODES
     done = 0
     for name, value in list(all_vars.items()):
         if name in SKIP_VARS or budget <= 0:
             continue
-        for _, leaf in _strings(value, budget):
+        if isinstance(value, (dict, list, tuple)):
+            clean = _memo_get(memo, "unvaulted", value)  # (values popped, leaves yielded) of a whole walk
+            if clean is not None and clean[0] <= budget:
+                budget -= clean[1]
+                continue
+            leaves: Any = _strings(value, budget)
+        elif not _is_vaulted(value):  # a scalar: the walk would yield it alone (most per-host variables)
+            budget -= 1
+            continue
+        else:
+            leaves = (("", value),)
+        start, vaulted = budget, False
+        for _, leaf in leaves:
             budget -= 1
             if _is_vaulted(leaf):
+                vaulted = True
                 holders.add(str(name))
                 if str(name) not in reachable:
                     continue
@@ -1063,6 +1142,8 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) 
                 if isinstance(text, str):
                     register_secret(text)
                     plain.add(text)
+        if not vaulted and memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
+            _memo_put(memo, "unvaulted", value, (_nodes(value), start - budget))
     if not holders:
         return plain, holders
     jinja_of = {str(n): " ".join(_JINJA.findall(" ".join(x for _, x in _strings(v) if isinstance(x, str))))
@@ -1079,9 +1160,11 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any]) 
 
 
 def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], plain: set[str],
-                           holders: set[str]) -> None:
+                           holders: set[str], memo: dict | None = None) -> None:
     """Refuse a non-secret deployment field whose templated value is vaulted, contains a vault
-    plaintext (or a registered secret of this host), or whose Jinja refers to a vault-holding variable."""
+    plaintext (or a registered secret of this host), or whose Jinja refers to a vault-holding variable.
+    With no such secret to look for, the vaulted paths of a container are kept in ``memo`` (one
+    load's, :func:`_memo_get`)."""
     from .errors import _is_vaulted
 
     own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str)}
@@ -1093,8 +1176,13 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     for k, v in out.items():
         if k in SECRET_VARS:
             continue
-        hits = [path for path, leaf in _strings(v)
-                if _is_vaulted(leaf) or (isinstance(leaf, str) and any(s in leaf for s in secrets))]
+        hits = None if secrets else _memo_get(memo, "vaulted-paths", v)
+        if hits is None:
+            hits = [path for path, leaf in _strings(v)
+                    if _is_vaulted(leaf) or (isinstance(leaf, str) and any(s in leaf for s in secrets))]
+            if not secrets:
+                _memo_put(memo, "vaulted-paths", v, tuple(hits))
+        hits = list(hits)
         if pattern is not None:  # Jinja naming a vault-holding variable (a filter may have changed the text)
             hits += [path for path, leaf in _strings(raw.get(k))
                      if isinstance(leaf, str) and any(pattern.search(e) for e in _JINJA.findall(leaf))]
@@ -1132,7 +1220,8 @@ def template_error(name: str, raw: Any, exc: BaseException, host: str = "") -> F
     return Finding("error", name, "…", f"templating failed: {shorten(text, 300)}", fix, host=host)
 
 
-def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], host: str = "") -> dict[str, Any]:
+def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], host: str = "",
+                    memo: dict | None = None) -> dict[str, Any]:
     """The variables of one host the config loader reads (:data:`INVENTORY_VARS` and every
     ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar),
     plus ``group_names`` (:data:`GROUPS_VAR`) when present.
@@ -1144,6 +1233,10 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     registered for redaction, as is every string under a secret-looking name,
     ``ddtree_hf_token`` or ``ddtree_secret_env``.
 
+    ``memo``: a dict the caller keeps for one inventory load and passes for every host (or None):
+    walks over the same container objects (the group_vars values the hosts of a group share) are
+    done once and their results kept there (:func:`_memo_get`); every check still runs per host.
+
     Raises:
         ConfigError: the variables are too large (one finding naming the path where the bound
             ran out); a variable's Jinja fails (:func:`template_error`); a field other than
@@ -1151,8 +1244,8 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     """
     names = [k for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)]
     raw = {k: all_vars[k] for k in names}
-    _check_size(host, raw)
-    plain, holders = _vault_plaintexts(all_vars, template)
+    _check_size(host, raw, memo)
+    plain, holders = _vault_plaintexts(all_vars, template, memo)
     out = {}
     for k, v in raw.items():
         try:
@@ -1163,10 +1256,10 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
             exc.__dict__.setdefault("variable", k)
             raise
     if any(out[k] is not raw[k] for k in raw):  # templating changed something (else: checked above)
-        _check_size(host, out)
+        _check_size(host, out, memo)
     for k, v in out.items():
-        _register_secrets(k, v, secret=k in SECRET_VARS)
-    _secret_in_plain_field(host, raw, out, plain, holders)
+        _register_secrets(k, v, secret=k in SECRET_VARS, memo=memo)
+    _secret_in_plain_field(host, raw, out, plain, holders, memo)
     groups = all_vars.get(GROUPS_VAR)
     if isinstance(groups, (list, tuple)) and len(groups) <= 1000:
         out[GROUPS_VAR] = [str(g) for g in groups if isinstance(g, str)]

@@ -15,6 +15,7 @@ the rules here run with every other rule of :data:`ddtree_ops.config.rules.RULES
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -175,7 +176,8 @@ def _hidden(path: str) -> bool:
     return any(_under(path, t) for t in HIDDEN_BY_PROTECT_HOME + PRIVATE_TMP + KERNEL_TREES)
 
 
-def _system_tree_findings(d: Deployment) -> Iterator[Finding]:
+def _system_tree_findings(writable: tuple[tuple[str, str], ...],
+                          readonly: tuple[tuple[str, str], ...]) -> Iterator[Finding]:
     """The directories the roles create and chown are the deployment's own (rule and reason:
     :data:`SYSTEM_TREES`, :data:`SYSTEM_ROOTS`, :data:`MIN_WRITABLE_DEPTH`):
 
@@ -187,9 +189,10 @@ def _system_tree_findings(d: Deployment) -> Iterator[Finding]:
       unit's ``ExecStartPost`` health/warmup run, a writable config dir its own plan.json.
 
     One finding per field (the first problem); paths the directive checks already refuse are skipped.
+    ``writable``, ``readonly``: :func:`_service_paths` of the deployment.
     """
-    s = d.service
-    writable, readonly = _service_paths(d)
+    paths = dict(writable + readonly)
+    venv, sglang_venv = paths[f"{SVC}.venv"], paths[f"{SVC}.sglang_venv"]
     trees = SYSTEM_TREES + SYSTEM_ROOTS
     bad: set[str] = set()
     for field, path in writable + readonly:
@@ -204,13 +207,13 @@ def _system_tree_findings(d: Deployment) -> Iterator[Finding]:
                           "one to the service), which would take a system tree over",
                           _fix_for(field), FHS)
             bad.add(field)
-    parent = s.venv.rsplit("/", 1)[0] or "/"
+    parent = venv.rsplit("/", 1)[0] or "/"
     if f"{SVC}.venv" not in bad and any(_under(t, parent) for t in trees):
-        yield Finding("error", f"{SVC}.venv", s.venv,
+        yield Finding("error", f"{SVC}.venv", venv,
                       f"the venv's parent {parent} is a system directory; the role makes the venv's parent "
                       "root-owned with mode 0755", "give the venv a directory of its own, e.g. /opt/ddtree-ops/venv",
                       FHS)
-    owned = [(f, p) for f, p in readonly] + [(f"{SVC}.sglang_venv", f"{s.sglang_venv_path}.builds")]
+    owned = [(f, p) for f, p in readonly] + [(f"{SVC}.sglang_venv", f"{sglang_venv}.builds")]
     seen: list[tuple[str, str]] = []
     for field, path in writable:
         if field in bad:
@@ -266,16 +269,32 @@ def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
     ``ProtectHome``/``PrivateTmp`` hides or an API file system; venvs and the config dir (read,
     plan.json by the ExecStartPost health/warmup) not hidden either; a local model or draft
     under ``/home``, ``/root``, ``/run/user`` gets ``ProtectHome=read-only`` (warning), one
-    under ``/tmp``, ``/var/tmp``, ``/proc``, ``/sys`` or ``/dev`` (but ``/dev/shm``) is refused."""
+    under ``/tmp``, ``/var/tmp``, ``/proc``, ``/sys`` or ``/dev`` (but ``/dev/shm``) is refused.
+
+    The findings depend on these seven paths alone, which the hosts of a group share: they are
+    worked out once per distinct set of paths (:func:`_sandbox_path_findings`; issue 15)."""
     writable, readonly = _service_paths(d)
+    yield from _sandbox_path_findings(tuple(writable), tuple(readonly), tuple(_local_model_paths(d)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sandbox_path_findings(writable: tuple[tuple[str, str], ...], readonly: tuple[tuple[str, str], ...],
+                           models: tuple[tuple[str, str], ...]) -> tuple[Finding, ...]:
+    """The findings of :func:`rule_sandbox_paths` for the service's (field, path) pairs
+    (:func:`_service_paths`) and its local model paths (:func:`_local_model_paths`), in order."""
+    return tuple(_sandbox_path_findings_of(writable, readonly, models))
+
+
+def _sandbox_path_findings_of(writable: tuple[tuple[str, str], ...], readonly: tuple[tuple[str, str], ...],
+                              models: tuple[tuple[str, str], ...]) -> Iterator[Finding]:
     for field, path in writable + readonly:
         kind = "write" if (field, path) in writable else "read"
         for trees, rule, fix in _HIDING_DIRECTIVES:
             for tree in trees:
                 if _under(path, tree):
                     yield Finding("error", field, path, rule.format(tree=tree, kind=kind), fix, SYSTEMD_EXEC)
-    yield from _system_tree_findings(d)
-    for field, path in _local_model_paths(d):
+    yield from _system_tree_findings(writable, readonly)
+    for field, path in models:
         for tree in HIDDEN_BY_PROTECT_HOME:
             if _under(path, tree):
                 yield Finding("warning", field, path,

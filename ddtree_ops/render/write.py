@@ -113,7 +113,12 @@ def relative_parts(rel: str) -> list[str]:
 
 def _open_dir(parent_fd: int, name: str, shown: str) -> int:
     """Open (creating it 0755 if missing) directory ``name`` under ``parent_fd`` without
-    following a symlink, and check it is ours and not group/other-writable."""
+    following a symlink, and check it is ours and not group/other-writable.
+
+    A directory created here gets :data:`DIR_MODE` by ``fchmod`` only when ``mkdir`` left it
+    another mode (a umask such as 077 or 027, a default ACL): with the usual umask 022 it is
+    0755 already and the ``fchmod`` would change nothing (issue 15: one system call a directory,
+    ~6000 at 1000 hosts). Either way ``fstat`` checks the directory opened."""
     created = False
     try:
         os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
@@ -122,9 +127,11 @@ def _open_dir(parent_fd: int, name: str, shown: str) -> int:
         pass
     fd = _open_nofollow(name, parent_fd, shown)
     try:
-        if created:
+        st = os.fstat(fd)
+        if created and stat.S_IMODE(st.st_mode) != DIR_MODE:
             os.fchmod(fd, DIR_MODE)
-        _check_dir_stat(os.fstat(fd), shown)
+            st = os.fstat(fd)
+        _check_dir_stat(st, shown)
     except BaseException:
         os.close(fd)
         raise
@@ -144,21 +151,32 @@ def check_targets(out_dir: Path, rels: list[str]) -> None:
     if not os.path.lexists(out_dir):
         return
     check_out_dir(out_dir)
-    dirs = sorted({tuple(relative_parts(rel)[:-1]) for rel in rels})
-    for parts in dirs:
-        fd = _open_nofollow(str(out_dir), None, str(out_dir))
+    tree: dict = {}  # the directories as a tree, so each existing one is opened and checked once
+    for rel in rels:
+        node = tree
+        for name in relative_parts(rel)[:-1]:
+            node = node.setdefault(name, {})
+    fd = _open_nofollow(str(out_dir), None, str(out_dir))
+    try:
+        _check_tree(fd, tree, out_dir, ())
+    finally:
+        os.close(fd)
+
+
+def _check_tree(fd: int, tree: dict, out_dir: Path, parts: tuple[str, ...]) -> None:
+    """Check the existing directories of ``tree`` under ``fd`` (``out_dir/parts``), depth first
+    in name order (the order the paths sort in); a missing one ends its branch (render creates it)."""
+    for name in sorted(tree):
+        shown = str(out_dir.joinpath(*parts, name))
         try:
-            for i, name in enumerate(parts):
-                shown = str(out_dir.joinpath(*parts[:i + 1]))
-                try:
-                    nfd = _open_nofollow(name, fd, shown)
-                except FileNotFoundError:
-                    break
-                os.close(fd)
-                fd = nfd
-                _check_dir_stat(os.fstat(fd), shown)
+            nfd = _open_nofollow(name, fd, shown)
+        except FileNotFoundError:
+            continue
+        try:
+            _check_dir_stat(os.fstat(nfd), shown)
+            _check_tree(nfd, tree[name], out_dir, (*parts, name))
         finally:
-            os.close(fd)
+            os.close(nfd)
 
 
 class OpenDirs:
