@@ -442,6 +442,119 @@ def warmup(url: UrlArg = None,
                   as_json, {"url": target, "report": report.as_dict()})
 
 
+def _concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32") from None
+    if not levels or any(not 1 <= x <= 4096 for x in levels) or len(set(levels)) != len(levels):
+        raise typer.BadParameter(f"--concurrency {text[:200]!r}: distinct integers 1..4096, e.g. 1,8,32")
+    return levels
+
+
+@app.command()
+def bench(url: UrlArg = None,
+          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")] = Path("bench-results"),
+          plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
+          api: Annotated[str, typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions).")] = "generate",
+          concurrency: Annotated[str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")] = "1,8,32",
+          requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
+          duration: Annotated[float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")] = None,
+          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
+          temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
+          top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
+          ignore_eos: Annotated[bool, typer.Option("--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS.")] = True,
+          prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL/JSON prompt file ({\"prompt\"} or ShareGPT {\"conversations\"}); default: the shipped set.")] = None,
+          request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
+          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
+          model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
+          as_json: JsonOpt = False) -> None:
+    """Benchmark one server: TTFT, ITL, E2E, tok/s per request and aggregate, acceptance length
+    (meta_info and the server's counters) at each concurrency level; writes JSON + CSV.
+
+    The API key (SGLang --api-key), if any, is read from DDTREE_API_KEY and never written.
+    Exit 0 all requests answered, 1 some failed (the results are written all the same), 2 usage.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .ops.bench import BenchInputError, BenchOptions, load_prompts, write_results
+    from .ops.bench import run as run_bench
+
+    doc, default_url = _deployed(plan_file, inventory, limit, vault)
+    target = _target(url, default_url)
+    opts = BenchOptions(url=target, api=api, concurrency=_concurrency(concurrency),
+                        requests=requests if requests is not None or duration is not None else 32,
+                        duration_s=duration, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        ignore_eos=ignore_eos, request_timeout_s=request_timeout, warmup_requests=warmup_requests,
+                        model=model, api_key=os.environ.get("DDTREE_API_KEY") or None)
+    try:
+        opts.check()
+        prompt_list = load_prompts(prompts)
+    except BenchInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    total = len(opts.concurrency) * opts.requests if opts.requests else None
+    bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                   TimeElapsedColumn(), console=err, disable=as_json, transient=False)
+    task = bar.add_task("", total=total)
+
+    def on_request(r) -> None:
+        bar.update(task, advance=1, description=f"c={r.level}" + ("" if r.ok else " (failed)"))
+
+    def on_level(lv) -> None:
+        if not as_json:
+            acc = lv.accept_length if lv.accept_length is not None else lv.accept_length_server
+            itl = lv.itl_s["mean"]
+            bar.console.print(f"c={lv.concurrency:<5} {lv.ok}/{lv.requests} ok  {lv.output_tok_s:9.1f} tok/s  "
+                              f"TTFT {1000 * (lv.ttft_s['mean'] or 0):8.1f} ms  "
+                              f"ITL {'-' if itl is None else f'{1000 * itl:.2f}'} ms  "
+                              f"accept_length={'-' if acc is None else f'{acc:.3f}'}", highlight=False)
+
+    with bar:
+        result = run_bench(opts, prompt_list, doc, on_request, on_level)
+    try:
+        files = write_results(out_dir, result)
+    except OSError as exc:
+        _print_checks([{"name": "bench", "ok": False, "detail": f"ran, but cannot write --out {out_dir}: "
+                        f"{exc.strerror or exc}"}], as_json, {"url": target})
+        return
+    failed = result.failed
+    first = next((e for lv in result.levels for e in lv.errors), "")
+    detail = (f"{sum(lv.requests for lv in result.levels)} requests at concurrency {list(opts.concurrency)} in "
+              f"{result.elapsed_s:.1f} s; results in {out_dir}" if not failed else
+              f"{failed} of {sum(lv.requests for lv in result.levels)} requests failed (first: {first}); "
+              f"results in {out_dir}")
+    _print_checks([{"name": "requests", "ok": not failed, "detail": detail}], as_json,
+                  {"url": target, "files": [str(f) for f in files],
+                   "levels": [{k: v for k, v in vars(lv).items() if k != "itl_samples_s"} for lv in result.levels]})
+
+
+@app.command("bench-compare")
+def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
+                  baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
+                  out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path("bench-report"),
+                  as_json: JsonOpt = False) -> None:
+    """Speedup of a speculative run over a baseline run per concurrency level: report.md and
+    PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
+    from .ops.bench import BenchInputError, load_result
+    from .ops.bench_report import write_report
+
+    try:
+        s, b = load_result(spec), load_result(baseline)
+    except BenchInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    path, rows = write_report(out_dir, s, b)
+    if not rows:
+        _print_checks([{"name": "compare", "ok": False, "detail": "no concurrency level is in both runs; run both "
+                        "with the same --concurrency"}], as_json)
+        return
+    if not as_json:
+        for r in rows:
+            sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+            say(out, f"c={r['concurrency']:<5}", "bold", f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)")
+    _print_checks([{"name": "compare", "ok": True, "detail": f"{len(rows)} levels; report in {path}"}], as_json,
+                  {"rows": rows})
+
+
 @app.command("probe-sglang")
 def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
                  plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,
