@@ -41,8 +41,11 @@ STEP = 0.02
 ACCEPT = 4
 K = 8
 TOKENS = 1 + ACCEPT * K  # 33: prefill token + 8 passes of 4
-TIME_TOL = 0.25  # timing figures vs the configured step: sleep + simulator work + 2 shared cores
-SERVER_TOL = 0.10  # client ITL vs the server's own ITL histogram (same passes, seen from both ends)
+TIME_TOL = 0.30  # timing figures vs the configured step: sleep + simulator work + 2 shared, loaded cores
+# Client ITL vs the server's own ITL histogram (the same passes seen from both ends): a request's
+# gaps sum to (last - first chunk arrival), so the mean differs by the delivery jitter of two
+# chunks over its 8 passes (160 ms): 15 % allows ~24 ms of scheduling delay on a loaded host.
+SERVER_TOL = 0.15
 
 
 def _sim(tmp: Path, spec: bool) -> Sim:
@@ -99,7 +102,7 @@ def test_figures_match_the_simulator(spec_sim: Sim, api: str) -> None:
         ideal = TOKENS / ((1 + K) * STEP)
         assert ideal * (1 - TIME_TOL) <= per_req <= ideal * 1.02, (api, lv.concurrency, per_req, ideal)
     c1 = res.levels[0]
-    assert STEP <= c1.ttft_s["p50"] <= STEP * (1 + TIME_TOL) + 0.005, c1.ttft_s
+    assert STEP <= c1.ttft_s["p50"] <= STEP * (1 + TIME_TOL) + 0.010, c1.ttft_s
     # the client's ITL is the server's ITL: same per-token gaps seen from the client side
     server_itl = (s1 - s0) / (n1 - n0)
     client_itl = sum(lv.itl_s["mean"] * lv.ok for lv in res.levels) / sum(lv.ok for lv in res.levels)
@@ -117,7 +120,7 @@ def test_baseline_has_no_acceptance_length_and_compare_gives_the_speedup(spec_si
     same pass time: (1 + 32) passes vs (1 + 8) passes a request, a speedup of 33/9 = 3.67."""
     docs = {}
     for name, sim in (("spec", spec_sim), ("base", base_sim)):
-        res = run(BenchOptions(url=sim.base, concurrency=(1, 4), requests=4, max_new_tokens=TOKENS, warmup_requests=0),
+        res = run(BenchOptions(url=sim.base, concurrency=(1, 2), requests=2, max_new_tokens=TOKENS, warmup_requests=0),
                   [Prompt("one two three")])
         write_results(tmp_path / name, res)
         docs[name] = load_result(tmp_path / name)
@@ -126,7 +129,7 @@ def test_baseline_has_no_acceptance_length_and_compare_gives_the_speedup(spec_si
     assert docs["base"]["server"]["speculative_algorithm"] is None
     assert STEP <= base[0]["itl_s"]["mean"] <= STEP * (1 + TIME_TOL)
     path, rows = write_report(tmp_path / "report", docs["spec"], docs["base"])
-    assert [r["concurrency"] for r in rows] == [1, 4]
+    assert [r["concurrency"] for r in rows] == [1, 2]
     ideal = (1 + TOKENS - 1) / (1 + K)
     for r in rows:
         assert ideal * (1 - TIME_TOL) <= r["speedup"] <= ideal * (1 + TIME_TOL), r
@@ -210,14 +213,14 @@ def test_hostile_stream_fails_the_request_not_the_run(name: str) -> None:
     try:
         t0 = time.monotonic()
         res = run(BenchOptions(url=srv.url, concurrency=(1,), requests=2, max_new_tokens=8, warmup_requests=0,
-                               request_timeout_s=1.0), [Prompt("p")])
+                               request_timeout_s=0.5), [Prompt("p")])
         took = time.monotonic() - t0
     finally:
         srv.close()
     lv = res.levels[0]
     assert (lv.ok, lv.failed) == (0, 2)
     assert any(needle in e for e in lv.errors), lv.errors
-    assert took < 2 * 1.0 + 1.5  # each request within its total deadline
+    assert took < 2 * 0.5 + 1.5  # each request within its total deadline
     json.dumps(res.as_dict(), allow_nan=False)  # a broken server never puts NaN into the results
 
 
