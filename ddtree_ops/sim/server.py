@@ -215,6 +215,10 @@ class SimApp:
 class SimServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # listen() backlog 2048: uvicorn's default, which SGLang 0.5.23 keeps (http_server.py: "the default
+    # backlog ... exactly like uvicorn's defaults"); socketserver's 5 overflowed when 256 clients
+    # reconnected at once (connections reset: "connection lost").
+    request_queue_size = 2048
 
     def __init__(self, addr: tuple[str, int], app: SimApp) -> None:
         if ":" in addr[0]:
