@@ -555,6 +555,46 @@ def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its 
                   {"rows": rows})
 
 
+@app.command()
+def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
+          inventory: InventoryOpt = DEFAULT_INVENTORY, vault: VaultOpt = None,
+          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")] = Path("sweep-results"),
+          api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
+          concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
+          requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
+          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
+          request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
+          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
+          as_json: JsonOpt = False) -> None:
+    """Validate, render and benchmark each point of a grid of deployment settings (points with
+    a url of an endpoint already serving them; redeploying through Ansible is not done here).
+    Invalid points are reported and skipped; a re-run resumes; sweep.md ranks points by tok/s."""
+    from .ops.bench import BenchInputError, BenchOptions, load_prompts
+    from .ops.sweep import SweepError, load_sweep, run_sweep
+    from .config.inventory import load_hostvars
+
+    try:
+        host, points = load_sweep(spec)
+        opts = BenchOptions(url="http://127.0.0.1:1", api=api, concurrency=_concurrency(concurrency), requests=requests,
+                            max_new_tokens=max_new_tokens, request_timeout_s=request_timeout,
+                            warmup_requests=warmup_requests, api_key=os.environ.get("DDTREE_API_KEY") or None)
+        opts.check()
+    except (SweepError, BenchInputError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    hostvars = load_hostvars(inventory, host, vault or ())
+    if host not in hostvars:
+        raise typer.BadParameter(f"sweep host {host!r}: not a server host of inventory {inventory!r}")
+
+    def on_point(p) -> None:
+        if not as_json:
+            say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
+
+    done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point)
+    checks = [{"name": f"point {p.name}", "ok": p.status != "failed",
+               "detail": f"{p.status}: {p.detail}"} for p in done]
+    _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})
+
+
 @app.command("probe-sglang")
 def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
                  plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,

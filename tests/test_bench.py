@@ -293,3 +293,80 @@ def test_no_outside_paths_in_results(spec_sim: Sim, tmp_path: Path) -> None:
     res = run(BenchOptions(url=spec_sim.base, requests=1, max_new_tokens=5, warmup_requests=0), [Prompt("x")])
     raw = json.dumps(res.as_dict())
     assert os.getcwd() not in raw and str(Path.home()) not in raw
+
+
+# ------------------------------------------------------------------ sweep
+def _inventory(tmp: Path) -> Path:
+    import yaml
+
+    from helpers import base_hostvars
+
+    inv = tmp / "inv"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": {"b300-01": {}}}}}}))
+    (inv / "host_vars" / "b300-01.yml").write_text(yaml.safe_dump(base_hostvars()))
+    return inv
+
+
+def test_sweep_four_points_one_invalid_resumable(spec_sim: Sim, tmp_path: Path, capsys) -> None:
+    """4 points: two benchmarked (an endpoint already serving them), one valid without an
+    endpoint (validated and rendered only), one refused by the validator (never run)."""
+    spec = tmp_path / "sweep.yml"
+    spec.write_text(f"""
+host: b300-01
+points:
+  - {{name: budget32, set: {{ddtree_speculative.budget: 32}}, url: "{spec_sim.base}"}}
+  - {{name: budget0, set: {{ddtree_speculative.budget: 0}}, url: "{spec_sim.base}"}}
+grid:
+  ddtree_speculative.budget: [16, 24]
+urls: {{budget16: "{spec_sim.base}"}}
+""")
+    out = tmp_path / "out"
+    args = ["sweep", str(spec), "-i", str(_inventory(tmp_path)), "--out", str(out), "--concurrency", "1,2",
+            "--requests", "2", "--max-new-tokens", "9", "--warmup", "0", "--json"]
+    rc = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    status = {c["name"]: c["detail"].split(":")[0] for c in doc["checks"]}
+    assert rc == 0 and status == {"point budget32": "done", "point budget0": "invalid",
+                                  "point budget16": "done", "point budget24": "rendered"}, doc
+    state = json.loads((out / "sweep.json").read_text())
+    bad = next(p for p in state["points"] if p["name"] == "budget0")
+    assert "ddtree_speculative.budget" in bad["detail"] and bad["argv"] == []
+    assert not (out / "budget0").exists() and not (out / "budget24").exists()
+    b16 = next(p for p in state["points"] if p["name"] == "budget16")
+    assert "--speculative-ddtree-budget" in b16["argv"] and b16["argv"][b16["argv"].index("--speculative-ddtree-budget") + 1] == "16"
+    assert load_result(out / "budget16")["plan"]["deployment"]["speculative"]["budget"] == 16
+    md = (out / "sweep.md").read_text()
+    assert "## concurrency 2" in md and "| 1 | budget" in md and "| budget0 | invalid |" in md
+    # resumed: nothing is benchmarked again (the server counts no new request)
+    served = _served(spec_sim.base)
+    rc = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {c["detail"].split(":")[0] for c in doc["checks"]} == {"resumed", "invalid", "rendered"}
+    assert _served(spec_sim.base) == served
+
+
+def _served(base: str) -> float:
+    text = http("GET", base + "/metrics")[1].decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("sglang:num_requests_total"))
+
+
+def test_sweep_file_errors(tmp_path: Path) -> None:
+    from ddtree_ops.ops.sweep import SweepError, apply, load_sweep
+
+    f = tmp_path / "s.yml"
+    for body, needle in [("[1]", "must be a mapping"), ("points: []", "host = None"),
+                         ("host: h\npoints: [{name: '../x', set: {}}]", "name = '../x'"),
+                         ("host: h\npoints: [{name: a, set: {model.path: x}}]", "set key 'model.path'"),
+                         ("host: h\npoints: [{name: a, set: {ddtree_hf_token: x}}]", "secrets are not swept"),
+                         ("host: h\npoints: [{name: a, url: 'http://u:p@h:1'}]", "without user info"),
+                         ("host: h\npoints: [{name: a}, {name: a}]", "'a' twice"),
+                         ("host: h\ngrid: {ddtree_x.y: [1]}\nurls: {nope: 'http://h:1'}", "urls for no point"),
+                         ("host: h", "no points")]:
+        f.write_text(body)
+        with pytest.raises(SweepError) as exc:
+            load_sweep(f)
+        assert needle in str(exc.value), (body, str(exc.value))
+    assert apply({"ddtree_a": {"b": 1}}, {"ddtree_a.c.d": 2}) == {"ddtree_a": {"b": 1, "c": {"d": 2}}}
+    with pytest.raises(SweepError, match="ddtree_a.b is a int"):
+        apply({"ddtree_a": {"b": 1}}, {"ddtree_a.b.c": 2})
