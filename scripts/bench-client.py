@@ -36,6 +36,7 @@ import glob
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -179,6 +180,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--step", type=float, default=0.02, help="simulator seconds per verify pass")
     ap.add_argument("--max-new-tokens", type=int, default=129, help="1 + 4k: every decode chunk carries 4 tokens")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per client and level (medians are compared)")
     ap.add_argument("--sglang-python", default=None, help=f"python of a real SGLang 0.5.23 venv (default: {SGLANG_VENVS})")
     ap.add_argument("--worker", choices=["ours", "sglang"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -212,32 +214,36 @@ def main() -> int:
               f"{a.max_new_tokens} tokens a request; bench_serving from {sglang_python}")
         print(f"{'conc':>5} {'client':<13} {'reqs':>5} {'tokens':>7} {'CPU us/token':>12} {'ITL ms':>8} "
               f"{'server ITL':>10} {'ITL error':>9}")
-        rows = {}
+        rows: dict = {}
         for c in levels:
             n = a.requests or max(8, 2 * c)
-            for who, py in (("ddtree-ops", sys.executable), ("bench_serving", sglang_python)):
-                s0, n0 = server_itl(url)
-                out = subprocess.run([py, __file__, "--worker", "ours" if who == "ddtree-ops" else "sglang",
-                                      "--url", url, "--concurrency", str(c), "--requests", str(n),
-                                      "--max-new-tokens", str(a.max_new_tokens)],
-                                     capture_output=True, text=True, timeout=1800, cwd="/tmp")
-                s1, n1 = server_itl(url)
-                if out.returncode != 0:
-                    sys.exit(f"bench-client: the {who} worker failed:\n{out.stderr[-3000:]}")
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                srv = (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
-                r["cpu_us_per_token"] = 1e6 * r["cpu_s"] / max(1, r["tokens"])
-                r["server_itl_s"] = srv
-                r["itl_error"] = abs(r["itl_mean_s"] / srv - 1) if r["itl_mean_s"] else float("nan")
-                rows[(c, who)] = r
-                print(f"{c:>5} {who:<13} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
-                      f"{1000 * (r['itl_mean_s'] or 0):>8.3f} {1000 * srv:>10.3f} {100 * r['itl_error']:>8.2f}%"
-                      + (f"  FAILED {r['failed']}: {r['errors']}" if r["failed"] else ""), flush=True)
-        print("\nratios ddtree-ops / bench_serving (below 1: ours costs less):")
+            for rep in range(a.repeat):
+                for who, py in (("ddtree-ops", sys.executable), ("bench_serving", sglang_python)):
+                    s0, n0 = server_itl(url)
+                    out = subprocess.run([py, __file__, "--worker", "ours" if who == "ddtree-ops" else "sglang",
+                                          "--url", url, "--concurrency", str(c), "--requests", str(n),
+                                          "--max-new-tokens", str(a.max_new_tokens)],
+                                         capture_output=True, text=True, timeout=1800, cwd="/tmp")
+                    s1, n1 = server_itl(url)
+                    if out.returncode != 0:
+                        sys.exit(f"bench-client: the {who} worker failed:\n{out.stderr[-3000:]}")
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
+                    srv = (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
+                    r["cpu_us_per_token"] = 1e6 * r["cpu_s"] / max(1, r["tokens"])
+                    r["server_itl_s"] = srv
+                    r["itl_error"] = abs(r["itl_mean_s"] / srv - 1) if r["itl_mean_s"] else float("nan")
+                    rows.setdefault((c, who), []).append(r)
+                    print(f"{c:>5} {who:<13} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
+                          f"{1000 * (r['itl_mean_s'] or 0):>8.3f} {1000 * srv:>10.3f} {100 * r['itl_error']:>8.2f}%"
+                          + (f"  FAILED {r['failed']}: {r['errors']}" if r["failed"] else ""), flush=True)
+        print(f"\nmedians of {a.repeat} runs, ddtree-ops vs bench_serving (ratio below 1: ours costs less):")
         for c in levels:
-            o, s = rows[(c, "ddtree-ops")], rows[(c, "bench_serving")]
-            print(f"  concurrency {c:>4}: CPU per token {o['cpu_us_per_token'] / s['cpu_us_per_token']:.2f}x, "
-                  f"ITL error {100 * o['itl_error']:.2f} % vs {100 * s['itl_error']:.2f} %")
+            med = {who: {k: statistics.median(r[k] for r in rows[(c, who)]) for k in ("cpu_us_per_token", "itl_error")}
+                   for who in ("ddtree-ops", "bench_serving")}
+            o, b = med["ddtree-ops"], med["bench_serving"]
+            print(f"  concurrency {c:>4}: CPU per token {o['cpu_us_per_token']:.1f} vs {b['cpu_us_per_token']:.1f} us "
+                  f"({o['cpu_us_per_token'] / b['cpu_us_per_token']:.2f}x); ITL error {100 * o['itl_error']:.2f} % vs "
+                  f"{100 * b['itl_error']:.2f} %")
     finally:
         sim.terminate()
         sim.wait(10)
