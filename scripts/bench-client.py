@@ -32,7 +32,7 @@ Prints figures; it is not a test.
 from __future__ import annotations
 
 import argparse
-import glob
+import hashlib
 import json
 import os
 import socket
@@ -46,7 +46,14 @@ REPO = Path(__file__).resolve().parents[1]
 SIM_ARGS = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",
             "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32", "--enable-metrics"]
 ACCEPT = 4
-SGLANG_VENVS = "/var/cache/ddtree-ops/sglang-venv/0.5.23-*/bin/python"
+
+
+def sglang_venv_python(version: str = "0.5.23") -> Path:
+    """The python of ``scripts/sglang-venv.sh VERSION``'s cached venv (the key formula of
+    ``tests/peer/peerutil.py``: the first 12 hex digits of the lock file's SHA-256)."""
+    root = Path(os.environ.get("DDTREE_SGLANG_VENV_ROOT", "/var/cache/ddtree-ops/sglang-venv"))
+    lock = REPO / "requirements" / f"sglang-{version}-import.txt"
+    return root / f"{version}-{hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}" / "bin" / "python"
 
 
 # ------------------------------------------------------------------ workers (one process each)
@@ -181,7 +188,8 @@ def main() -> int:
     ap.add_argument("--step", type=float, default=0.02, help="simulator seconds per verify pass")
     ap.add_argument("--max-new-tokens", type=int, default=129, help="1 + 4k: every decode chunk carries 4 tokens")
     ap.add_argument("--repeat", type=int, default=3, help="runs per client and level (medians are compared)")
-    ap.add_argument("--sglang-python", default=None, help=f"python of a real SGLang 0.5.23 venv (default: {SGLANG_VENVS})")
+    ap.add_argument("--sglang-python", default=None,
+                    help="python of a real SGLang 0.5.23 venv (default: the one scripts/sglang-venv.sh 0.5.23 caches)")
     ap.add_argument("--worker", choices=["ours", "sglang"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -191,9 +199,10 @@ def main() -> int:
         print(json.dumps(fn(a.url, levels[0], a.requests, a.max_new_tokens)))
         return 0
 
-    sglang_python = a.sglang_python or next(iter(sorted(glob.glob(SGLANG_VENVS))), None)
-    if not sglang_python:
-        sys.exit("bench-client: no SGLang 0.5.23 venv (make peer), or give --sglang-python")
+    sglang_python = a.sglang_python or str(sglang_venv_python())
+    if not os.path.exists(sglang_python):
+        sys.exit(f"bench-client: no SGLang 0.5.23 venv at {sglang_python} (bash scripts/sglang-venv.sh 0.5.23), "
+                 "or give --sglang-python")
     top = max(levels)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
