@@ -224,6 +224,24 @@ def test_hostile_stream_fails_the_request_not_the_run(name: str) -> None:
     json.dumps(res.as_dict(), allow_nan=False)  # a broken server never puts NaN into the results
 
 
+def test_openai_server_without_running_usage(tmp_path: Path) -> None:
+    """A server that ignores continuous_usage_stats: one token counted a content chunk (as
+    bench_serving counts), the total from the last usage chunk, no ITL sample made up for it."""
+    def chunk(text: str) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": None}]}).encode()
+
+    events = [chunk(" a"), chunk(" b c"), chunk(" d"),
+              json.dumps({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 5}}).encode(), b"[DONE]"]
+    srv = Hostile(lambda c, m, p: _sse(c, events), {"/v1/completions"})
+    try:
+        res = run(BenchOptions(url=srv.url, api="completions", requests=1, max_new_tokens=5, warmup_requests=0),
+                  [Prompt("p")])
+    finally:
+        srv.close()
+    r = res.requests[0]
+    assert r.ok and (r.completion_tokens, r.prompt_tokens, r.chunks, len(r.itl_s)) == (5, 2, 3, 2), r
+
+
 def test_cli_against_hostile_server_is_exit_1(tmp_path: Path, capsys) -> None:
     srv = Hostile(HOSTILE["closes mid-stream"][0], {"/generate"})
     try:

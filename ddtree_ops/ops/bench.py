@@ -422,10 +422,11 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
             res.prompt_tokens = _count(usage["prompt_tokens"], "usage.prompt_tokens")
     has_text = any(isinstance(c, dict) and ((c.get("delta") or {}).get("content") if api == "chat" else c.get("text"))
                    for c in choices)
-    if running is not None:
-        tok.at(now, running)
+    if running is not None and choices:
+        tok.at(now, running)  # continuous_usage_stats: the running count on every chunk
     elif has_text:
-        tok.at(now, None)
+        tok.at(now, None)  # no running count: one token a content chunk
+    # a usage-only chunk (choices []: include_usage's last one) gives the total, not a token time
     res.completion_tokens = max(tok.count, running or 0)
     return False
 
