@@ -468,9 +468,11 @@ def bench(url: UrlArg = None,
           request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
           warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
           model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
+          baseline: Annotated[str | None, typer.Option("--baseline", help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; --out then gets spec/, baseline/ and report/ (bench-compare).")] = None,
           as_json: JsonOpt = False) -> None:
     """Benchmark one server: TTFT, ITL, E2E, tok/s per request and aggregate, acceptance length
     (meta_info and the server's counters) at each concurrency level; writes JSON + CSV.
+    With --baseline URL, the baseline too and the speedup report (as bench-compare).
 
     The API key (SGLang --api-key), if any, is read from DDTREE_API_KEY and never written.
     Exit 0 all requests answered, 1 some failed (the results are written all the same), 2 usage.
@@ -509,23 +511,44 @@ def bench(url: UrlArg = None,
                               f"ITL {'-' if itl is None else f'{1000 * itl:.2f}'} ms  "
                               f"accept_length={'-' if acc is None else f'{acc:.3f}'}", highlight=False)
 
-    with bar:
-        result = run_bench(opts, prompt_list, doc, on_request, on_level)
-    try:
-        files = write_results(out_dir, result)
-    except OSError as exc:
-        _print_checks([{"name": "bench", "ok": False, "detail": f"ran, but cannot write --out {out_dir}: "
-                        f"{exc.strerror or exc}"}], as_json, {"url": target})
-        return
-    failed = result.failed
-    first = next((e for lv in result.levels for e in lv.errors), "")
-    detail = (f"{sum(lv.requests for lv in result.levels)} requests at concurrency {list(opts.concurrency)} in "
-              f"{result.elapsed_s:.1f} s; results in {out_dir}" if not failed else
-              f"{failed} of {sum(lv.requests for lv in result.levels)} requests failed (first: {first}); "
-              f"results in {out_dir}")
-    _print_checks([{"name": "requests", "ok": not failed, "detail": detail}], as_json,
-                  {"url": target, "files": [str(f) for f in files],
-                   "levels": [{k: v for k, v in vars(lv).items() if k != "itl_samples_s"} for lv in result.levels]})
+    runs = [("requests", target, out_dir, doc)]
+    if baseline is not None:
+        runs = [("requests", target, out_dir / "spec", doc), ("baseline requests", _url(baseline), out_dir / "baseline", None)]
+    checks, extra = [], {"url": target}
+    for name, url_, dest, plan_doc in runs:
+        o = BenchOptions(**{**opts.__dict__, "url": url_})
+        if name != "requests":
+            task = bar.add_task("", total=total)  # a bar of its own (on_request reads the newest)
+        if not as_json and baseline is not None:
+            say(err, "bench", "bold", f"{'baseline' if name != 'requests' else 'speculative'}: {url_}")
+        with bar:
+            result = run_bench(o, prompt_list, plan_doc, on_request, on_level)
+        try:
+            files = write_results(dest, result)
+        except OSError as exc:
+            _print_checks([{"name": "bench", "ok": False, "detail": f"ran, but cannot write --out {dest}: "
+                            f"{exc.strerror or exc}"}], as_json, {"url": url_})
+            return
+        failed = result.failed
+        total_n = sum(lv.requests for lv in result.levels)
+        first = next((e for lv in result.levels for e in lv.errors), "")
+        checks.append({"name": name, "ok": not failed, "detail": (
+            f"{total_n} requests to {url_} at concurrency {list(opts.concurrency)} in {result.elapsed_s:.1f} s; "
+            f"results in {dest}" if not failed else
+            f"{failed} of {total_n} requests to {url_} failed (first: {first}); results in {dest}")})
+        key = "levels" if name == "requests" else "baseline_levels"
+        extra[key] = [{k: v for k, v in vars(lv).items() if k != "itl_samples_s"} for lv in result.levels]
+        extra.setdefault("files", []).extend(str(f) for f in files)
+    if baseline is not None:
+        from .ops.bench import load_result
+        from .ops.bench_report import write_report
+
+        path, rows = write_report(out_dir / "report", load_result(out_dir / "spec"), load_result(out_dir / "baseline"))
+        extra["rows"] = rows
+        checks.append({"name": "compare", "ok": True, "detail": "speedup " + ", ".join(
+            f"c={r['concurrency']} {r['speedup']:.2f}x" if r["speedup"] is not None else f"c={r['concurrency']} -"
+            for r in rows) + f"; report in {path}"})
+    _print_checks(checks, as_json, extra)
 
 
 @app.command("bench-compare")

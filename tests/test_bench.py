@@ -174,6 +174,22 @@ def test_cli_bench_exit_codes(spec_sim: Sim, tmp_path: Path, capsys) -> None:
     rc = main(["bench-compare", str(out), str(out), "--out", str(tmp_path / "r"), "--json"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rc == 0 and [r["speedup"] for r in rows] == [1.0, 1.0]
+    # --baseline: both runs and the report in one command; a baseline that is down fails it (exit 1)
+    down = f"http://127.0.0.1:{_free_port()}"
+    rc = main(["bench", spec_sim.base, "--baseline", down, "--concurrency", "1", "--requests", "1",
+               "--max-new-tokens", "5", "--warmup", "0", "--out", str(tmp_path / "both"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [c["name"] for c in doc["checks"]] == ["requests", "baseline requests", "compare"]
+    assert [c["ok"] for c in doc["checks"]] == [True, False, True] and "ConnectError" in doc["checks"][1]["detail"]
+    assert (tmp_path / "both" / "spec" / "bench.json").is_file() and (tmp_path / "both" / "report" / "report.md").is_file()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ hostile servers
