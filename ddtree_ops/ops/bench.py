@@ -574,7 +574,7 @@ def summarize(level: int, results: list[RequestResult], wall_s: float,
     accept = (sum(r.completion_tokens for r in spec) / sum(r.spec_verify_ct or 0 for r in spec)) if spec else None
     before, after = server
     acc_srv = None
-    if before and after and after[1] > before[1]:
+    if before and after and after[1] > before[1] and after[0] >= before[0]:  # counters reset: no figure
         acc_srv = (after[0] - before[0]) / (after[1] - before[1])
     stride = max(1, math.ceil(len(itl) / ITL_SAMPLES_KEPT))
     errors: list[str] = []
