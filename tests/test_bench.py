@@ -31,6 +31,7 @@ from ddtree_ops.ops.bench import (
     load_result,
     quantiles,
     run,
+    summarize,
     write_results,
 )
 from ddtree_ops.ops.bench_report import compare, write_report
@@ -316,6 +317,12 @@ def test_quantiles_and_compare_rows() -> None:
         lv = {"output_tok_s": tok_s, "request_output_tok_s": {"mean": tok_s / 2}, "itl_s": {"mean": itl},
               "ttft_s": {"mean": 0.1}, "failed": 0, "accept_length": None, "accept_length_server": None}
         return {"levels": [{**lv, "concurrency": c} for c in conc]}
+
+    # server-side acceptance length: counter deltas; none when the counters went back (restart) or no verify
+    assert summarize(1, [], 1.0, ((100.0, 10.0), (160.0, 20.0))).accept_length_server == 6.0
+    assert summarize(1, [], 1.0, ((100.0, 10.0), (50.0, 20.0))).accept_length_server is None
+    assert summarize(1, [], 1.0, ((100.0, 10.0), (160.0, 10.0))).accept_length_server is None
+    assert summarize(1, [], 1.0, (None, (160.0, 20.0))).accept_length_server is None
 
     rows = compare(doc(300.0, 0.002, (8, 1, 64)), doc(100.0, 0.004))
     assert [(r["concurrency"], r["speedup"], r["itl_ratio"]) for r in rows] == [(1, 3.0, 0.5), (8, 3.0, 0.5)]
