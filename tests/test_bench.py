@@ -219,6 +219,7 @@ HOSTILE = {
     "endless events": (lambda c, m, p: _sse(c, [_meta(1)] * 500), "more than 72 stream events"),
     "huge event": (lambda c, m, p: c.stream(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: {\"",
                                             b"a" * 65536, total=8 << 20), "byte cap"),
+    "chat delta not an object": (lambda c, m, p: _sse(c, [b'{"choices": [{"delta": [1]}]}', b"[DONE]"]), "no token"),
     "error event": (lambda c, m, p: _sse(c, [b'{"error": {"message": "bad\\u0007 input"}}']), "bad\\x07 input"),
 }
 
@@ -226,10 +227,11 @@ HOSTILE = {
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_stream_fails_the_request_not_the_run(name: str) -> None:
     behave, needle = HOSTILE[name]
-    srv = Hostile(behave, {"/generate"})
+    api = "chat" if name.startswith("chat") else "generate"
+    srv = Hostile(behave, {"/generate", "/v1/chat/completions"})
     try:
         t0 = time.monotonic()
-        res = run(BenchOptions(url=srv.url, concurrency=(1,), requests=2, max_new_tokens=8, warmup_requests=0,
+        res = run(BenchOptions(url=srv.url, api=api, concurrency=(1,), requests=2, max_new_tokens=8, warmup_requests=0,
                                request_timeout_s=0.5), [Prompt("p")])
         took = time.monotonic() - t0
     finally:

@@ -420,7 +420,7 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         running = _count(usage.get("completion_tokens"), "usage.completion_tokens")
         if "prompt_tokens" in usage:
             res.prompt_tokens = _count(usage["prompt_tokens"], "usage.prompt_tokens")
-    has_text = any(isinstance(c, dict) and ((c.get("delta") or {}).get("content") if api == "chat" else c.get("text"))
+    has_text = any(isinstance(c, dict) and bool(_piece(c.get("delta"), "content") if api == "chat" else c.get("text"))
                    for c in choices)
     if running is not None and choices:
         tok.at(now, running)  # continuous_usage_stats: the running count on every chunk
@@ -429,6 +429,11 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
     # a usage-only chunk (choices []: include_usage's last one) gives the total, not a token time
     res.completion_tokens = max(tok.count, running or 0)
     return False
+
+
+def _piece(obj: Any, key: str) -> Any:
+    """``obj[key]`` when ``obj`` is a mapping, else None (a delta of another shape carries no text)."""
+    return obj.get(key) if isinstance(obj, dict) else None
 
 
 def _no_constant(name: str) -> Any:
@@ -487,6 +492,9 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
         res.error = str(exc)
     except httpx.HTTPError as exc:
         res.error = f"{type(exc).__name__}: {preview(str(exc) or 'connection lost', 120)}"
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        # a shape no check above foresaw: the request fails, the run goes on (never a traceback)
+        res.error = f"unexpected answer ({type(exc).__name__}: {preview(str(exc), 120)})"
     if not res.ok:
         res.itl_s.clear()
 
