@@ -410,6 +410,8 @@ def test_sweep_file_errors(tmp_path: Path) -> None:
         with pytest.raises(SweepError) as exc:
             load_sweep(f)
         assert needle in str(exc.value), (body, str(exc.value))
+    with pytest.raises(SweepError, match="not a regular file"):
+        load_sweep(tmp_path)
     assert apply({"ddtree_a": {"b": 1}}, {"ddtree_a.c.d": 2}) == {"ddtree_a": {"b": 1, "c": {"d": 2}}}
     with pytest.raises(SweepError, match="ddtree_a.b is a int"):
         apply({"ddtree_a": {"b": 1}}, {"ddtree_a.b.c": 2})

@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,9 @@ PATH = re.compile(r"^ddtree_[a-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 
 MAX_POINTS = 1000
 """Most points one sweep file may expand to."""
+
+MAX_SWEEP_FILE = 1 << 20
+"""Largest sweep file read (bytes): a sweep of MAX_POINTS points is a few hundred KB."""
 
 
 class SweepError(ValueError):
@@ -104,8 +108,13 @@ def load_sweep(path: Path) -> tuple[str, list[Point]]:
         OSError: the file cannot be read.
     """
     where = f"sweep file {preview(str(path))}"
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SWEEP_FILE:
+        raise SweepError(f"{where}: not a regular file of at most {MAX_SWEEP_FILE} bytes; give a YAML sweep file")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SweepError(f"{where}: not UTF-8; save it as UTF-8") from None
     except yaml.YAMLError as exc:
         raise SweepError(f"{where}: not YAML ({preview(str(exc).splitlines()[0], 120)})") from None
     if not isinstance(doc, dict):
