@@ -15,8 +15,10 @@ peer-venvs:
 
 # Speed, side by side in one run (issue 15): controller commands vs ansible-inventory at
 # 1/10/100/1000 hosts and --help; the exporter vs a bare prometheus_client server; the warmup
-# client's CPU per request. Prints figures (not tests); needs the venv of scripts/setup.sh.
+# client's CPU per request; the bench client's CPU per token and ITL error beside SGLang's
+# bench_serving (needs the cached SGLang 0.5.23 venv: make peer-venvs). Prints figures (not tests).
 bench:
 	.venv/bin/python scripts/bench-controller.py
 	.venv/bin/python scripts/bench-exporter.py
 	.venv/bin/python scripts/bench-warmup.py
+	.venv/bin/python scripts/bench-client.py

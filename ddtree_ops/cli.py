@@ -574,6 +574,182 @@ def warmup(url: UrlArg = None,
                   as_json, {"url": target, "report": report.as_dict()})
 
 
+def _concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32") from None
+    if not levels or any(not 1 <= x <= 4096 for x in levels) or len(set(levels)) != len(levels):
+        raise typer.BadParameter(f"--concurrency {text[:200]!r}: distinct integers 1..4096, e.g. 1,8,32")
+    return levels
+
+
+@app.command()
+def bench(url: UrlArg = None,
+          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")] = Path("bench-results"),
+          plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
+          api: Annotated[str, typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions).")] = "generate",
+          concurrency: Annotated[str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")] = "1,8,32",
+          requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
+          duration: Annotated[float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")] = None,
+          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
+          temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
+          top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
+          ignore_eos: Annotated[bool, typer.Option("--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS.")] = True,
+          prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL/JSON prompt file ({\"prompt\"} or ShareGPT {\"conversations\"}); default: the shipped set.")] = None,
+          request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
+          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
+          model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
+          baseline: Annotated[str | None, typer.Option("--baseline", help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; --out then gets spec/, baseline/ and report/ (bench-compare).")] = None,
+          as_json: JsonOpt = False) -> None:
+    """Benchmark one server: TTFT, ITL, E2E, tok/s per request and aggregate, acceptance length
+    (meta_info and the server's counters) at each concurrency level; writes JSON + CSV.
+    With --baseline URL, the baseline too and the speedup report (as bench-compare).
+
+    The API key (SGLang --api-key), if any, is read from DDTREE_API_KEY and never written.
+    Exit 0 all requests answered, 1 some failed (the results are written all the same), 2 usage.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .ops.bench import BenchInputError, BenchOptions, load_prompts, write_results
+    from .ops.bench import run as run_bench
+
+    doc, default_url = _deployed(plan_file, inventory, limit, vault)
+    target = _target(url, default_url)
+    opts = BenchOptions(url=target, api=api, concurrency=_concurrency(concurrency),
+                        requests=requests if requests is not None or duration is not None else 32,
+                        duration_s=duration, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        ignore_eos=ignore_eos, request_timeout_s=request_timeout, warmup_requests=warmup_requests,
+                        model=model, api_key=os.environ.get("DDTREE_API_KEY") or None)
+    try:
+        opts.check()
+        prompt_list = load_prompts(prompts)
+    except BenchInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    total = len(opts.concurrency) * opts.requests if opts.requests else None
+    bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                   TimeElapsedColumn(), console=err, disable=as_json, transient=False)
+    task = bar.add_task("", total=total)
+
+    def on_request(r) -> None:
+        bar.update(task, advance=1, description=f"c={r.level}" + ("" if r.ok else " (failed)"))
+
+    def on_level(lv) -> None:
+        if not as_json:
+            acc = lv.accept_length if lv.accept_length is not None else lv.accept_length_server
+            itl = lv.itl_s["mean"]
+            bar.console.print(f"c={lv.concurrency:<5} {lv.ok}/{lv.requests} ok  {lv.output_tok_s:9.1f} tok/s  "
+                              f"TTFT {1000 * (lv.ttft_s['mean'] or 0):8.1f} ms  "
+                              f"ITL {'-' if itl is None else f'{1000 * itl:.2f}'} ms  "
+                              f"accept_length={'-' if acc is None else f'{acc:.3f}'}", highlight=False)
+
+    runs = [("requests", target, out_dir, doc)]
+    if baseline is not None:
+        runs = [("requests", target, out_dir / "spec", doc), ("baseline requests", _url(baseline), out_dir / "baseline", None)]
+    checks, extra = [], {"url": target}
+    for name, url_, dest, plan_doc in runs:
+        o = BenchOptions(**{**opts.__dict__, "url": url_})
+        if name != "requests":
+            task = bar.add_task("", total=total)  # a bar of its own (on_request reads the newest)
+        if not as_json and baseline is not None:
+            say(err, "bench", "bold", f"{'baseline' if name != 'requests' else 'speculative'}: {url_}")
+        with bar:
+            result = run_bench(o, prompt_list, plan_doc, on_request, on_level)
+        try:
+            files = write_results(dest, result)
+        except OSError as exc:
+            _print_checks([{"name": "bench", "ok": False, "detail": f"ran, but cannot write --out {dest}: "
+                            f"{exc.strerror or exc}"}], as_json, {"url": url_})
+            return
+        failed = result.failed
+        total_n = sum(lv.requests for lv in result.levels)
+        first = next((e for lv in result.levels for e in lv.errors), "")
+        checks.append({"name": name, "ok": not failed, "detail": (
+            f"{total_n} requests to {url_} at concurrency {list(opts.concurrency)} in {result.elapsed_s:.1f} s; "
+            f"results in {dest}" if not failed else
+            f"{failed} of {total_n} requests to {url_} failed (first: {first}); results in {dest}")})
+        key = "levels" if name == "requests" else "baseline_levels"
+        extra[key] = [{k: v for k, v in vars(lv).items() if k != "itl_samples_s"} for lv in result.levels]
+        extra.setdefault("files", []).extend(str(f) for f in files)
+    if baseline is not None:
+        from .ops.bench import load_result
+        from .ops.bench_report import write_report
+
+        path, rows = write_report(out_dir / "report", load_result(out_dir / "spec"), load_result(out_dir / "baseline"))
+        extra["rows"] = rows
+        checks.append({"name": "compare", "ok": True, "detail": "speedup " + ", ".join(
+            f"c={r['concurrency']} {r['speedup']:.2f}x" if r["speedup"] is not None else f"c={r['concurrency']} -"
+            for r in rows) + f"; report in {path}"})
+    _print_checks(checks, as_json, extra)
+
+
+@app.command("bench-compare")
+def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
+                  baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
+                  out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path("bench-report"),
+                  as_json: JsonOpt = False) -> None:
+    """Speedup of a speculative run over a baseline run per concurrency level: report.md and
+    PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
+    from .ops.bench import BenchInputError, load_result
+    from .ops.bench_report import write_report
+
+    try:
+        s, b = load_result(spec), load_result(baseline)
+    except BenchInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    path, rows = write_report(out_dir, s, b)
+    if not rows:
+        _print_checks([{"name": "compare", "ok": False, "detail": "no concurrency level is in both runs; run both "
+                        "with the same --concurrency"}], as_json)
+        return
+    if not as_json:
+        for r in rows:
+            sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+            say(out, f"c={r['concurrency']:<5}", "bold", f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)")
+    _print_checks([{"name": "compare", "ok": True, "detail": f"{len(rows)} levels; report in {path}"}], as_json,
+                  {"rows": rows})
+
+
+@app.command()
+def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
+          inventory: InventoryOpt = DEFAULT_INVENTORY, vault: VaultOpt = None,
+          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")] = Path("sweep-results"),
+          api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
+          concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
+          requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
+          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
+          request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
+          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
+          as_json: JsonOpt = False) -> None:
+    """Validate, render and benchmark each point of a grid of deployment settings (points with
+    a url of an endpoint already serving them; redeploying through Ansible is not done here).
+    Invalid points are reported and skipped; a re-run resumes; sweep.md ranks points by tok/s."""
+    from .ops.bench import BenchInputError, BenchOptions, load_prompts
+    from .ops.sweep import SweepError, load_sweep, run_sweep
+    from .config.inventory import load_hostvars
+
+    try:
+        host, points = load_sweep(spec)
+        opts = BenchOptions(url="http://127.0.0.1:1", api=api, concurrency=_concurrency(concurrency), requests=requests,
+                            max_new_tokens=max_new_tokens, request_timeout_s=request_timeout,
+                            warmup_requests=warmup_requests, api_key=os.environ.get("DDTREE_API_KEY") or None)
+        opts.check()
+    except (SweepError, BenchInputError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    hostvars = load_hostvars(inventory, host, vault or ())
+    if host not in hostvars:
+        raise typer.BadParameter(f"sweep host {host!r}: not a server host of inventory {inventory!r}")
+
+    def on_point(p) -> None:
+        if not as_json:
+            say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
+
+    done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point)
+    checks = [{"name": f"point {p.name}", "ok": p.status != "failed",
+               "detail": f"{p.status}: {p.detail}"} for p in done]
+    _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})
+
+
 @app.command("probe-sglang")
 def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
                  plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,

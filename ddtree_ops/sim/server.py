@@ -215,6 +215,10 @@ class SimApp:
 class SimServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # listen() backlog 2048: uvicorn's default, which SGLang 0.5.23 keeps (http_server.py: "the default
+    # backlog ... exactly like uvicorn's defaults"); socketserver's 5 overflowed when 256 clients
+    # reconnected at once (connections reset: "connection lost").
+    request_queue_size = 2048
 
     def __init__(self, addr: tuple[str, int], app: SimApp) -> None:
         if ":" in addr[0]:
@@ -469,6 +473,18 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model") or app.cfg.model_name
         obj = "chat.completion" if chat else "text_completion"
         if body.get("stream"):
+            # stream_options as SGLang 0.5.23 (serving_chat/serving_completions, utils.should_include_usage):
+            # continuous_usage_stats puts the running usage on every chunk; include_usage adds one
+            # usage chunk with empty choices after the last one (the server default is off).
+            opts = body.get("stream_options") or {}
+            if not isinstance(opts, dict):
+                raise ValueError("stream_options must be an object")
+            continuous, include_usage = bool(opts.get("continuous_usage_stats")), bool(opts.get("include_usage"))
+
+            def usage() -> dict[str, int]:
+                return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                        "total_tokens": req.prompt_tokens + req.completion_tokens}
+
             self._start_stream()
             sent = 0
             if chat:
@@ -483,14 +499,17 @@ class Handler(BaseHTTPRequestHandler):
                 sent = req.completion_tokens
                 choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
                           else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
-                self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
-                           "model": model, "choices": [choice]})
+                chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
+                         "model": model, "choices": [choice]}
+                self._sse(chunk | {"usage": usage()} if continuous else chunk)
             final = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                      else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
-            usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                     "total_tokens": req.prompt_tokens + req.completion_tokens}
-            self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
-                       "choices": [final], "usage": usage})
+            chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
+                     "choices": [final]}
+            self._sse(chunk | {"usage": usage()} if continuous else chunk)
+            if include_usage:
+                self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
+                           "choices": [], "usage": usage()})
             self._sse("[DONE]")
             return None
         app.wait(req)

@@ -1,0 +1,299 @@
+"""``ddtree-ops sweep``: benchmark a grid of deployment settings (issue 13 item 3).
+
+A sweep file (YAML) names one inventory host whose ``ddtree_*`` variables are the base, and
+the points to try::
+
+    host: b300-01
+    points:                                   # explicit points ...
+      - name: budget16
+        set: {ddtree_speculative.budget: 16}
+        url: http://10.0.0.5:30000            # an endpoint already serving this point
+    grid:                                     # ... and/or a grid (every combination)
+      ddtree_speculative.budget: [16, 32]
+      ddtree_speculative.block_size: [8, 16]
+    urls: {budget16-block_size8: http://...}  # endpoints of grid points, by point name
+
+Each point is, in order: its ``set`` applied to a copy of the host's variables (dotted paths:
+the first part is the inventory variable); **validated** with the same validator as
+``ddtree-ops validate`` (an invalid point is reported with the validator's findings and
+skipped, never run); **rendered** with the same renderer (its ``plan.json`` document and the
+SGLang argv are recorded); then, if it has a URL, **warmed and benchmarked**
+(:mod:`ddtree_ops.ops.bench`) with its result in ``<out>/<name>/``. A point without a URL is
+validated and rendered only: redeploying each point through Ansible is not implemented here
+(deploy its rendered settings, or start it on a spare port, and give its URL).
+
+Resumable: ``<out>/sweep.json`` is rewritten after each point; a re-run skips every point
+whose key (its settings, URL and the bench options) has a complete result already.
+``<out>/sweep.md`` ranks the benchmarked points by aggregate tok/s at each concurrency, with
+the acceptance length beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddtree_ops.config.errors import is_secret_name
+from ddtree_ops.ops.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
+from ddtree_ops.sglang.client import preview
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""A point's name: it is a directory name under the output directory."""
+
+PATH = re.compile(r"^ddtree_[a-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+"""A ``set`` key: an inventory variable (``ddtree_*``) and keys inside it."""
+
+MAX_POINTS = 1000
+"""Most points one sweep file may expand to."""
+
+MAX_SWEEP_FILE = 1 << 20
+"""Largest sweep file read (bytes): a sweep of MAX_POINTS points is a few hundred KB."""
+
+
+class SweepError(ValueError):
+    """A bad sweep file: one line naming the field, the value, the rule and the fix."""
+
+
+@dataclass
+class Point:
+    """One setting to try: ``set`` (dotted path -> value) and the URL serving it, if any."""
+
+    name: str
+    set: dict[str, Any]
+    url: str | None = None
+    status: str = "pending"
+    detail: str = ""
+    plan: dict[str, Any] | None = None
+    argv: list[str] = field(default_factory=list)
+
+    def key(self, opts: BenchOptions) -> str:
+        """Identity of this point's result: its settings, URL and the bench options (hex)."""
+        o = {k: v for k, v in opts.as_dict().items() if k != "url"}
+        raw = json.dumps({"set": self.set, "url": self.url, "options": o}, sort_keys=True, default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _url_ok(url: Any) -> bool:
+    import httpx
+
+    try:
+        u = httpx.URL(url)
+        return u.scheme in ("http", "https") and bool(u.host) and not u.userinfo
+    except Exception:  # httpx raises several types for malformed URLs
+        return False
+
+
+def _point_name(combo: dict[str, Any]) -> str:
+    parts = [f"{k.rsplit('.', 1)[-1]}{v}" for k, v in combo.items()]
+    return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(parts))[:64] or "point"
+
+
+def load_sweep(path: Path) -> tuple[str, list[Point]]:
+    """``(host, points)`` of a sweep file (see the module docstring).
+
+    Raises:
+        SweepError: not a mapping, no host, a bad point name, a ``set`` key that is not a
+            ``ddtree_*`` path, duplicate names, a URL for no point, more than :data:`MAX_POINTS`.
+        OSError: the file cannot be read.
+    """
+    where = f"sweep file {preview(str(path))}"
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SWEEP_FILE:
+        raise SweepError(f"{where}: not a regular file of at most {MAX_SWEEP_FILE} bytes; give a YAML sweep file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SweepError(f"{where}: not UTF-8; save it as UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{where}: not YAML ({preview(str(exc).splitlines()[0], 120)})") from None
+    if not isinstance(doc, dict):
+        raise SweepError(f"{where}: must be a mapping with host and points/grid")
+    host = doc.get("host")
+    if not isinstance(host, str) or not host:
+        raise SweepError(f"{where}: host = {preview(repr(host), 80)}; must name one inventory host, e.g. b300-01")
+    points: list[Point] = []
+    raw_points = doc.get("points") or []
+    if not isinstance(raw_points, list):
+        raise SweepError(f"{where}: points must be a list of {{name, set, url}}")
+    for i, p in enumerate(raw_points):
+        if not isinstance(p, dict):
+            raise SweepError(f"{where}: points[{i}] is a {type(p).__name__}; must be a mapping {{name, set, url}}")
+        points.append(Point(p.get("name"), p.get("set") or {}, p.get("url")))
+    grid = doc.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise SweepError(f"{where}: grid must map each path to a non-empty list of values")
+    urls = doc.get("urls") or {}
+    if not isinstance(urls, dict):
+        raise SweepError(f"{where}: urls must map point names to URLs")
+    if grid:
+        keys = list(grid)
+        combos = itertools.product(*(grid[k] for k in keys))
+        for values in itertools.islice(combos, MAX_POINTS + 1):
+            combo = dict(zip(keys, values))
+            name = _point_name(combo)
+            points.append(Point(name, combo, urls.get(name)))
+    if len(points) > MAX_POINTS:
+        raise SweepError(f"{where}: more than {MAX_POINTS} points; split the sweep")
+    if not points:
+        raise SweepError(f"{where}: no points; give points and/or grid")
+    seen: set[str] = set()
+    for i, p in enumerate(points):
+        if not isinstance(p.name, str) or not NAME.match(p.name):
+            raise SweepError(f"{where}: point {i} name = {preview(repr(p.name), 80)}; must match {NAME.pattern} "
+                             "(it names the result directory)")
+        if p.name in seen:
+            raise SweepError(f"{where}: point name {p.name!r} twice; names must be unique")
+        seen.add(p.name)
+        if not isinstance(p.set, dict):
+            raise SweepError(f"{where}: point {p.name} set must be a mapping of path: value")
+        for k in p.set:
+            if not isinstance(k, str) or not PATH.match(k):
+                raise SweepError(f"{where}: point {p.name} set key {preview(repr(k), 80)}; must be an inventory "
+                                 "variable path, e.g. ddtree_speculative.budget")
+            if any(is_secret_name(k.rsplit(".", i)[0]) for i in range(k.count(".") + 1)):
+                raise SweepError(f"{where}: point {p.name} set key {k}: a secret; secrets are not swept (they "
+                                 "would be written to sweep.json): keep them in the inventory")
+        if p.url is not None and not _url_ok(p.url):
+            raise SweepError(f"{where}: point {p.name} url = {preview(repr(p.url), 80)}; must be http(s)://HOST:PORT "
+                             "without user info")
+    unknown = set(urls) - seen
+    if unknown:
+        raise SweepError(f"{where}: urls for no point: {sorted(unknown)[:5]}; point names are {sorted(seen)[:10]}")
+    return host, points
+
+
+def apply(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``hostvars`` with each dotted path of ``settings`` set (mappings on the way
+    are created; a non-mapping on the way raises :class:`SweepError`)."""
+    hv = copy.deepcopy(hostvars)
+    for path, value in settings.items():
+        parts = path.split(".")
+        node = hv
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise SweepError(f"set {path}: {'.'.join(parts[:i + 1])} is a {type(nxt).__name__}, not a mapping")
+            node = nxt
+        node[parts[-1]] = copy.deepcopy(value)
+    return hv
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: BenchOptions, prompts: list[Prompt],
+              out_dir: Path, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Validate, render and benchmark each point in turn (see the module docstring).
+
+    Args:
+        host: the inventory host; hostvars: its ``ddtree_*`` variables (the base of every point).
+        points: from :func:`load_sweep`.
+        opts: bench options (``url`` is replaced by each point's).
+        prompts: as :func:`ddtree_ops.ops.bench.run`.
+        out_dir: ``sweep.json``, ``sweep.md`` and one directory per benchmarked point.
+        on_point: called after each point.
+
+    Returns:
+        The points with ``status``: ``invalid`` (the validator's findings in ``detail``),
+        ``rendered`` (valid, no URL), ``done`` (benchmarked now), ``resumed`` (benchmarked by an
+        earlier run) or ``failed`` (some requests failed; the result is kept).
+    """
+    from ddtree_ops.config import ConfigError, validate_hostvars
+    from ddtree_ops.render.argv import build_argv
+    from ddtree_ops.render.files import plan_document
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state_path = out_dir / "sweep.json"
+    previous: dict[str, Any] = {}
+    if state_path.is_file():
+        try:
+            previous = {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            previous = {}  # a torn or foreign state file: every point runs again
+    for p in points:
+        try:
+            v = validate_hostvars(host, apply(hostvars, p.set))
+        except ConfigError as exc:
+            p.status = "invalid"
+            p.detail = "; ".join(f.message() for f in exc.findings)[:2000]
+        except SweepError as exc:
+            p.status, p.detail = "invalid", str(exc)
+        else:
+            p.plan = plan_document(v)
+            p.argv = build_argv(v.deployment, v.plan)
+            key = p.key(opts)
+            prev = previous.get(p.name) or {}
+            if p.url is None:
+                p.status, p.detail = "rendered", "valid; no url: not benchmarked (deploy it and give its url)"
+            elif prev.get("key") == key and prev.get("status") in ("done", "resumed") \
+                    and (out_dir / p.name / "bench.json").is_file():
+                p.status, p.detail = "resumed", "benchmarked by an earlier run"
+            else:
+                res = run(BenchOptions(**{**opts.__dict__, "url": p.url}), prompts, plan=p.plan)
+                write_results(out_dir / p.name, res)
+                p.status = "failed" if res.failed else "done"
+                p.detail = f"{res.failed} requests failed" if res.failed else f"{len(res.requests)} requests"
+        _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points]})
+        if on_point:
+            on_point(p)
+    report = out_dir / "sweep.md"
+    tmp = out_dir / ".sweep.md.tmp"
+    tmp.write_text(ranking(points, out_dir), encoding="utf-8")
+    os.replace(tmp, report)
+    return points
+
+
+def _state(p: Point, opts: BenchOptions) -> dict[str, Any]:
+    return {"name": p.name, "set": p.set, "url": p.url, "status": p.status, "detail": p.detail,
+            "key": p.key(opts), "argv": p.argv}
+
+
+def ranking(points: list[Point], out_dir: Path) -> str:
+    """``sweep.md``: per concurrency, benchmarked points by aggregate tok/s (best first) with
+    acceptance length and mean ITL; then the points not benchmarked and why."""
+    results: dict[str, dict[str, Any]] = {}
+    for p in points:
+        if p.status in ("done", "resumed", "failed"):
+            try:
+                results[p.name] = load_result(out_dir / p.name)
+            except (OSError, BenchInputError):
+                continue
+    lines = ["# Sweep", ""]
+    levels = sorted({lv["concurrency"] for r in results.values() for lv in r["levels"]})
+    for c in levels:
+        rows = []
+        for name, r in results.items():
+            lv = next((x for x in r["levels"] if x["concurrency"] == c), None)
+            if lv is not None:
+                rows.append((lv["output_tok_s"], name, lv))
+        rows.sort(key=lambda x: -x[0])
+        lines += [f"## concurrency {c}", "", "| rank | point | tok/s | accept length | ITL mean ms | failed |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for i, (tok_s, name, lv) in enumerate(rows, 1):
+            acc = lv.get("accept_length") if lv.get("accept_length") is not None else lv.get("accept_length_server")
+            itl = lv["itl_s"]["mean"]
+            lines.append(f"| {i} | {name} | {tok_s:.1f} | {'-' if acc is None else f'{acc:.3f}'} "
+                         f"| {'-' if itl is None else f'{itl * 1000:.2f}'} | {lv['failed']} |")
+        lines.append("")
+    others = [p for p in points if p.name not in results]
+    if others:
+        lines += ["## Not benchmarked", "", "| point | status | why |", "|---|---|---|"]
+        for p in others:
+            lines.append(f"| {p.name} | {p.status} | {p.detail.replace('|', '/')[:400]} |")
+    return "\n".join(lines) + "\n"
