@@ -251,7 +251,7 @@ def read_hub(role: str, repo_id: str, revision: str | None, token: str | None,
     try:
         fetch = fetch or _hub_download()
     except ImportError:
-        return CheckpointFacts(role, repo_id, not_read="huggingface_hub is not installed (pip install ddtree-ops)")
+        return CheckpointFacts(role, repo_id, not_read="huggingface_hub is not installed (pip install 'ddtree-ops[controller]')")
     result: dict[str, Any] = {}
 
     def work() -> None:
