@@ -253,9 +253,12 @@ def test_vision_warmup_uses_the_processors_min_pixels():
 
 def test_param_and_kv_estimates_of_llama31_8b():
     cfg = json.loads((LLAMA31 / CONFIG).read_text())
-    # embeddings + untied LM head + 32 x (q,o 4096x4096; k,v 4096x1024; MLP 3 x 4096x14336) = 8.03 B (Meta: "8B")
-    assert estimate_params(cfg) == 128256 * 4096 * 2 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
-    assert estimate_params(cfg) == 8_029_995_008
+    # embeddings + untied LM head + 32 x (q,o 4096x4096; k,v 4096x1024; MLP 3 x 4096x14336; 2 norms) + final norm
+    assert estimate_params(cfg) == 128256 * 4096 * 2 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+                                                              + 2 * 4096) + 4096
+    assert estimate_params(cfg) == 8_030_261_248  # the Hub's safetensors metadata of Llama-3.1-8B (exact)
+    qwen = json.loads((QWEN3_8B / CONFIG).read_text())
+    assert estimate_params(qwen) == 8_190_735_360  # the Hub's safetensors metadata of Qwen3-8B (exact: q/k norms)
     assert kv_bytes_per_token(cfg, tp=1) == 32 * 8 * 128 * 2 * 2 == 131072
     assert kv_bytes_per_token(cfg, tp=8) == 32 * 1 * 128 * 2 * 2
     assert kv_bytes_per_token(cfg, tp=16) == 32 * 1 * 128 * 2 * 2  # 8 KV heads on 16 ranks: replicated, not halved
@@ -268,7 +271,7 @@ def test_plan_memory_numbers_and_warnings():
                   model={"context_length": 2048}, server={"tp_size": 1, "mem_fraction_static": 0.5})
     _, plan, findings = run(hv)
     mem = plan.checkpoint["memory"]
-    weights = 8_029_995_008 * 2 + (128256 * 4096 + 32000 * 4096 + 218_103_808) * 2  # bf16 target, fp16 head
+    weights = 8_030_261_248 * 2 + (128256 * 4096 + 32000 * 4096 + 218_103_808 + 3 * 4096) * 2  # bf16 target, fp16 head (+ its norms)
     assert mem["weights_per_gpu"] == weights and mem["weights_source"] == "target: config, draft: config"
     assert mem["kv_per_token"] == 131072 + 1 * 8 * 128 * 2 * 2
     assert mem["kv_needed"] == mem["kv_per_token"] * 16 * 2048 and mem["kv_for"] == "16 requests x 2048 tokens"

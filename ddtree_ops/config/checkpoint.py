@@ -644,9 +644,13 @@ def _dtype_bytes(cfg: dict[str, Any]) -> int:
 def estimate_params(cfg: dict[str, Any]) -> int | None:
     """Parameters of a decoder-only transformer from its config: embeddings (x2 unless tied) +
     per layer attention (q, o: hidden x heads*head_dim; k, v: hidden x kv_heads*head_dim) + MLP
-    (3 x hidden x intermediate; MoE: experts x 3 x hidden x moe_intermediate). Norms, biases,
-    routers and vision towers are left out (< 1 % of dense LLMs); an EAGLE-3 head's LM head spans
-    ``draft_vocab_size``. None when a size is missing."""
+    (3 x hidden x intermediate; MoE: experts x 3 x hidden x moe_intermediate) + RMSNorm weights
+    (two a layer and the final one, hidden each; Qwen3's per-head q/k norms, head_dim each:
+    ``Qwen3Attention.q_norm``/``k_norm`` in transformers' ``modeling_qwen3.py``). Exact for the
+    published counts of Llama-3.1-8B (8,030,261,248) and Qwen3-8B (8,190,735,360), the Hub's
+    safetensors metadata (``tests/test_checkpoint.py``). Biases, routers and vision towers are
+    left out (< 1 % of dense LLMs); an EAGLE-3 head's LM head spans ``draft_vocab_size``. None when
+    a size is missing."""
     h = _int(cfg, "hidden_size")
     layers = _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
@@ -661,7 +665,9 @@ def estimate_params(cfg: dict[str, Any]) -> int | None:
     attn = 2 * h * heads * hd + 2 * h * kv * hd
     tied = bool(cfg.get("tie_word_embeddings"))
     head = 0 if tied else (_int(cfg, "draft_vocab_size") or vocab) * h  # EAGLE-3: LM head over the hot vocab
-    return vocab * h + head + layers * (attn + mlp)
+    arch = " ".join(a for a in cfg.get("architectures") or [] if isinstance(a, str))
+    norms = 2 * h + (2 * hd if arch.startswith("Qwen3") else 0)
+    return vocab * h + head + layers * (attn + mlp + norms) + h
 
 
 def kv_bytes_per_token(cfg: dict[str, Any], tp: int, kv_dtype_bytes: int = 2) -> int | None:
