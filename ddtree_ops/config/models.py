@@ -459,6 +459,12 @@ class Speculative(_Model):
         return self.algorithm != "none"
 
 
+NCCL_PORT_OFFSET = 100
+"""``--nccl-port`` of an instance without ``ddtree_server.nccl_port``: its SGLang port plus this
+(30000 -> 30100). Consecutive instance ports (30000, 30001, ...) keep consecutive rendezvous
+ports; a clash with another instance's port on the machine is refused by :mod:`~.fleet`."""
+
+
 class Server(_Model):
     """SGLang server settings (metrics are always enabled).
 
@@ -481,6 +487,15 @@ class Server(_Model):
             1-128; larger pages only waste KV cache).
         disable_overlap_schedule: pass ``--disable-overlap-schedule``.
         log_level: SGLang log level.
+        nccl_port: port of the instance's torch.distributed rendezvous (SGLang
+            ``--nccl-port``: the TCP store at ``127.0.0.1:<nccl_port>`` every TP rank joins, bound
+            even at tp 1); unset: :attr:`rendezvous_port` derives ``port`` + :data:`NCCL_PORT_OFFSET`
+            (SGLang's own default is a random free port, which two instances starting together
+            on one machine can both pick). Always rendered, so instances on one machine
+            never share it (:mod:`~.fleet`).
+        base_gpu_id: first GPU of the instance (SGLang ``--base-gpu-id``; rank r uses GPU
+            ``base_gpu_id + r``, counted among the GPUs ``CUDA_VISIBLE_DEVICES`` leaves
+            visible); unset: 0, not rendered. See :func:`gpu_set`.
     """
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
@@ -496,6 +511,17 @@ class Server(_Model):
     page_size: _bounded(0, 1024, gt=True) | None = None
     disable_overlap_schedule: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    nccl_port: Port | None = None
+    base_gpu_id: _bounded(0, 63) | None = None
+
+    @property
+    def rendezvous_port(self) -> int:
+        """The ``--nccl-port`` rendered: :attr:`nccl_port`, else ``port`` + :data:`NCCL_PORT_OFFSET`
+        (``port`` - the offset where that passes 65535)."""
+        if self.nccl_port is not None:
+            return self.nccl_port
+        up = self.port + NCCL_PORT_OFFSET
+        return up if up <= 65535 else self.port - NCCL_PORT_OFFSET
 
     @field_validator("host")
     @classmethod
