@@ -74,6 +74,24 @@ def machines(validated: Iterable[Validated]) -> dict[str, list[str]]:
     return out
 
 
+MAX_WAVES = 8
+"""Most instances one machine can hold: each needs at least one GPU of its own and a host
+class has 8 (:data:`~.hosts.HOST_CLASSES`); deploy.yml has one service play per wave."""
+
+
+def instance_waves(validated: Iterable[Validated]) -> dict[str, int]:
+    """Inventory host -> its deploy wave: its position among the instances of its machine
+    (0 for the first in name order). deploy.yml deploys wave 0 of every machine in parallel,
+    then wave 1, ...: instances of one machine never run the role at once (they share apt,
+    the venvs and the wheelhouse), distinct machines still do. At most :data:`MAX_WAVES`
+    waves for a fleet :func:`fleet_findings` accepts (disjoint GPUs)."""
+    waves: dict[str, int] = {}
+    for hosts in machines(validated).values():
+        for i, host in enumerate(hosts):
+            waves[host] = max(waves.get(host, 0), i)
+    return waves
+
+
 def _ports(v: Validated) -> list[tuple[str, int]]:
     d = v.deployment
     return [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),

@@ -280,6 +280,8 @@ def rule_gpu_set(d: Deployment, p: Plan) -> Iterator[Finding]:
                    f"list only indices 0-{hc.gpu_count - 1}", INSTANCE_SOURCE)
         return
     need, base = gpu_count_needed(d), d.server.base_gpu_id or 0
+    if need > hc.gpu_count:
+        return  # rule_tp_fits says so
     have = len(visible) if visible is not None else hc.gpu_count
     if base + need > have:
         where = (f"{VISIBLE_ENV}={d.service.env[VISIBLE_ENV]} leaves {have} GPUs visible" if visible is not None
