@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostutil import HOST, TEST_INVENTORY, VENV_BIN, deploy, recap, ssh
+from hostutil import HOST, KEY, TEST_INVENTORY, VENV_BIN, deploy, recap, ssh
 
 pytestmark = pytest.mark.hosts
 
@@ -33,6 +33,7 @@ def _inventory(root: Path, address: str) -> Path:
     shutil.copytree(TEST_INVENTORY, inv)
     hosts = yaml.safe_load((TEST_INVENTORY / "hosts.yml").read_text())
     hosts["all"]["children"]["testhosts"]["hosts"][SECOND] = {"ansible_host": address}
+    hosts["all"]["children"]["testhosts"]["vars"]["ansible_ssh_private_key_file"] = str(KEY)  # not next to inventory_dir
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     base = yaml.safe_load((TEST_INVENTORY / "group_vars" / "testhosts.yml").read_text())["ddtree_server"]
     (inv / "host_vars").mkdir()
