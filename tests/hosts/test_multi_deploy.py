@@ -55,7 +55,9 @@ def multi(hosts, tmp_path_factory):
     assert HOST in hosts, f"{HOST} is not up: {hosts}"
     inv = _inventory(tmp_path_factory.mktemp("multi"), hosts[HOST])
     first, t1 = deploy(inv, limit=f"{HOST},{SECOND}")
-    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-2000:]
+    if first.returncode != 0:
+        journal = ssh(hosts[HOST], "journalctl --no-pager -n 60 -u 'ddtree-sglang*'").stdout
+        pytest.fail(first.stdout[-4000:] + first.stderr[-1000:] + "\n--- journal ---\n" + journal, pytrace=False)
     second, t2 = deploy(inv, limit=f"{HOST},{SECOND}")
     print(f"\nmulti-instance deploy: first run {t1:.1f} s, second run {t2:.1f} s")
     return {"address": hosts[HOST], "inv": inv, "first": first, "second": second}
