@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 
 from ..render.files import scrape_address
 from .errors import Finding
-from .instance import GpuSetError, gpu_set, paths_overlap, state_dirs
+from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"
@@ -137,9 +137,9 @@ def _clashes(a: Validated, b: Validated) -> Iterator[tuple[str, object, str, str
 
 
 def _gpu_text(d) -> str:
-    env = d.service.env.get("CUDA_VISIBLE_DEVICES")
+    env = d.service.env.get(VISIBLE_ENV)
     return (f"tp {d.server.tp_size} x dp {d.server.dp_size} from base_gpu_id {d.server.base_gpu_id or 0}"
-            + (f" of CUDA_VISIBLE_DEVICES={env}" if env else ""))
+            + (f" of {VISIBLE_ENV}={env}" if env else ""))
 
 
 _FIX = {

@@ -70,7 +70,7 @@ def test_both_instances_deploy_in_their_own_wave(multi):
     for section in out.split("PLAY [")[1:]:
         if section.startswith("Install and start the SGLang service]"):
             waves.append(set(re.findall(r"^(?:ok|changed|skipping): \[([\w.-]+)", section, re.M)))
-    assert waves == [{HOST}, {SECOND}], waves
+    assert [w for w in waves if w] == [{HOST}, {SECOND}], waves  # waves 2-7: "no hosts matched"
     for host in INSTANCES:
         r = recap(out, host)
         assert r["failed"] == 0 and r["ok"] > 0, (host, r)
