@@ -161,6 +161,9 @@ def test_multi_example_inventory_validates_and_renders_both_instances(tmp_path, 
         units[host] = unit.read_text()
     assert len({u.split("--nccl-port ")[1].split()[0] for u in units.values()}) == 2
     assert len({u.split("RuntimeDirectory=")[1].split()[0] for u in units.values()}) == 2
+    # the machine's device-node unit is one file both instances install: byte-identical
+    devices = {(out / h / "etc/systemd/system/ddtree-nvidia-devices.service").read_text() for h in hosts}
+    assert len(devices) == 1
     prom = yaml.safe_load((out / "prometheus" / "prometheus.yml").read_text())
     for job in prom["scrape_configs"]:
         targets = [t for sc in job["static_configs"] for t in sc["targets"]]

@@ -299,7 +299,9 @@ def devices_unit(v: Validated) -> RenderedFile:
     ``RemainAfterExit=yes``, ordered before the host's SGLang unit (which ``Wants=`` and is
     ``After=`` it). Installed and enabled by the ``cuda_toolkit`` role."""
     d = v.deployment
-    ctx = {"managed": MANAGED, "host": d.host, "host_class": HOST_CLASSES[d.host_class],
+    # one file per machine, shared by its instances (config.fleet): nothing instance-specific in it,
+    # else each instance's deploy would rewrite the other's and restart the unit
+    ctx = {"managed": MANAGED, "host_class": HOST_CLASSES[d.host_class],
            # "-": a driver without MIG capability files must not fail the unit (systemd.service(5))
            "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
     return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",
