@@ -120,3 +120,24 @@ def test_second_run_changes_nothing(multi):
     for host in INSTANCES:
         r = recap(multi["second"].stdout, host)
         assert r["changed"] == 0 and r["failed"] == 0, (host, multi["second"].stdout[-4000:])
+
+
+def test_a_held_rendezvous_port_stops_the_deploy_naming_the_holder(multi):
+    """Last (it leaves ddt-th1-b's new unit file uninstalled-by-restart): a stray listener on the
+    port ddt-th1-b is about to use as --nccl-port stops its deploy before any restart."""
+    addr, inv = multi["address"], multi["inv"]
+    stray = ssh(addr, "systemd-run --unit ddtree-test-stray /usr/bin/python3 -m http.server --bind 0.0.0.0 31555")
+    assert stray.returncode == 0, stray.stderr
+    try:
+        hv = inv / "host_vars" / f"{SECOND}.yml"
+        data = yaml.safe_load(hv.read_text())
+        data["ddtree_server"]["nccl_port"] = 31555
+        hv.write_text(yaml.safe_dump(data))
+        pid = ssh(addr, "systemctl show -p MainPID --value ddtree-sglang-b.service").stdout.strip()
+        r, _ = deploy(inv, limit=SECOND)
+        assert r.returncode != 0
+        assert "Stop when another process holds the rendezvous port" in r.stdout and "31555" in r.stdout
+        assert "ddtree-test-stray.service" in r.stdout, r.stdout[-3000:]
+        assert ssh(addr, "systemctl show -p MainPID --value ddtree-sglang-b.service").stdout.strip() == pid
+    finally:
+        ssh(addr, "systemctl stop ddtree-test-stray.service")
