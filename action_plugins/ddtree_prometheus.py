@@ -7,7 +7,9 @@ Runs on the controller only. Options:
   (usually ``groups['sglang_servers']``); each is validated like ``ddtree_render`` does.
 * ``rules_path`` (str, required unless ``fleet_only``): where the rules file lands (goes into ``rule_files:``).
 * ``fleet_only`` (bool, default false): only validate ``servers`` and check them against each
-  other (deploy.yml's first play, run once before anything changes); returns ``targets``.
+  other (deploy.yml's first play, run once before anything changes); returns ``targets`` and
+  ``waves`` (host -> deploy wave: instances of one machine deploy one after the other,
+  :func:`ddtree_ops.config.fleet.instance_waves`).
 * ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
@@ -63,7 +65,10 @@ class ActionModule(ActionBase):
                           findings=[f.as_dict() for f in findings])
             return result
         if fleet_only:
+            from ddtree_ops.config.fleet import instance_waves
+
             result.update(changed=False, targets=[v.deployment.host for v in validated],
+                          waves=instance_waves(validated),
                           msg=f"{len(validated)} deployment(s) valid, no clash between them")
             return result
         try:

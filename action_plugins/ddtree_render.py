@@ -16,7 +16,8 @@ Runs on the controller only. Options:
   directories; the Hub with ``DDTREE_HUB=1``).
 
 Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit``, ``url`` (where
-the host reaches SGLang: ``Server.local_url``), ``exporter_url`` (the exporter, on loopback),
+the host reaches SGLang: ``Server.local_url``), ``rendezvous_port`` (SGLang's ``--nccl-port``:
+``Server.rendezvous_port``), ``exporter_url`` (the exporter, on loopback),
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host; ``secrets``: the
 secrets file, removed by the role when none is rendered), ``deployment`` (no secrets),
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
@@ -67,6 +68,7 @@ class ActionModule(ActionBase):
             plan=validated.plan.as_dict(),
             unit=doc["unit"],
             url=doc["url"],
+            rendezvous_port=validated.deployment.server.rendezvous_port,
             exporter_url=f"http://127.0.0.1:{validated.deployment.ops.exporter_port}",
             exporter_unit=next((f.path.rsplit("/", 1)[1] for f in files if f.component == "exporter"), None),
             paths=doc["paths"],

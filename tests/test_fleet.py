@@ -1,7 +1,8 @@
 """Clashes between the deployments of one inventory (``ddtree_ops.config.fleet``): two hosts
-reaching one machine with the same port or unit are refused by validate/plan/render (exit 2,
-one line naming both hosts, nothing written) and by the ``ddtree_prometheus`` action plugin;
-several instances on one machine with their own ports and unit names pass."""
+reaching one machine with the same port, unit, directory, GPU or account are refused by
+validate/plan/render (exit 2, one line naming both hosts, nothing written) and by the
+``ddtree_prometheus`` action plugin; several instances on one machine with their own ports,
+names, accounts and GPUs pass (``inventory/multi-example``: a ct200 with two tp-4 instances)."""
 
 from __future__ import annotations
 
@@ -53,10 +54,11 @@ def test_two_hosts_on_one_address_and_port_refused_by_every_command(tmp_path, ca
 
 
 def test_instances_on_one_machine_with_their_own_ports_and_units_pass(tmp_path, capsys):
+    tp4 = {**base_hostvars()["ddtree_server"], "tp_size": 4}
     inv = _inventory(tmp_path, {
-        "b300-01": {"ansible_host": "10.0.0.5"},
-        "b300-01-b": {"ansible_host": "10.0.0.5", "ddtree_server": {**base_hostvars()["ddtree_server"], "port": 30001},
-                      "ddtree_ops": {"exporter_port": 19401}, "ddtree_service": {"name": "second"}},
+        "b300-01": {"ansible_host": "10.0.0.5", "ddtree_server": tp4},
+        "b300-01-b": {"ansible_host": "10.0.0.5", "ddtree_server": {**tp4, "port": 30001, "base_gpu_id": 4},
+                      "ddtree_ops": {"exporter_port": 19401}, "ddtree_service": {"name": "second", "user": "second"}},
         "b300-02": {"ansible_host": "10.0.0.6"},
     })
     assert main(["validate", "-i", str(inv)]) == 0, capsys.readouterr().err
@@ -151,9 +153,11 @@ def test_one_machine_is_one_host_class_and_mapped_ipv6_is_the_same_machine():
     a = validate_hostvars("h1", {**base_hostvars(), "ansible_host": "10.0.0.5"})
     b = validate_hostvars("h2", {**base_hostvars(), "ansible_host": "::ffff:10.0.0.5"})
     assert any("both reach machine 10.0.0.5" in f.rule for f in fleet_findings([a, b]))
+    a = validate_hostvars("h1", {**base_hostvars(), "ansible_host": "10.0.0.5",
+                                 "ddtree_server": {**base_hostvars()["ddtree_server"], "tp_size": 4}})
     ct = {**base_hostvars(), "ansible_host": "10.0.0.5", "ddtree_host_class": "ct200",
-          "ddtree_server": {"tp_size": 8, "port": 30001}, "ddtree_ops": {"exporter_port": 19401},
-          "ddtree_service": {"name": "other"}, "ddtree_accepted_risks": []}
+          "ddtree_server": {"tp_size": 4, "port": 30001, "base_gpu_id": 4}, "ddtree_ops": {"exporter_port": 19401},
+          "ddtree_service": {"name": "other", "user": "other"}, "ddtree_accepted_risks": []}
     ct["ddtree_speculative"] = {**ct["ddtree_speculative"]}
     c = validate_hostvars("h3", ct)
     found = fleet_findings([a, c])

@@ -77,6 +77,9 @@ class Sim:
                     "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         full_env.update(env or {})
         self._out = open(self.log, "w")  # noqa: SIM115
+        if "--nccl-port" in args:  # a rendered argv's fixed rendezvous port: tests run several sims at once
+            args = list(args)
+            args[args.index("--nccl-port") + 1] = str(free_port())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(self.port), *args],
             stdout=self._out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,

@@ -257,19 +257,20 @@ def test_env_rule_warns_in_validation():
 
 def test_extra_args_rendered_after_the_owned_flags():
     hv = ct200("0.5.23", attention_backend="triton",
-               extra_args={"--nccl-port": 30011, "--enable-custom-all-reduce": True, "--base-gpu-id": 0,
+               extra_args={"--disaggregation-bootstrap-port": 30011, "--enable-custom-all-reduce": True,
                            "--mm-attention-backend": "fa4", "--weird-list": [1, 2]})
     v = validate_hostvars("h1", hv)
     argv = build_argv(v.deployment, v.plan)
-    tail = argv[argv.index("--nccl-port"):]
-    assert tail == ["--nccl-port", "30011", "--enable-custom-all-reduce", "--base-gpu-id", "0",
+    tail = argv[argv.index("--disaggregation-bootstrap-port"):]
+    assert tail == ["--disaggregation-bootstrap-port", "30011", "--enable-custom-all-reduce",
                     "--mm-attention-backend", "fa4", "--weird-list", "1", "2"]
 
 
 @pytest.mark.parametrize("flag", ["--port", "--host", "--cuda-graph-max-bs-decode", "--cuda-graph-bs",
                                   "--speculative-num-draft-tokens", "--speculative-algorithm", "--tp-size",
                                   "--tensor-parallel-size", "--model", "--disable-cuda-graph", "--cuda-graph-max",
-                                  "--attention-backend", "--page-size", "--mem-frac", "--config"])
+                                  "--attention-backend", "--page-size", "--mem-frac", "--config",
+                                  "--nccl-port", "--base-gpu-id", "--revision"])
 def test_extra_args_owned_flag_refused(flag):
     [f] = errors_at(ct200("0.5.23", attention_backend="triton", extra_args={flag: "8"}), "ddtree_server.extra_args")
     assert f.field == f"ddtree_server.extra_args.{flag}" and "set by ddtree-ops" in f.rule
@@ -292,27 +293,32 @@ def test_extra_args_on_a_simulator_host_parse_with_the_simulator():
     hv = ct200("0.5.23", attention_backend="triton", extra_args={"--disable-custom-all-reduce": True})
     hv["ddtree_sglang"] = {"source": "simulator", "version": "0.5.23"}
     assert errors_at(hv, "ddtree_server.extra_args") == []
-    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 30011, "--disable-custom-all-reduce": True}
+    hv["ddtree_server"]["extra_args"] = {"--disaggregation-bootstrap-port": 30011, "--disable-custom-all-reduce": True}
     [f] = errors_at(hv, "ddtree_server.extra_args")
-    assert "simulator" in f.rule and "--nccl-port" in f.rule and "--disable-custom-all-reduce" not in f.rule
+    assert ("simulator" in f.rule and "--disaggregation-bootstrap-port" in f.rule
+            and "--disable-custom-all-reduce" not in f.rule)
     hv["ddtree_server"]["extra_args"] = {"--decode-log-interval": "many"}
     [f] = errors_at(hv, "ddtree_server.extra_args")
     assert "invalid int value" in f.rule
 
 
 def test_extra_args_ports_checked_against_the_host_s():
-    hv = ct200("0.5.23", attention_backend="triton", extra_args={"--nccl-port": 30000})
+    hv = ct200("0.5.23", attention_backend="triton", extra_args={"--disaggregation-bootstrap-port": 30000})
     [f] = errors_at(hv, "ddtree_server.extra_args")
     assert "clashes with ddtree_server.port" in f.rule
-    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 80}
+    hv["ddtree_server"]["extra_args"] = {"--disaggregation-bootstrap-port": 80}
     [f] = errors_at(hv, "ddtree_server.extra_args")
     assert "1024-65535" in f.rule
-    hv["ddtree_server"]["extra_args"] = {"--nccl-port": 30011}
+    hv["ddtree_server"]["extra_args"] = {"--disaggregation-bootstrap-port": 30100}  # the rendezvous port (port + 100)
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "nccl" in f.rule.lower() or "rendezvous" in f.rule
+    hv["ddtree_server"]["extra_args"] = {"--disaggregation-bootstrap-port": 30011}
     assert errors_at(hv, "ddtree_server.extra_args") == []
 
 
 def test_extra_args_unowned_flags_allowed():
-    for flag in ("--nccl-port", "--base-gpu-id", "--enable-expert-distribution-metrics", "--kv-cache-dtype"):
+    for flag in ("--disaggregation-bootstrap-port", "--dist-init-addr", "--enable-expert-distribution-metrics",
+                 "--kv-cache-dtype"):
         assert owned_flag(flag) is None
 
 
@@ -323,8 +329,8 @@ def test_extra_args_secret_flag_refused_and_not_echoed():
 
 
 @pytest.mark.parametrize("extra, needle", [
-    ({"--nccl-port": "-1"}, "starts with -"),
-    ({"--nccl-port": -1}, "starts with -"),
+    ({"--disaggregation-bootstrap-port": "-1"}, "starts with -"),
+    ({"--disaggregation-bootstrap-port": -1}, "starts with -"),
     ({"--dist-init-addr": "--port=1"}, "starts with -"),
     ({"--dist-init-addr": "a\nExecStartPre=/bin/sh"}, "'\\n'"),
     ({"--dist-init-addr": "a b"}, "' '"),

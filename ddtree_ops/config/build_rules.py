@@ -122,7 +122,8 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
                               "DDTree worker: tree-verify attention mask")
     if d.sglang.source == "simulator" and d.server.extra_args:
         yield from _simulator_parse(d)
-    taken = {d.server.port: "ddtree_server.port", d.ops.exporter_port: "ddtree_ops.exporter_port"}
+    taken = {d.server.port: "ddtree_server.port", d.ops.exporter_port: "ddtree_ops.exporter_port",
+             d.server.rendezvous_port: "ddtree_server.nccl_port (the rendezvous --nccl-port)"}
     for flag, value in d.server.extra_args.items():
         if not flag.endswith("-port") or isinstance(value, (bool, list)) or owned_flag(flag) is not None:
             continue
@@ -149,7 +150,8 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
             how = "is" if owned == flag else f"abbreviates (argparse accepts unique prefixes) {owned}, which is"
             yield Finding("error", field, d.server.extra_args[flag],
                           f"{flag} {how} set by ddtree-ops from the modelled fields (graph sizes, speculative "
-                          "settings, host/port, model, parallelism); a second value would override the plan",
+                          "settings, host/port, rendezvous port, GPUs, model, parallelism); a second value would "
+                          "override the plan",
                           "remove it and set the matching ddtree_server / ddtree_speculative / ddtree_model field",
                           "ddtree_ops/render/argv.py")
 

@@ -225,6 +225,8 @@ OWNED_FLAGS: tuple[str, ...] = (
     "--page-size", "--disable-overlap-schedule", "--enable-metrics", "--log-level",
     "--disable-cuda-graph", "--cuda-graph-max-bs", "--cuda-graph-bs", "--cuda-graph-max-bs-decode",
     "--cuda-graph-bs-decode",
+    "--nccl-port", "--base-gpu-id",  # ddtree_server.nccl_port (always rendered) / base_gpu_id: instances on a machine
+    "--revision",  # ddtree_model.revision (the draft's is in the --speculative- family)
     "--config",  # a YAML file of arguments (prepare_server_args merges it): would set any owned flag unseen
 )
 """Flags :func:`ddtree_ops.render.argv.build_argv` sets from modelled fields (the peer tier

@@ -1,43 +1,60 @@
 """Checks across the deployments of one inventory (the fleet), after each passed on its own.
 
-One machine, one instance per port and unit: two inventory hosts that reach the same
-machine (the same ``ansible_host``, else inventory name, or the same scrape address) with
-the same SGLang or exporter port, or the same service name, would install the same unit
-name and listen on one port twice, and Prometheus would get duplicate targets for two
-hosts (each ``host:port`` is one target; the second job's labels would be attributed to the
-first). Refused at validate time naming both hosts. Modelling several instances on one
-machine (shared devices, per-instance units) is a later issue; this is the clash check.
+Several instances on one machine (issue 11): an *instance* is one inventory host (one
+deployment, one ``ddtree-<name>.service``); a *machine* is what the inventory hosts reach:
+inventory hosts sharing one ``ansible_host`` (else inventory name) or scrape address are
+instances of one machine, as in Ansible's own model (several inventory names, one
+``ansible_host``). ``inventory/multi-example`` is a ct200 with two tp-4 instances.
 
-Machines are compared by name as written (IP addresses in canonical form, host names
-case-insensitively: RFC 4343); no DNS lookup is made, so two different names of one machine
-are not recognised.
+Instances of one machine must hold disjoint resources, else refused at validate time with
+one finding naming both instances:
+
+* ports: SGLang ``ddtree_server.port``, ``ddtree_ops.exporter_port`` and the rendezvous
+  port (``--nccl-port``, :attr:`~.models.Server.rendezvous_port`), all against all (one
+  listener per address and port, ip(7) EADDRINUSE; Prometheus gets one target per instance);
+* unit names (``ddtree_service.name``: units, env files and default directories derive from it);
+* directories: config, state, cache, runtime (``RuntimeDirectory``) and the Prometheus
+  multiprocess directory (:func:`~.instance.state_dirs`); one inside another also clashes;
+* GPUs: :func:`~.instance.gpu_set` (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id``, tp x dp);
+* the service account (``ddtree_service.user``: its home is the instance's state directory);
+* a shared SGLang venv (``ddtree_service.sglang_venv``) must hold one SGLang pin.
+
+Machines are compared by name as written (IP addresses in canonical form, IPv4-mapped IPv6
+as IPv4, host names case-insensitively: RFC 4343; every loopback address and ``localhost``
+are one machine, RFC 6761 §6.3); no DNS lookup is made, so two different names of one
+machine are not recognised.
 
 Callers: ``ddtree-ops validate/plan/render`` (:func:`ddtree_ops.cli._validate_all`) and the
-``ddtree_prometheus`` action plugin.
+``ddtree_prometheus`` action plugin (deploy.yml's first play).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ..render.files import scrape_address
 from .errors import Finding
+from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"
+LOOPBACK = "localhost"
+"""Machine name of every loopback address and of ``localhost`` (RFC 6761 §6.3)."""
 
 
 def _norm(address: str) -> str:
     """A machine name for comparison: IP addresses canonical (``[::1]``, ``0:0::1`` -> ``::1``),
-    names lower-case (DNS names compare case-insensitively, RFC 4343)."""
+    names lower-case (DNS names compare case-insensitively, RFC 4343), loopback -> :data:`LOOPBACK`."""
     bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
     try:
         ip = ipaddress.ip_address(bare)
     except ValueError:
-        return bare.lower()
+        name = bare.lower().rstrip(".")
+        return LOOPBACK if name == LOOPBACK or name.endswith("." + LOOPBACK) else name
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:10.0.0.5 is 10.0.0.5 (RFC 4291 §2.5.5.2)
-    return (mapped or ip).compressed
+    ip = mapped or ip
+    return LOOPBACK if ip.is_loopback else ip.compressed
 
 
 def machine_names(v: Validated) -> tuple[str, ...]:
@@ -47,15 +64,95 @@ def machine_names(v: Validated) -> tuple[str, ...]:
     return tuple(dict.fromkeys((_norm(d.address or d.host), _norm(scrape_address(v)))))
 
 
-def _claims(v: Validated) -> list[tuple[str, str, object]]:
-    """(kind, field, value) each deployment holds exclusively on its machine."""
+def machines(validated: Iterable[Validated]) -> dict[str, list[str]]:
+    """Machine name -> the inventory hosts (instances) that reach it, in name order."""
+    unique = {v.deployment.host: v for v in validated}
+    out: dict[str, list[str]] = {}
+    for host in sorted(unique):
+        for name in machine_names(unique[host]):
+            out.setdefault(name, []).append(host)
+    return out
+
+
+MAX_WAVES = 8
+"""Most instances one machine can hold: each needs at least one GPU of its own and a host
+class has 8 (:data:`~.hosts.HOST_CLASSES`); deploy.yml has one service play per wave."""
+
+
+def instance_waves(validated: Iterable[Validated]) -> dict[str, int]:
+    """Inventory host -> its deploy wave: its position among the instances of its machine
+    (0 for the first in name order). deploy.yml deploys wave 0 of every machine in parallel,
+    then wave 1, ...: instances of one machine never run the role at once (they share apt,
+    the venvs and the wheelhouse), distinct machines still do. At most :data:`MAX_WAVES`
+    waves for a fleet :func:`fleet_findings` accepts (disjoint GPUs)."""
+    waves: dict[str, int] = {}
+    for hosts in machines(validated).values():
+        for i, host in enumerate(hosts):
+            waves[host] = max(waves.get(host, 0), i)
+    return waves
+
+
+def _ports(v: Validated) -> list[tuple[str, int]]:
     d = v.deployment
-    return [("port", "ddtree_server.port", d.server.port), ("port", "ddtree_ops.exporter_port", d.ops.exporter_port),
-            ("unit", "ddtree_service.name", d.service.name)]
+    return [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
+            ("ddtree_server.nccl_port", d.server.rendezvous_port)]
+
+
+def _gpus(v: Validated) -> tuple[int, ...]:
+    try:
+        return gpu_set(v.deployment)
+    except GpuSetError:  # refused by rule_gpu_set already; nothing to compare
+        return ()
+
+
+def _clashes(a: Validated, b: Validated) -> Iterator[tuple[str, object, str, str]]:
+    """(field of a, value, what both claim, b's side) for each resource ``a`` and ``b`` share."""
+    da, db = a.deployment, b.deployment
+    for field, port in _ports(a):
+        for other, oport in _ports(b):
+            if port == oport:
+                yield field, port, f"port {port}", other
+                break
+    if da.service.name == db.service.name:
+        yield ("ddtree_service.name", da.service.name,
+               f"unit {da.service.unit_name} (and its env file and default directories)", "ddtree_service.name")
+    if da.service.user == db.service.user:
+        yield ("ddtree_service.user", da.service.user,
+               f"service account {da.service.user} (its home is one instance's state directory; the other instance "
+               "could read its cache and state)", "ddtree_service.user")
+    for field, path in dict(state_dirs(da)).items():
+        for other, opath in state_dirs(db):
+            if paths_overlap(path, opath):
+                yield field, path, f"directory {path}" + ("" if path == opath else f" (overlapping {opath})"), other
+                break
+    shared = sorted(set(_gpus(a)) & set(_gpus(b)))
+    if shared:
+        yield ("ddtree_server.base_gpu_id", da.server.base_gpu_id or 0,
+               f"GPU {','.join(map(str, shared))} ({da.host}: {_gpu_text(da)}, {db.host}: {_gpu_text(db)})",
+               "ddtree_server.base_gpu_id")
+    if da.service.sglang_venv_path == db.service.sglang_venv_path and da.sglang != db.sglang:
+        yield ("ddtree_service.sglang_venv", da.service.sglang_venv_path,
+               f"SGLang venv {da.service.sglang_venv_path} with different ddtree_sglang pins (the second install "
+               "replaces the first's build)", "ddtree_service.sglang_venv")
+
+
+def _gpu_text(d) -> str:
+    env = d.service.env.get(VISIBLE_ENV)
+    return (f"tp {d.server.tp_size} x dp {d.server.dp_size} from base_gpu_id {d.server.base_gpu_id or 0}"
+            + (f" of {VISIBLE_ENV}={env}" if env else ""))
+
+
+_FIX = {
+    "ddtree_service.name": "give each instance of the machine its own ddtree_service.name",
+    "ddtree_service.user": "give each instance of the machine its own ddtree_service.user (e.g. the service name)",
+    "ddtree_server.base_gpu_id": "give each instance its own GPUs: ddtree_server.base_gpu_id or "
+                                 "ddtree_service.env.CUDA_VISIBLE_DEVICES (e.g. 0,1,2,3 and 4,5,6,7)",
+    "ddtree_service.sglang_venv": "pin the same ddtree_sglang for both, or give one its own ddtree_service.sglang_venv",
+}
 
 
 def fleet_findings(validated: Iterable[Validated], focus: set[str] | None = None) -> list[Finding]:
-    """Clashes between deployments on one machine (see the module docstring).
+    """Clashes between instances on one machine (see the module docstring).
 
     Args:
         validated: deployments that each passed validation (a host listed twice counts once).
@@ -67,40 +164,32 @@ def fleet_findings(validated: Iterable[Validated], focus: set[str] | None = None
         name and the value; empty when there is none.
     """
     unique = {v.deployment.host: v for v in validated}
-    owner: dict[tuple[str, str, object], tuple[str, str]] = {}
+    pairs: dict[tuple[str, str], str] = {}
+    for name, hosts in machines(unique.values()).items():
+        for i, later in enumerate(hosts):
+            for earlier in hosts[:i]:
+                pairs.setdefault((later, earlier), name)
     out: list[Finding] = []
     reported: set[tuple[str, str]] = set()
-    for host in sorted(unique):
-        v = unique[host]
-        names = machine_names(v)
-        for kind, field, value in _claims(v):
-            for name in names:
-                key = (name, kind, value)
-                first = owner.get(key)
-                if first is None:
-                    owner[key] = (host, field)
-                    continue
-                other_host, other_field = first
-                if other_host == host:
-                    continue  # rule_ports covers a deployment clashing with itself
-                if focus is not None and host not in focus:
-                    if other_host not in focus:
-                        continue
-                    host_r, field_r, other_r, other_field_r = other_host, other_field, host, field
-                else:
-                    host_r, field_r, other_r, other_field_r = host, field, other_host, other_field
-                if (host_r, field_r) in reported:
-                    continue
-                reported.add((host_r, field_r))
-                what = (f"port {value}" if kind == "port" else f"unit ddtree-{value}.service (and its directories)")
-                out.append(Finding(
-                    "error", field_r, value,
-                    f"{host_r} and {other_r} both reach machine {name} and both claim {what} ({host_r}: {field_r}, "
-                    f"{other_r}: {other_field_r}); one machine cannot serve both (the second start fails or replaces "
-                    "the first, and Prometheus would scrape one target for two hosts)",
-                    f"give {host_r} its own ansible_host / ddtree_ops.scrape_host, or (several instances on one "
-                    "machine) another ddtree_server.port, ddtree_ops.exporter_port and ddtree_service.name",
-                    SOURCE, host=host_r))
+    for (later, earlier), name in sorted(pairs.items()):
+        if focus is not None and later not in focus:
+            if earlier not in focus:
+                continue
+            host_r, other_r = earlier, later
+        else:
+            host_r, other_r = later, earlier
+        for field_r, value, what, other_field_r in _clashes(unique[host_r], unique[other_r]):
+            if (host_r, field_r) in reported:
+                continue
+            reported.add((host_r, field_r))
+            fix = _FIX.get(field_r) or (
+                f"give {host_r} its own ansible_host / ddtree_ops.scrape_host, or (several instances on one machine) "
+                "its own ddtree_server.port, ddtree_ops.exporter_port, ddtree_server.nccl_port and directories")
+            out.append(Finding(
+                "error", field_r, value,
+                f"{host_r} and {other_r} both reach machine {name} and both claim {what} ({host_r}: {field_r}, "
+                f"{other_r}: {other_field_r}); one machine cannot serve both (the second start fails or replaces "
+                "the first, and Prometheus would scrape one target for two hosts)", fix, SOURCE, host=host_r))
     out += _class_clashes(unique, focus)
     return out
 

@@ -485,6 +485,12 @@ class Speculative(_Model):
         return self.algorithm != "none"
 
 
+NCCL_PORT_OFFSET = 100
+"""``--nccl-port`` of an instance without ``ddtree_server.nccl_port``: its SGLang port plus this
+(30000 -> 30100). Consecutive instance ports (30000, 30001, ...) keep consecutive rendezvous
+ports; a clash with another instance's port on the machine is refused by :mod:`~.fleet`."""
+
+
 class Server(_Model):
     """SGLang server settings (metrics are always enabled).
 
@@ -507,14 +513,23 @@ class Server(_Model):
             1-128; larger pages only waste KV cache).
         disable_overlap_schedule: pass ``--disable-overlap-schedule``.
         log_level: SGLang log level.
-        extra_args: SGLang flags the config has no field for (``{"--nccl-port": 30011,
-            "--enable-custom-all-reduce": true, "--mm-attention-backend": "fa4"}``), appended
+        extra_args: SGLang flags the config has no field for (``{"--enable-custom-all-reduce":
+            true, "--mm-attention-backend": "fa4"}``), appended
             to the argv: ``true`` -> the bare flag, a scalar -> ``FLAG VALUE``, a list ->
             ``FLAG V1 V2 ...``. <= 64 flags, <= 64 values each; flags ``--[a-z0-9-]``, values
             argv-safe (:func:`_safe_arg`: no whitespace/newline, no leading ``-``). Flags the
             toolkit owns, secret-taking flags and names unknown to the pinned build are refused
             by :func:`ddtree_ops.config.build_rules.rule_extra_args` and the probe / peer tier's
             parse with the build's own parser.
+        nccl_port: port of the instance's torch.distributed rendezvous (SGLang
+            ``--nccl-port``: the TCP store at ``127.0.0.1:<nccl_port>`` every TP rank joins, bound
+            even at tp 1); unset: :attr:`rendezvous_port` derives ``port`` + :data:`NCCL_PORT_OFFSET`
+            (SGLang's own default is a random free port, which two instances starting together
+            on one machine can both pick). Always rendered, so instances on one machine
+            never share it (:mod:`~.fleet`).
+        base_gpu_id: first GPU of the instance (SGLang ``--base-gpu-id``; rank r uses GPU
+            ``base_gpu_id + r``, counted among the GPUs ``CUDA_VISIBLE_DEVICES`` leaves
+            visible); unset: 0, not rendered. See :func:`gpu_set`.
     """
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
@@ -531,6 +546,8 @@ class Server(_Model):
     disable_overlap_schedule: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     extra_args: Annotated[dict[str, Any], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
+    nccl_port: Port | None = None
+    base_gpu_id: _bounded(0, 63) | None = None
 
     @field_validator("extra_args")
     @classmethod
@@ -539,7 +556,7 @@ class Server(_Model):
             if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
                 raise _fail(f"flag {str(flag)[:80]!r} is not a long option of lower-case letters, digits and dashes "
                             "(--name, at most 64 characters; no =VALUE, no short options)",
-                            'write it as SGLang spells it, e.g. "--nccl-port": 30011')
+                            'write it as SGLang spells it, e.g. "--mm-attention-backend": "fa4"')
             values = value if isinstance(value, list) else [value]
             if value is False or value is None or (isinstance(value, list) and not value):
                 raise _fail(f"{flag}: {value!r} sets nothing", f"remove {flag} (or give true for a bare flag)")
@@ -571,6 +588,15 @@ class Server(_Model):
             if value is not True:
                 out += [str(x) for x in (value if isinstance(value, list) else [value])]
         return out
+
+    @property
+    def rendezvous_port(self) -> int:
+        """The ``--nccl-port`` rendered: :attr:`nccl_port`, else ``port`` + :data:`NCCL_PORT_OFFSET`
+        (``port`` - the offset where that passes 65535)."""
+        if self.nccl_port is not None:
+            return self.nccl_port
+        up = self.port + NCCL_PORT_OFFSET
+        return up if up <= 65535 else self.port - NCCL_PORT_OFFSET
 
     @field_validator("host")
     @classmethod

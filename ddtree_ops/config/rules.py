@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from .errors import Finding
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
 from .hosts import HOST_CLASSES
-from .models import Deployment
+from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, visible_gpus
+from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda
@@ -22,6 +23,8 @@ Rule = Callable[[Deployment, Plan], Iterable[Finding]]
 SPEC = "ddtree_speculative"
 SRV = "ddtree_server"
 MODEL = "ddtree_model"
+
+INSTANCE_SOURCE = "SGLang --base-gpu-id / --tp-size; CUDA_VISIBLE_DEVICES (CUDA C Programming Guide)"
 
 SM103_RISK = "sm103-ddtree-graph-capture"
 SM103_MAX_CAPTURED_BUDGET = 8
@@ -239,10 +242,59 @@ def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def rule_ports(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """Ports are unique on a host."""
+    """Ports are unique on a host: SGLang, exporter and rendezvous (``--nccl-port``)."""
     if d.server.port == d.ops.exporter_port:
         yield _err("ddtree_ops.exporter_port", d.ops.exporter_port,
                    f"clashes with ddtree_server.port ({d.server.port}) on the same host", "pick another port")
+    nccl = d.server.rendezvous_port
+    for field, port in ((f"{SRV}.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port)):
+        if nccl == port:
+            how = "" if d.server.nccl_port is not None else f" (derived: port + {NCCL_PORT_OFFSET})"
+            yield _err(f"{SRV}.nccl_port", nccl, f"the rendezvous port{how} is also {field}; SGLang's TP ranks "
+                       "would meet on a port another listener holds", f"set {SRV}.nccl_port to a free port")
+
+
+def rule_gpu_set(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """The instance's GPUs (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id``, :func:`~.instance.gpu_set`)
+    are tp_size x dp_size GPUs that exist on the host class."""
+    hc = _host_class(d)
+    if not hc:
+        return
+    field = f"ddtree_service.env.{VISIBLE_ENV}"
+    try:
+        visible = visible_gpus(d)
+    except GpuSetError as exc:
+        rule, fix = str(exc).split("|", 1)
+        yield _err(field, d.service.env.get(VISIBLE_ENV), rule, fix, INSTANCE_SOURCE)
+        return
+    if visible is not None and max(visible) >= hc.gpu_count:
+        yield _err(field, d.service.env[VISIBLE_ENV], f"a {hc.name} host has GPUs 0-{hc.gpu_count - 1}",
+                   f"list only indices 0-{hc.gpu_count - 1}", INSTANCE_SOURCE)
+        return
+    need, base = gpu_count_needed(d), d.server.base_gpu_id or 0
+    if need > hc.gpu_count:
+        return  # rule_tp_fits says so
+    have = len(visible) if visible is not None else hc.gpu_count
+    if base + need > have:
+        where = (f"{VISIBLE_ENV}={d.service.env[VISIBLE_ENV]} leaves {have} GPUs visible" if visible is not None
+                 else f"a {hc.name} host has {have} GPUs")
+        yield _err(f"{SRV}.base_gpu_id" if base else f"{SRV}.tp_size", base if base else d.server.tp_size,
+                   f"tp_size x dp_size = {need} GPUs from base_gpu_id {base} need {base + need} GPUs, but {where} "
+                   "(SGLang would fail with 'invalid device ordinal')",
+                   f"list {base + need} GPUs in {VISIBLE_ENV}, lower base_gpu_id or tp_size x dp_size", INSTANCE_SOURCE)
+
+
+def rule_runtime_state(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """Per-instance runtime state lives in the unit's ``RuntimeDirectory`` (created at start,
+    removed at stop by systemd: systemd.exec(5)), never in a directory another unit shares."""
+    value = d.service.env.get(MULTIPROC_ENV)
+    if value is not None and not (value.rstrip("/") + "/").startswith(d.service.runtime_path + "/"):
+        yield _err(f"ddtree_service.env.{MULTIPROC_ENV}", value,
+                   f"the Prometheus multiprocess directory must lie in the unit's RuntimeDirectory "
+                   f"{d.service.runtime_path}, which systemd creates and wipes with each start; elsewhere stale "
+                   "files of an earlier run or another instance are summed into this one's metrics",
+                   f"remove it (ddtree-ops sets {MULTIPROC_ENV}={d.service.runtime_path})",
+                   "prometheus_client multiprocess mode; SGLang set_prometheus_multiproc_dir")
 
 
 def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -437,7 +489,9 @@ RULES: list[Rule] = [
     rule_sglang_env,
     rule_build_driver_floor,
     rule_tp_fits,
+    rule_gpu_set,
     rule_ports,
+    rule_runtime_state,
     rule_health_timeout,
     rule_silent_rewrites,
     rule_sglang_attention_rewrite,

@@ -42,6 +42,10 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
     argv += ["--host", srv.host, "--port", str(srv.port), "--tp-size", str(srv.tp_size)]
     if srv.dp_size > 1:
         argv += ["--dp-size", str(srv.dp_size)]
+    # fixed per instance, never SGLang's random free port: instances on one machine (config.fleet)
+    argv += ["--nccl-port", str(srv.rendezvous_port)]
+    if srv.base_gpu_id:
+        argv += ["--base-gpu-id", str(srv.base_gpu_id)]
     if srv.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", repr(srv.mem_fraction_static)]
     if srv.max_running_requests is not None:

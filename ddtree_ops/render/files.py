@@ -17,6 +17,7 @@ import jinja2
 import yaml
 
 from ..config.hosts import HOST_CLASSES
+from ..config.instance import MULTIPROC_ENV, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from .argv import build_argv
@@ -108,7 +109,8 @@ class RenderedFile:
 
 
 def service_env(v: Validated) -> dict[str, str]:
-    """Environment of the SGLang unit: per-instance caches, sizes for our SGLang plugin,
+    """Environment of the SGLang unit: per-instance caches and Prometheus multiprocess
+    directory (the unit's ``RuntimeDirectory``), sizes for our SGLang plugin,
     simulator knobs, the Triton ptxas override of the plan (``TRITON_PTXAS_PATH`` /
     ``TRITON_PTXAS_BLACKWELL_PATH``, see :func:`ddtree_ops.config.toolchain.plan_toolchain`),
     then the operator's ``ddtree_service.env`` (which wins)."""
@@ -125,6 +127,8 @@ def service_env(v: Validated) -> dict[str, str]:
         "DDTREE_OPS_ALGORITHM": p.algorithm,
         "DDTREE_OPS_DRAFT_TOKENS_PER_REQ": str(p.draft_tokens_per_req),
         "DDTREE_OPS_VERIFY_TOKENS_PER_REQ": str(p.verify_tokens_per_req),
+        # per-instance, created and wiped by the unit (RuntimeDirectory=): config.instance
+        MULTIPROC_ENV: multiproc_dir(d),
     }
     if d.sglang.source == "simulator":
         env["SGLANG_SIM_VERSION"] = d.sglang.base_version
@@ -295,7 +299,9 @@ def devices_unit(v: Validated) -> RenderedFile:
     ``RemainAfterExit=yes``, ordered before the host's SGLang unit (which ``Wants=`` and is
     ``After=`` it). Installed and enabled by the ``cuda_toolkit`` role."""
     d = v.deployment
-    ctx = {"managed": MANAGED, "host": d.host, "host_class": HOST_CLASSES[d.host_class],
+    # one file per machine, shared by its instances (config.fleet): nothing instance-specific in it,
+    # else each instance's deploy would rewrite the other's and restart the unit
+    ctx = {"managed": MANAGED, "host_class": HOST_CLASSES[d.host_class],
            # "-": a driver without MIG capability files must not fail the unit (systemd.service(5))
            "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
     return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",

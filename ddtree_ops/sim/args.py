@@ -184,6 +184,7 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--dist-init-addr", type=str, default=None)
     a("--device", type=str, default="cuda")
     a("--base-gpu-id", type=int, default=0)
+    a("--nccl-port", type=int, default=None)
     a("--random-seed", type=int, default=None)
     a("--watchdog-timeout", type=float, default=300)
     # Logging and metrics
@@ -653,7 +654,7 @@ def parse_args(
 
     # a few more resolved fields real /server_info carries
     sa.update({
-        "nccl_port": None, "decrypted_config_file": None, "enable_lora": None,
+        "nccl_port": sa["nccl_port"], "decrypted_config_file": None, "enable_lora": None,
         "disable_chunked_prefix_cache": False, "skip_tokenizer_init": sa["skip_tokenizer_init"],
         "sampling_backend": sa["sampling_backend"] or "pytorch",
         "grammar_backend": sa["grammar_backend"] or "xgrammar",

@@ -575,6 +575,10 @@ def _warmup(app: SimApp) -> None:
     app.wait(req, timeout=600)
 
 
+_KEEP: list[object] = []
+"""Objects held for the life of the process (the rendezvous socket, the multiprocess directory)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ddtree_ops.sim``. Returns an exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -593,6 +597,32 @@ def main(argv: list[str] | None = None) -> int:
     prometheus_client.disable_created_metrics()  # like SGLang's multiprocess collector
     logger.info("server_args=%s", json.dumps({k: v for k, v in sa.items() if k != "cuda_graph_config"}))
     logger.info("[sim] version=%s build=%s", cfg.version, cfg.build)
+
+    # torch.distributed's TCP store of the TP ranks listens on --nccl-port (SGLang: dist_init_method
+    # tcp://127.0.0.1:<nccl_port>); a second instance on the same port fails here, as real SGLang does
+    rendezvous = None
+    if sa.get("nccl_port"):
+        rendezvous = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            rendezvous.bind(("127.0.0.1", int(sa["nccl_port"])))
+            rendezvous.listen(8)
+        except OSError as exc:
+            logger.error("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                         "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)", sa["nccl_port"], exc)
+            rendezvous.close()
+            return 1
+    multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if multiproc:  # SGLang set_prometheus_multiproc_dir: a temporary directory inside the given one
+        import tempfile
+
+        try:
+            holder = tempfile.TemporaryDirectory(dir=multiproc)
+        except OSError as exc:
+            logger.error("PROMETHEUS_MULTIPROC_DIR %s is not usable: %s", multiproc, exc)
+            return 1
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = holder.name
+        _KEEP.append(holder)
+    _KEEP.append(rendezvous)
 
     load_seconds = _env_float("SGLANG_SIM_LOAD_SECONDS", 2.0)
     warmup_seconds = _env_float("SGLANG_SIM_WARMUP_SECONDS", 1.0)

@@ -1,0 +1,184 @@
+"""Several deployments on one machine (issue 11 item 1): GPU sets (``CUDA_VISIBLE_DEVICES`` /
+``base_gpu_id`` cover tp x dp, disjoint across instances), per-instance rendezvous port,
+directories, accounts and Prometheus multiprocess directory, deploy waves, and the shipped
+``inventory/multi-example`` (a ct200 with two tp-4 instances) validating and rendering both."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config.fleet import MAX_WAVES, fleet_findings, instance_waves
+from ddtree_ops.render import build_argv, render_host
+
+from helpers import REPO, base_hostvars
+
+EXAMPLE = REPO / "inventory" / "multi-example"
+
+
+def _hv(address: str = "10.0.0.5", **sections) -> dict:
+    hv = copy.deepcopy(base_hostvars())
+    hv["ansible_host"] = address
+    hv["ddtree_server"]["tp_size"] = 4
+    for key, value in sections.items():
+        hv[f"ddtree_{key}"] = {**hv.get(f"ddtree_{key}", {}), **value}
+    return hv
+
+
+def _errors(host: str, hv: dict) -> list:
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars(host, hv)
+    return [f for f in exc.value.findings if f.level == "error"]
+
+
+def _second(**extra) -> dict:
+    """A second instance on 10.0.0.5 with its own ports, name and account, GPUs 4-7."""
+    sections = {"server": {"port": 30001, "base_gpu_id": 4}, "ops": {"exporter_port": 19401},
+                "service": {"name": "two", "user": "two"}}
+    for key, value in extra.items():
+        sections[key] = {**sections.get(key, {}), **value}
+    return _hv(**sections)
+
+
+@pytest.mark.parametrize(("env", "server", "needle"), [
+    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, {"tp_size": 8}, "CUDA_VISIBLE_DEVICES=4,5,6,7 leaves 4 GPUs visible"),
+    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, {"tp_size": 2, "dp_size": 2, "base_gpu_id": 1}, "need 5 GPUs"),
+    ({}, {"tp_size": 4, "base_gpu_id": 6}, "need 10 GPUs, but a b300 host has 8"),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-5f3c9e2a-0000-0000-0000-000000000000"}, {}, "comma-separated list of GPU indices"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,1,2"}, {}, "lists a GPU twice"),
+    ({"CUDA_VISIBLE_DEVICES": "5,6,7,8"}, {}, "a b300 host has GPUs 0-7"),
+])
+def test_gpu_set_must_cover_tp_times_dp_on_the_host(env, server, needle):
+    errs = _errors("h1", _hv(server=server, service={"env": env}))
+    assert len(errs) == 1 and needle in errs[0].message(), [e.message() for e in errs]
+    assert errs[0].field in ("ddtree_service.env.CUDA_VISIBLE_DEVICES", "ddtree_server.tp_size",
+                             "ddtree_server.base_gpu_id")
+
+
+def test_gpu_sets_that_fit_pass():
+    for env, server in (({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, {"tp_size": 4}),
+                        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, {"tp_size": 2, "dp_size": 2, "base_gpu_id": 4}),
+                        ({}, {"tp_size": 4, "base_gpu_id": 4})):
+        validate_hostvars("h1", _hv(server=server, service={"env": env}))
+
+
+def _fleet(*hvs: dict) -> list:
+    return fleet_findings([validate_hostvars(f"h{i + 1}", hv) for i, hv in enumerate(hvs)])
+
+
+def test_two_tp4_instances_on_disjoint_gpus_pass_and_overlap_is_refused_naming_both():
+    assert _fleet(_hv(), _second()) == []
+    assert _fleet(_hv(service={"env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}}),
+                  _second(server={"base_gpu_id": 0}, service={"env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}})) == []
+    found = _fleet(_hv(service={"env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}}), _second(server={"base_gpu_id": 2}))
+    assert [f.field for f in found] == ["ddtree_server.base_gpu_id"]
+    text = found[0].message()
+    assert "h2 and h1 both reach machine 10.0.0.5 and both claim GPU 2,3" in text
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in text and found[0].host == "h2"
+
+
+@pytest.mark.parametrize(("second", "field", "needle"), [
+    (_second(service={"cache_dir": "/var/cache/ddtree-ops/sglang"}), "ddtree_service.cache_dir",
+     "directory /var/cache/ddtree-ops/sglang"),
+    (_second(service={"state_dir": "/var/lib/ddtree-ops/sglang/two"}), "ddtree_service.state_dir",
+     "overlapping /var/lib/ddtree-ops/sglang"),
+    (_second(service={"user": "sglang"}), "ddtree_service.user", "service account sglang"),
+    (_second(server={"port": 30100}), "ddtree_server.port", "port 30100"),  # h1's derived --nccl-port
+    (_second(server={"nccl_port": 19400}), "ddtree_server.nccl_port", "port 19400"),
+    (_second(sglang={"source": "simulator"}), "ddtree_service.sglang_venv",
+     "with different ddtree_sglang pins"),
+])
+def test_shared_state_ports_and_accounts_refused(second, field, needle):
+    found = _fleet(_hv(), second)
+    assert field in [f.field for f in found], [f.message() for f in found]
+    f = next(f for f in found if f.field == field)
+    assert needle in f.message() and "h2 and h1" in f.message()
+
+
+def test_two_instances_sharing_a_prometheus_multiproc_dir_refused(tmp_path, capsys):
+    """Issue 11: instances sharing PROMETHEUS_MULTIPROC_DIR must not validate; by default each
+    gets its own RuntimeDirectory, which systemd creates and wipes with the unit."""
+    shared = {"env": {"PROMETHEUS_MULTIPROC_DIR": "/var/tmp/prom"}}
+    errs = _errors("h1", _hv(service=shared))
+    assert [e.field for e in errs] == ["ddtree_service.env.PROMETHEUS_MULTIPROC_DIR"]
+    assert "RuntimeDirectory /run/ddtree-ops/sglang" in errs[0].message()
+    # pointing into the other instance's runtime directory: still outside its own
+    errs = _errors("h2", _second(service={"env": {"PROMETHEUS_MULTIPROC_DIR": "/run/ddtree-ops/sglang"}}))
+    assert [e.field for e in errs] == ["ddtree_service.env.PROMETHEUS_MULTIPROC_DIR"]
+    validate_hostvars("h1", _hv(service={"env": {"PROMETHEUS_MULTIPROC_DIR": "/run/ddtree-ops/sglang/prom"}}))
+    env = next(f for f in render_host(validate_hostvars("h1", _hv())) if f.path.endswith(".env")).content
+    assert "PROMETHEUS_MULTIPROC_DIR=/run/ddtree-ops/sglang\n" in env
+
+
+@pytest.mark.parametrize(("a", "b"), [("localhost", "127.0.0.1"), ("127.0.0.1", "::1"), ("LOCALHOST", "127.0.1.1")])
+def test_loopback_names_are_one_machine(a, b):
+    found = _fleet(_hv(a), _hv(b))
+    assert found and all("both reach machine localhost" in f.message() for f in found)
+
+
+def test_rendezvous_port_rendered_per_instance():
+    one, two = validate_hostvars("h1", _hv()), validate_hostvars("h2", _second(server={"nccl_port": 31000}))
+    a1, a2 = build_argv(one.deployment, one.plan), build_argv(two.deployment, two.plan)
+    assert a1[a1.index("--nccl-port") + 1] == "30100" and "--base-gpu-id" not in a1
+    assert a2[a2.index("--nccl-port") + 1] == "31000" and a2[a2.index("--base-gpu-id") + 1] == "4"
+    errs = _errors("h1", _hv(server={"nccl_port": 19400}))
+    assert [e.field for e in errs] == ["ddtree_server.nccl_port"] and "also ddtree_ops.exporter_port" in errs[0].message()
+    high = validate_hostvars("h1", _hv(server={"port": 65500}))
+    assert high.deployment.server.rendezvous_port == 65400
+
+
+def test_deploy_waves_serialize_the_instances_of_one_machine():
+    vs = [validate_hostvars("m1-a", _hv()), validate_hostvars("m1-b", _second()),
+          validate_hostvars("m2-a", _hv("10.0.0.6"))]
+    assert instance_waves(vs) == {"m1-a": 0, "m1-b": 1, "m2-a": 0}
+    plays = yaml.safe_load((REPO / "deploy.yml").read_text())
+    waves = [p["vars"]["ddtree_service_hosts"] for p in plays if p.get("vars", {}).get("ddtree_service_hosts")]
+    assert waves == [f"ddtree_wave_{i}" for i in range(MAX_WAVES)]
+    group_by = next(t for t in plays[0]["tasks"] if "ansible.builtin.group_by" in t)
+    assert "_ddtree_fleet.waves[inventory_hostname]" in group_by["ansible.builtin.group_by"]["key"]
+    service = yaml.safe_load((REPO / "playbooks" / "service.yml").read_text())[0]
+    assert service["hosts"] == "{{ ddtree_service_hosts | default('sglang_servers') }}"
+
+
+def test_multi_example_inventory_validates_and_renders_both_instances(tmp_path, capsys):
+    assert main(["validate", "-i", str(EXAMPLE)]) == 0, capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main(["render", "-i", str(EXAMPLE), "--out", str(out)]) == 0, capsys.readouterr().err
+    hosts = yaml.safe_load((EXAMPLE / "hosts.yml").read_text())["sglang_servers"]["children"]["ct200"]["hosts"]
+    assert len(hosts) == 2 and len({h["ansible_host"] for h in hosts.values()}) == 1
+    units = {}
+    for host in hosts:
+        [unit] = [p for p in (out / host / "etc/systemd/system").glob("ddtree-*.service")
+                  if not p.name.endswith("-exporter.service") and "nvidia-devices" not in p.name]
+        units[host] = unit.read_text()
+    assert len({u.split("--nccl-port ")[1].split()[0] for u in units.values()}) == 2
+    assert len({u.split("RuntimeDirectory=")[1].split()[0] for u in units.values()}) == 2
+    # the machine's device-node unit is one file both instances install: byte-identical
+    devices = {(out / h / "etc/systemd/system/ddtree-nvidia-devices.service").read_text() for h in hosts}
+    assert len(devices) == 1
+    prom = yaml.safe_load((out / "prometheus" / "prometheus.yml").read_text())
+    for job in prom["scrape_configs"]:
+        targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+        assert len(targets) == 2 == len(set(targets)), targets
+
+
+def test_sim_refuses_a_rendezvous_port_in_use(tmp_path):
+    """The simulator binds --nccl-port as SGLang's TP rendezvous does: a second instance on the
+    same port exits 1 before loading."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0.1", "PYTHONPATH": str(REPO)}
+        r = subprocess.run([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "/m", "--port", "1",
+                            "--nccl-port", str(port)], capture_output=True, text=True, timeout=30, env=env,
+                           cwd=tmp_path)
+    assert r.returncode == 1 and "EADDRINUSE" in r.stdout + r.stderr
