@@ -253,7 +253,10 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
 
     With ``--resolve-with``, the pinned SGLang build resolves each host's argv
     (:mod:`ddtree_ops.sglang.resolve`) and every setting it changes against the plan is
-    listed; exit 1 if SGLang refuses a host's arguments (its own message is shown).
+    listed; exit 1 if SGLang refuses a host's arguments (its own message is shown) or the
+    resolution does not run (the interpreter hangs, floods, fails, prints no result, lacks
+    SGLang, ...), except where SGLang's own resolver cannot run without a GPU
+    (:func:`ddtree_ops.sglang.resolve.passes`).
     """
     from rich.table import Table
 
@@ -264,22 +267,23 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
     validated = _require_valid(inventory, limit, vault, hub)
     resolutions: dict[str, dict[str, Any]] = {}
     if resolve_with:
-        from .sglang.resolve import diff_plan, planned_values, request_for, run_resolution, summary
+        from .sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution, shown, summary
 
         for v in validated:
             res = run_resolution(resolve_with, request_for(v, models), deadline_s=resolve_timeout)
-            changes = diff_plan(planned_values(v.plan), res) if res.get("state") == "resolved" else []
+            changes = [shown(c, 400) for c in diff_plan(planned_values(v.plan), res)] \
+                if res.get("state") == "resolved" else []
             pin = v.deployment.sglang.base_version
             if res.get("version") and res["version"] != pin:
-                changes.insert(0, f"{resolve_with} holds SGLang {res['version']}, but the pin says {pin}: "
+                changes.insert(0, f"{shown(resolve_with)} holds SGLang {res['version']}, but the pin says {pin}: "
                                   "these rewrites are that build's")
             resolutions[v.deployment.host] = {"state": res.get("state"), "version": res.get("version"),
                                               "detail": summary(res), "changes": changes,
-                                              "resolved": res.get("resolved")}
-    refused = [h for h, r in resolutions.items() if r["state"] == "refused"]
+                                              "resolved": res.get("resolved"), "ok": passes(res)}
+    refused = [h for h, r in resolutions.items() if not r["ok"]]  # refused, failed, or not run for a fixable reason
     if as_json:
         checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in validated]
-        checks += [{"name": f"sglang-resolution:{h}", "ok": r["state"] != "refused", "detail": r["detail"]}
+        checks += [{"name": f"sglang-resolution:{h}", "ok": r["ok"], "detail": r["detail"]}
                    for h, r in resolutions.items()]
         print(json.dumps({"ok": not refused, "checks": checks,
                           "hosts": {v.deployment.host: {"host_class": v.deployment.host_class, **v.plan.as_dict(),
@@ -318,7 +322,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             t.add_row(Text("warning", style="yellow"), Text(w))
         r = resolutions.get(d.host)
         if r:
-            t.add_row(Text("sglang resolution", style="red" if r["state"] == "refused" else "bold"), Text(r["detail"]))
+            t.add_row(Text("sglang resolution", style="bold" if r["ok"] else "red"), Text(r["detail"]))
             for c in r["changes"]:
                 t.add_row(Text("rewrite", style="yellow"), Text(c))
         out.print(t)

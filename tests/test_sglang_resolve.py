@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
 from ddtree_ops.sglang.probe import resolution_check
-from ddtree_ops.sglang.resolve import diff_plan, planned_values, request_for, run_resolution, summary
+from ddtree_ops.sglang import resolve
+from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution, summary
 from helpers import FIXTURES, REPO
 
 QWEN35 = FIXTURES / "sglang" / "resolve" / "qwen3_5_moe-35b-a3b-fp8.config.json"
@@ -133,23 +136,179 @@ def _script(tmp_path: Path, body: str) -> str:
 
 
 def test_child_without_sglang_is_not_run(tmp_path):
-    """The project venv has no SGLang: the real child says so (not a crash, not 'resolved')."""
+    """The project venv has no SGLang: the real child says so (not a crash, not 'resolved'),
+    and it is the venv's fault, not a limit of this machine: not ``cannot_run_here``."""
     v = validate_hostvars("q1", qwen35_eagle())
     res = run_resolution(sys.executable, request_for(v, {}), deadline_s=60)
-    assert res["state"] == "not-run" and not res.ran
+    assert res["state"] == "not-run" and not res.ran and not passes(res)
     assert "SGLang is not importable" in res["detail"]
 
 
-def test_missing_interpreter_hung_child_and_garbage_are_not_run(tmp_path):
-    v = validate_hostvars("q1", qwen35_eagle())
-    req = request_for(v, {})
+def _valid_line(**fields) -> str:
+    doc = {"state": "resolved", "version": "0.5.23", "how": "resolve_once", "detail": "", "resolved": {},
+           "sources": {}, "pretend": None, **fields}
+    return "ddtree-resolve: " + json.dumps(doc)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("exec sleep 30", "did not finish within 1 s (killed with its process group)"),
+    ('echo "ddtree-resolve: {\\"state\\": \\"resolved\\"" ; exit 3', "could not run the resolver (exit 3)"),
+    ("echo 'not json {'", "printed no 'ddtree-resolve:' result line (exit 0)"),
+    ("echo 'ddtree-resolve: [1, 2, 3]'", "malformed result line: the result is a JSON list, not an object"),
+    ("echo 'ddtree-resolve: {\"ok\": true}'", "malformed result line: state None is not resolved"),
+    ("echo 'ddtree-resolve: {\"state\": \"resolved\", \"version\": 7}'", "version is a int, not a string"),
+    ("echo 'ddtree-resolve: {\"state\": \"resolved\"}'", "a resolved result without a 'resolved' object"),
+    ("python3 -c 'print(\"ddtree-resolve: \" + \"[\" * 100000)'", "malformed result line"),
+])
+def test_child_failures_are_failed_with_the_reason(tmp_path, body, why):
+    """Hang, garbage, non-object, wrong shapes, non-zero exit: ``failed`` (never 'not run')."""
+    req = request_for(validate_hostvars("q1", qwen35_eagle()), {})
+    res = run_resolution(_script(tmp_path, body), req, deadline_s=1 if "sleep" in body else 30)
+    assert res["state"] == "failed" and not passes(res) and why in res["detail"], res
+    assert summary(res).startswith("resolution failed: ")
+
+
+def test_missing_or_not_executable_interpreter_is_failed(tmp_path):
+    req = request_for(validate_hostvars("q1", qwen35_eagle()), {})
     res = run_resolution(str(tmp_path / "nope"), req)
-    assert res["state"] == "not-run" and res["detail"].endswith("no such interpreter (give the python of a venv "
-                                                                 "holding the pinned SGLang)")
-    res = run_resolution(_script(tmp_path, "exec sleep 30"), req, deadline_s=1)
-    assert res["state"] == "not-run" and res["detail"] == "SGLang's resolution did not finish within 1 s (killed)"
-    res = run_resolution(_script(tmp_path, 'echo "ddtree-resolve: {\\"state\\": \\"resolved\\"" ; exit 3'), req)
-    assert res["state"] == "not-run" and "could not run the resolver (exit 3)" in res["detail"]
+    assert res["state"] == "failed" and res["detail"].endswith("no such interpreter (give the python of a venv "
+                                                                "holding the pinned SGLang)")
+    junk = tmp_path / "junk"
+    junk.write_text("junk")
+    res = run_resolution(str(junk), req)
+    assert res["state"] == "failed" and res["detail"].startswith(f"{junk}: not executable")
+
+
+def test_a_valid_result_with_a_nonzero_exit_is_failed(tmp_path):
+    res = run_resolution(_script(tmp_path, f"echo '{_valid_line()}'; exit 3"), {"argv": []})
+    assert res["state"] == "failed" and "(exit 3)" in res["detail"]
+    ok = run_resolution(_script(tmp_path, f"echo chatter; echo '{_valid_line()}'"), {"argv": []})
+    assert ok["state"] == "resolved" and passes(ok)
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    """``pid`` no longer runs (gone, or a zombie awaiting its new parent's reaping)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X"):
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_deadline_kills_the_whole_process_group(tmp_path):
+    """attack 4 rs-hang / rs-grandchild-survives: a child and its grandchild (which holds
+    the stdout pipe) both die at the deadline, which bounds the wall time."""
+    pidfile = tmp_path / "pid"
+    py = _script(tmp_path, f"sleep 60 & echo $! > {pidfile}; exec sleep 60")
+    t0 = time.monotonic()
+    res = run_resolution(py, {"argv": []}, deadline_s=1.5)
+    assert time.monotonic() - t0 < 2.5, "the deadline must bound the wall time"
+    assert res["state"] == "failed" and "did not finish within 1.5 s" in res["detail"]
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_leftovers_die_when_the_child_exits(tmp_path):
+    """A descendant left behind (holding stdout, or not) is killed once the child exited;
+    the result is read without waiting for the deadline."""
+    held, quiet = tmp_path / "held", tmp_path / "quiet"
+    py = _script(tmp_path, f"sleep 60 & echo $! > {held}; sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {quiet}; "
+                           f"echo '{_valid_line()}'")
+    t0 = time.monotonic()
+    res = run_resolution(py, {"argv": []}, deadline_s=30)
+    assert time.monotonic() - t0 < 5 and res["state"] == "resolved", res
+    assert _gone(int(held.read_text())) and _gone(int(quiet.read_text()))
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_an_output_flood_is_killed_and_memory_stays_bounded(tmp_path, stream):
+    """attack 4 rs-flood (`exec yes`: 15.7 GB, 29 s before): bounded buffers, killed early."""
+    py = _script(tmp_path, "exec yes '{\"a\":1}'" + (" >&2" if stream == "stderr" else ""))
+    t0 = time.monotonic()
+    rc, out, err, why = resolve._run_child([py], dict(os.environ), 20)
+    assert time.monotonic() - t0 < 10 and rc is None and f"on {stream} (killed)" in why
+    assert len(out) <= resolve.STDOUT_MAX_BYTES + 65536 and len(err) <= resolve.STDERR_TAIL_BYTES
+    res = run_resolution(py, {"argv": []}, deadline_s=20)
+    assert res["state"] == "failed" and f"printed more than" in res["detail"]
+
+
+OSC = "boom \x1b]52;c;cm0gLXJmIH4K\x1b\\ \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[2J"
+
+
+def test_child_text_is_cleaned_scrubbed_and_cut(tmp_path):
+    """attack 4 rs-tty-osc52-passthrough / rs-exit-nonzero-secret: the stderr line and the
+    result's text fields reach the table/JSON without escapes or secrets, ~200 chars."""
+    err = tmp_path / "err.txt"
+    err.write_text(OSC + " Authorization: Bearer SEKRITresolver " + "x" * 500 + "\n")
+    res = run_resolution(_script(tmp_path, f"cat {err} >&2; exit 3"), {"argv": []})
+    d = res["detail"]
+    assert res["state"] == "failed" and "\x1b" not in d and "SEKRIT" not in d and "boom" in d and "click" in d
+    assert d.endswith("…") and len(d) < 400
+    line = _valid_line(version="0.5.23\x1b[2J", detail="", pretend="no GPU \x1b]52;c;eA==\x07here",
+                       resolved={"attention_backend": "triton\x1b]8;;http://evil/\x1b\\", "page_size": 1,
+                                 "not_a_field": "x"}, sources={"page_size": "step\x07"})
+    out = tmp_path / "out.txt"
+    out.write_text(line + "\n")
+    res = run_resolution(_script(tmp_path, f"cat {out}"), {"argv": []})
+    assert res["state"] == "resolved" and res["version"] == "0.5.23"
+    assert res["resolved"] == {"attention_backend": "triton", "page_size": 1}
+    assert res["pretend"] == "no GPU here" and res["sources"] == {"page_size": "step "}  # a control character becomes a space
+
+
+def test_passes_only_resolved_or_a_documented_no_gpu_limit():
+    assert passes({"state": "resolved"})
+    assert passes({"state": "not-run", "cannot_run_here": True})
+    for res in ({"state": "not-run"}, {"state": "not-run", "cannot_run_here": "yes"}, {"state": "refused"},
+                {"state": "failed"}):
+        assert not passes(res), res
+
+
+def _fake_build(monkeypatch, *, cuda: str | None, raise_in_parse: Exception | None = None, staged: bool = True):
+    """Stand-in ``sglang``/``torch`` modules (no GPU) for :func:`resolve_in_build`'s not-run paths."""
+    torch = types.ModuleType("torch")
+    torch.__version__ = "2.9.1+cpu"
+    torch.cuda = types.SimpleNamespace(is_available=lambda: False)
+    torch.version = types.SimpleNamespace(cuda=cuda)
+    sglang, srt, sa = (types.ModuleType(n) for n in ("sglang", "sglang.srt", "sglang.srt.server_args"))
+    sglang.__version__ = "0.5.23" if staged else "0.5.13.post1"
+    srt.server_args = sa
+
+    class ServerArgs:
+        if staged:
+            def resolve_once(self):
+                raise AssertionError("not reached")
+
+    def prepare_server_args(argv):
+        raise raise_in_parse
+
+    sa.ServerArgs, sa.prepare_server_args = ServerArgs, prepare_server_args
+    common = types.ModuleType("sglang.srt.utils.common")
+    utils = types.ModuleType("sglang.srt.utils")
+    utils.common, srt.utils = common, utils
+    for name, mod in (("torch", torch), ("sglang", sglang), ("sglang.srt", srt), ("sglang.srt.server_args", sa),
+                      ("sglang.srt.utils", utils), ("sglang.srt.utils.common", common)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_child_marks_only_the_documented_no_gpu_paths_cannot_run_here(monkeypatch):
+    """No GPU and no arch to pretend for, or 0.5.13.post1's post-init stopping: a limit of this
+    machine (``cannot_run_here``, plan exit 0). A CPU-only torch: the venv's fault (exit 1)."""
+    argv = ["--model-path", "m"]
+    models = {"target": {"architectures": ["X"]}}
+    _fake_build(monkeypatch, cuda=None)
+    res = resolve.resolve_in_build({"argv": argv, "arch": None, "models": models})
+    assert res["state"] == "not-run" and res["cannot_run_here"] is True and "no known arch" in res["detail"]
+    res = resolve.resolve_in_build({"argv": argv, "arch": "sm_103", "models": models})
+    assert res["state"] == "not-run" and res["cannot_run_here"] is False and "CPU build" in res["detail"]
+    _fake_build(monkeypatch, cuda="12.8", staged=False, raise_in_parse=RuntimeError("no accelerator"))
+    res = resolve.resolve_in_build({"argv": argv, "arch": "sm_103", "models": models})
+    assert res["state"] == "not-run" and res["cannot_run_here"] is True and "post-init stopped" in res["detail"]
+    _fake_build(monkeypatch, cuda="12.8", raise_in_parse=ImportError("no module named triton"))
+    res = resolve.resolve_in_build({"argv": argv, "arch": "sm_103", "models": models})
+    assert res["state"] == "not-run" and res["cannot_run_here"] is False and "cannot run" in res["detail"]
 
 
 def test_request_carries_host_class_arch_and_memory():
@@ -245,13 +404,47 @@ def test_plan_model_config_errors_are_one_line(qwen_inventory, tmp_path):
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
 
 
-def test_plan_resolve_with_a_python_without_sglang_says_not_run(qwen_inventory):
+def test_plan_resolve_with_a_python_without_sglang_fails(qwen_inventory):
+    """attack 4 finding 8: the operator asked for a resolution and it did not run: exit 1,
+    a failed ``sglang-resolution:<host>`` check naming why."""
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     res = doc["hosts"]["q1"]["sglang_resolution"]
     assert res["state"] == "not-run" and res["detail"].startswith("resolution not run: SGLang is not importable")
-    assert {"name": "sglang-resolution:q1", "ok": True, "detail": res["detail"]} in doc["checks"]
+    assert {"name": "sglang-resolution:q1", "ok": False, "detail": res["detail"]} in doc["checks"]
+    assert doc["ok"] is False
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_plan_fails_on_a_misbehaving_resolver_without_escapes(qwen_inventory, tmp_path, as_json):
+    """attack 4 rs-exit-nonzero / rs-tty-osc52-passthrough: exit 1, the reason shown, no
+    terminal escape and no secret printed, in the table and in the JSON."""
+    err = tmp_path / "err.txt"
+    err.write_text(OSC + " Authorization: Bearer SEKRITresolver\n")
+    py = _script(tmp_path, f"cat {err} >&2; exit 3")
+    proc = _plan("-i", str(qwen_inventory), "--resolve-with", py, *(["--json"] if as_json else []))
+    assert proc.returncode == 1, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "SEKRIT" not in proc.stdout + proc.stderr
+    assert "could not run the resolver (exit 3): boom" in " ".join(proc.stdout.split())
+    if as_json:
+        (check,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "sglang-resolution:q1"]
+        assert not check["ok"] and check["detail"].startswith("resolution failed: ")
+
+
+@pytest.mark.parametrize(("cannot_run_here", "rc"), [(True, 0), (False, 1)])
+def test_plan_not_run_passes_only_for_a_documented_no_gpu_limit(qwen_inventory, tmp_path, cannot_run_here, rc):
+    """SGLang's own resolver cannot run without a GPU (sgl_kernel needs libcuda; 0.5.13.post1's
+    post-init): exit 0, said so. Any other not-run (the venv's or the request's fault): exit 1."""
+    line = _valid_line(state="not-run", resolved=None, detail="SGLang 0.5.23's resolver imports sgl_kernel",
+                       cannot_run_here=cannot_run_here)
+    out = tmp_path / "out.txt"
+    out.write_text(line + "\n")
+    proc = _plan("-i", str(qwen_inventory), "--resolve-with", _script(tmp_path, f"cat {out}"), "--json")
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    (check,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "sglang-resolution:q1"]
+    assert check == {"name": "sglang-resolution:q1", "ok": cannot_run_here,
+                     "detail": "resolution not run: SGLang 0.5.23's resolver imports sgl_kernel"}
 
 
 def test_resolve_module_imports_only_the_stdlib():

@@ -174,9 +174,14 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
         ``decode_capture_bs``/``decode_max_bs``; ``sources`` names the SGLang step behind
         each rewritten field), ``refused`` (``detail`` is SGLang's own message: argparse's,
         or the exception its resolver raised) or ``not-run`` (``detail`` says why).
+        ``cannot_run_here`` is True only where SGLang's own resolver cannot run on a machine
+        without a GPU (no arch to pretend for; the 0.5.2x path that loads ``sgl_kernel``, which
+        needs libcuda; 0.5.13.post1's ``ServerArgs`` post-init): a documented limit, not a
+        fault of the venv or the request (those are ``not-run`` with ``cannot_run_here``
+        False, e.g. SGLang not importable, a CPU-only torch, no ``config.json``).
     """
     out: dict[str, Any] = {"state": "not-run", "version": None, "how": None, "detail": "", "resolved": None,
-                           "sources": {}, "pretend": None}
+                           "sources": {}, "pretend": None, "cannot_run_here": False}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with contextlib.redirect_stderr(io.StringIO()):
@@ -200,6 +205,7 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
         if arch not in ARCH_CAPABILITY:
             out["detail"] = (f"no GPU here and no known arch to resolve for ({arch!r}; known: "
                              f"{', '.join(ARCH_CAPABILITY)})")
+            out["cannot_run_here"] = True
             return out
         if not getattr(torch.version, "cuda", None):
             out["detail"] = (f"no GPU here, and this venv's torch {torch.__version__} is a CPU build: SGLang's arch "
@@ -227,8 +233,12 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
             msg = f"{type(exc).__name__}: {exc}"
             if staged and not isinstance(exc, ImportError):  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
                 out.update(state="refused", detail=msg)
-            else:       # 0.5.13.post1 resolves in post-init and needs an accelerator for it
-                out["detail"] = f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}"
+            elif not staged:  # 0.5.13.post1 resolves in post-init and needs an accelerator for it
+                out.update(detail=f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}",
+                           cannot_run_here=not has_gpu)
+            else:  # 0.5.2x: the venv lacks a package SGLang's argument parsing imports
+                out["detail"] = (f"this venv cannot run SGLang {version}'s argument parsing: {msg} (use the resolver "
+                                 "venv, scripts/sglang-resolve-venv.sh)")
             return out
         if staged:
             try:
@@ -240,6 +250,7 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
                     out["detail"] = (f"SGLang {version}'s resolver imports its CUDA kernels (sgl_kernel) on this "
                                      "path, which need a GPU driver (libcuda) to load: resolve on a GPU host (the "
                                      "capability probe does)")
+                    out["cannot_run_here"] = True
                 else:
                     out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
                                      "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
@@ -277,56 +288,222 @@ def child_main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------- controller side ----
 
+STDOUT_MAX_BYTES = 4 * 1024 * 1024
+"""The child's stdout is read up to this (its result is one line of a few KiB after SGLang's
+import chatter); past it the child's process group is killed: a flood, not a result."""
+STDERR_TAIL_BYTES = 64 * 1024
+"""Only the last this-many bytes of the child's stderr are kept (its last line is the reason
+shown when the child fails)."""
+STDERR_MAX_BYTES = 64 * 1024 * 1024
+"""Past this much stderr in all, the child's process group is killed (a flood)."""
+DRAIN_S = 1.0
+"""After the child exited (and its process group was killed), seconds its pipes may stay open
+(a descendant that left the group with setsid holds them) before they are closed unread."""
+SHOWN_MAX = 200
+"""Characters of foreign text (the child's stderr line, a path, a value) shown, plus ``…``."""
+DETAIL_MAX = 400
+"""Characters of the child's ``detail`` shown (our own reasons with their fix, or SGLang's
+refusal message), plus ``…``."""
+
+
 class Resolution(dict):
-    """The child's result (:func:`resolve_in_build`), plus ``state`` ``error`` when the
-    child itself failed (no interpreter, deadline, garbage output)."""
+    """The child's result (:func:`resolve_in_build`), or ``state`` ``failed`` when the child
+    itself failed (not executable, deadline, output flood, non-zero exit, no or a malformed
+    result line); ``detail`` says why."""
 
     @property
     def ran(self) -> bool:
         return self.get("state") in ("resolved", "refused")
 
 
+def passes(res: dict[str, Any]) -> bool:
+    """Whether ``plan --resolve-with`` passes a host's resolution: ``resolved``, or
+    ``not-run`` with ``cannot_run_here`` (SGLang's own resolver cannot run on a machine
+    without a GPU, :func:`resolve_in_build`). ``refused``, ``failed`` and every other
+    ``not-run`` (the venv or the request is at fault) fail: the operator asked for a
+    resolution and did not get one."""
+    state = res.get("state")
+    return state == "resolved" or (state == "not-run" and res.get("cannot_run_here") is True)
+
+
+def shown(text: Any, limit: int = SHOWN_MAX) -> str:
+    """``text`` as the controller prints it: terminal escapes and control characters removed
+    (:func:`ddtree_ops.ops.diagnose._clean`), secrets redacted
+    (:func:`ddtree_ops.config.errors.scrub`), cut to ``limit`` characters plus ``…``.
+    Controller side only (imports ddtree-ops' dependencies)."""
+    from ..config.errors import scrub, shorten
+    from ..ops.diagnose import _clean
+
+    return shorten(scrub(_clean(str(text))), limit)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` (our child) has exited, WITHOUT reaping it: its zombie keeps the
+    process-group id from being reused until :func:`_kill_group` ran."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_child(argv: list[str], env: dict[str, str], deadline_s: float) -> tuple[int | None, bytes, bytes, str]:
+    """Run ``argv`` in its own session (process group) with a TOTAL deadline and bounded
+    output; the whole group is killed at the deadline, on a flood, and once the child exited
+    (leftover descendants die with it).
+
+    Returns:
+        ``(exit status or None when killed, stdout (at most STDOUT_MAX_BYTES + 64 KiB),
+        stderr tail (at most 2 * STDERR_TAIL_BYTES), why killed or "")``.
+
+    Raises:
+        OSError: the interpreter could not be started (missing, not executable).
+    """
+    import selectors
+    import subprocess
+    import time
+
+    end = time.monotonic() + deadline_s
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, env=env)
+    out, err, err_total, why, exited_at = bytearray(), bytearray(), 0, "", None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(p.stdout, selectors.EVENT_READ)
+            sel.register(p.stderr, selectors.EVENT_READ)
+            while sel.get_map() and not why:
+                now = time.monotonic()
+                if now >= end:
+                    why = f"did not finish within {deadline_s:g} s (killed with its process group)"
+                    break
+                if exited_at is None and _exited(p.pid):
+                    exited_at = now
+                    _kill_group(p.pid)
+                if exited_at is not None and now - exited_at > DRAIN_S:
+                    break  # a descendant outside the group holds the pipes: the result is complete
+                for key, _ in sel.select(min(end - now, 0.2)):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif key.fileobj is p.stdout:
+                        out += chunk
+                        if len(out) > STDOUT_MAX_BYTES:
+                            why = f"printed more than {STDOUT_MAX_BYTES // 2**20} MiB on stdout (killed)"
+                            break
+                    else:
+                        err += chunk
+                        err_total += len(chunk)
+                        if len(err) > 2 * STDERR_TAIL_BYTES:
+                            del err[:-STDERR_TAIL_BYTES]
+                        if err_total > STDERR_MAX_BYTES:
+                            why = f"printed more than {STDERR_MAX_BYTES // 2**20} MiB on stderr (killed)"
+                            break
+    finally:
+        _kill_group(p.pid)  # before reaping the child, whose zombie still holds the group id
+        try:
+            rc = p.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the kernel: not waited for
+            rc = None
+        p.stdout.close()
+        p.stderr.close()
+    return (None if why else rc), bytes(out), bytes(err[-STDERR_TAIL_BYTES:]), why
+
+
+def _checked(doc: Any) -> Resolution:
+    """The child's result object, its shape checked (ValueError naming what is wrong) and
+    every text field made printable (:func:`shown`)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"the result is a JSON {type(doc).__name__}, not an object")
+    state = doc.get("state")
+    if state not in ("resolved", "refused", "not-run"):
+        raise ValueError(f"state {shown(repr(state), 60)} is not resolved, refused or not-run")
+    for k in ("version", "how", "pretend"):
+        if doc.get(k) is not None and not isinstance(doc[k], str):
+            raise ValueError(f"{k} is a {type(doc[k]).__name__}, not a string")
+    if not isinstance(doc.get("detail", ""), str):
+        raise ValueError("detail is not a string")
+    resolved = doc.get("resolved")
+    if state == "resolved" and not isinstance(resolved, dict):
+        raise ValueError("a resolved result without a 'resolved' object")
+    sources = doc.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise ValueError("sources is not an object")
+    keep = (*FIELDS, "decode_capture_bs", "decode_max_bs")
+
+    def value(v: Any) -> Any:
+        if isinstance(v, list):
+            return [value(x) for x in v[:64]]
+        return v if v is None or isinstance(v, (bool, int, float)) else shown(v, 80)
+
+    return Resolution(
+        state=state, version=shown(doc["version"], 40) if doc.get("version") else None,
+        how=shown(doc["how"], 40) if doc.get("how") else None, detail=shown(doc.get("detail") or "", DETAIL_MAX),
+        resolved={k: value(resolved.get(k)) for k in keep if k in resolved} if isinstance(resolved, dict) else None,
+        sources={k: shown(s, 80) for k, s in sources.items() if k in keep or str(k).startswith("cuda_graph")},
+        pretend=shown(doc["pretend"]) if doc.get("pretend") else None,
+        cannot_run_here=doc.get("cannot_run_here") is True)
+
+
 def run_resolution(python: str, request: dict[str, Any], deadline_s: float = 180.0) -> Resolution:
     """Run the child in ``python`` (an SGLang venv's interpreter) with a total deadline.
+
+    The child runs in its own session; its output is read bounded (:data:`STDOUT_MAX_BYTES`,
+    the last :data:`STDERR_TAIL_BYTES` of stderr); its whole process group is killed at the
+    deadline, on a flood and after it exited (:func:`_run_child`). The request goes in a
+    private temporary file.
 
     Args:
         python: interpreter of a venv holding the pinned SGLang (ddtree-ops not needed there).
         request: see :func:`resolve_in_build`.
         deadline_s: seconds for the whole run (import of SGLang + resolution; ~10 s measured
-            for 0.5.23 without a GPU); the child is killed past it.
+            for 0.5.23 without a GPU); the child's group is killed past it.
 
     Returns:
-        A :class:`Resolution`; never raises for a bad interpreter or a misbehaving child
-        (``state`` ``not-run`` with the reason in ``detail``).
+        A :class:`Resolution` (text fields cleaned, scrubbed, cut: :func:`shown`); never
+        raises for a bad interpreter or a misbehaving child: ``state`` ``failed`` with the
+        reason in ``detail``.
     """
-    import subprocess
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG_", "DDTREE_OPS_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    who = shown(python, 120)
+    with tempfile.TemporaryDirectory(prefix="ddtree-resolve-req-") as tmp:
+        req_path = os.path.join(tmp, "request.json")
+        with open(req_path, "w", encoding="utf-8") as f:
+            json.dump(request, f)
+        try:
+            rc, out, err, killed = _run_child([python, "-I", os.path.abspath(__file__), "--request", req_path], env,
+                                              deadline_s)
+        except FileNotFoundError:
+            return _failed(f"{who}: no such interpreter (give the python of a venv holding the pinned SGLang)")
+        except PermissionError:
+            return _failed(f"{who}: not executable (give the python of a venv holding the pinned SGLang)")
+        except OSError as exc:
+            return _failed(f"{who}: cannot run: {shown(exc.strerror or exc)}")
+    tail = next((ln for ln in reversed(err.decode("utf-8", "replace").splitlines()) if ln.strip()), "no output on stderr")
+    if killed:
+        return _failed(f"SGLang's resolution in {who} {killed}")
+    lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.startswith(RESOLVE_MARK)]
+    if rc != 0:
+        return _failed(f"{who} could not run the resolver (exit {rc}): {shown(tail)}")
+    if not lines:
+        return _failed(f"{who} printed no '{RESOLVE_MARK}' result line (exit 0): {shown(tail)}")
     try:
-        proc = subprocess.run([python, "-I", os.path.abspath(__file__), "--request", "-"], input=json.dumps(request),
-                              capture_output=True, text=True, timeout=deadline_s, env=env)
-    except FileNotFoundError:
-        return _not_run(f"{python}: no such interpreter (give the python of a venv holding the pinned SGLang)")
-    except PermissionError:
-        return _not_run(f"{python}: not executable")
-    except OSError as exc:
-        return _not_run(f"{python}: {exc}")
-    except subprocess.TimeoutExpired:
-        return _not_run(f"SGLang's resolution did not finish within {deadline_s:g} s (killed)")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESOLVE_MARK)]
-    try:
-        result = json.loads(lines[-1][len(RESOLVE_MARK):]) if lines else None
-        if not isinstance(result, dict) or result.get("state") not in ("resolved", "refused", "not-run"):
-            raise ValueError("no result")
-    except ValueError:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return _not_run(f"{python} could not run the resolver (exit {proc.returncode}): {tail}")
-    return Resolution(result)
+        return _checked(json.loads(lines[-1][len(RESOLVE_MARK):]))
+    except (ValueError, RecursionError) as exc:
+        return _failed(f"{who} printed a malformed result line: {shown(exc)}")
 
 
-def _not_run(why: str) -> Resolution:
-    return Resolution(state="not-run", version=None, how=None, detail=why, resolved=None, sources={}, pretend=None)
+def _failed(why: str) -> Resolution:
+    return Resolution(state="failed", version=None, how=None, detail=why, resolved=None, sources={}, pretend=None,
+                      cannot_run_here=False)
 
 
 def request_for(v: Any, models: dict[str, Any]) -> dict[str, Any]:
@@ -427,6 +604,8 @@ def summary(res: dict[str, Any], parsed: bool = False) -> str:
         return f"resolved by SGLang {ver} ({how})" + (f"; {res['pretend']}" if res.get("pretend") else "")
     if res.get("state") == "refused":
         return f"SGLang {ver} refused the arguments during {res.get('how') or 'resolution'}: {res.get('detail')}"
+    if res.get("state") == "failed":
+        return f"resolution failed: {res.get('detail') or 'unknown reason'}"
     return f"{'parsed only; ' if parsed else ''}resolution not run: {res.get('detail') or 'unknown reason'}"
 
 
