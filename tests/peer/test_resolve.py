@@ -30,7 +30,7 @@ from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
 from ddtree_ops.sglang.expect import probe_request, run_probe
-from ddtree_ops.sglang.resolve import diff_plan, planned_values, request_for, run_resolution
+from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution
 from helpers import FIXTURES, REPO
 from peerutil import resolver_python, sglang_python
 
@@ -117,6 +117,7 @@ def test_a_path_needing_cuda_kernels_is_not_run_and_says_why(results):
     sgl_kernel, a CUDA binary that needs libcuda: not resolvable here, and said so."""
     _, res = results["b300-dflash-default"]
     assert res["state"] == "not-run" and "sgl_kernel" in res["detail"] and "GPU host" in res["detail"]
+    assert res["cannot_run_here"] is True and passes(res)   # a limit of this machine: plan exits 0
 
 
 def test_a_refused_combination_quotes_sglang(results):
@@ -162,6 +163,7 @@ def test_0_5_13_post1_is_parsed_only(tmp_path):
     assert res["version"] == "0.5.13.post1" and res["how"] == "ServerArgs post-init"
     assert res["state"] == "not-run", res
     assert "post-init stopped on this host" in res["detail"]
+    assert res["cannot_run_here"] is True and passes(res)
 
 
 def test_plan_resolve_with_shows_the_rewrites(tmp_path):
