@@ -152,6 +152,7 @@ def _valid_line(**fields) -> str:
 
 @pytest.mark.parametrize(("body", "why"), [
     ("exec sleep 30", "did not finish within 1 s (killed with its process group)"),
+    ("exec >&- 2>&-; exec sleep 30", "did not finish within 1 s (killed with its process group)"),
     ('echo "ddtree-resolve: {\\"state\\": \\"resolved\\"" ; exit 3', "could not run the resolver (exit 3)"),
     ("echo 'not json {'", "printed no 'ddtree-resolve:' result line (exit 0)"),
     ("echo 'ddtree-resolve: [1, 2, 3]'", "malformed result line: the result is a JSON list, not an object"),

@@ -406,6 +406,11 @@ def _run_child(argv: list[str], env: dict[str, str], deadline_s: float) -> tuple
                         if err_total > STDERR_MAX_BYTES:
                             why = f"printed more than {STDERR_MAX_BYTES // 2**20} MiB on stderr (killed)"
                             break
+        while not why and exited_at is None and not _exited(p.pid):  # it closed its pipes but runs on
+            if time.monotonic() >= end:
+                why = f"did not finish within {deadline_s:g} s (killed with its process group)"
+            else:
+                time.sleep(0.05)
     finally:
         _kill_group(p.pid)  # before reaping the child, whose zombie still holds the group id
         try:
