@@ -1,8 +1,9 @@
 """SGLang's own resolution (``ddtree_ops.sglang.resolve``), controller side: the diff of
 resolved settings against the plan, the wording (never "resolved" unless it ran), the
-probe's ``sglang-resolution`` check, the child run's failure modes (real subprocesses), the
-static b300 Qwen3.5 rule, drift of attention_backend / page_size, and ``plan --resolve-with``
-argument errors. The real 0.5.23 resolver runs in ``tests/peer/test_resolve.py``."""
+probe's ``sglang-resolution`` check, the child run's failure modes (real subprocesses:
+deadline, output floods, process group, escapes and secrets), the static b300 Qwen3.5 rule,
+drift of attention_backend / page_size, and ``plan --resolve-with`` argument errors and exit
+codes. The real 0.5.23 resolver runs in ``tests/peer/test_resolve.py``."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def test_probe_check_fails_only_on_a_refusal_and_quotes_sglang():
     assert skipped["ok"] and skipped["detail"] == "parsed only; resolution not run: no config.json for --model-path x"
 
 
-# ---- the child run: real subprocesses, every failure is "not run" with a reason --------
+# ---- the child run: real subprocesses; every failure of the child is "failed" with a reason
 
 def _script(tmp_path: Path, body: str) -> str:
     p = tmp_path / "python"
@@ -233,7 +234,7 @@ def test_an_output_flood_is_killed_and_memory_stays_bounded(tmp_path, stream):
     assert time.monotonic() - t0 < 10 and rc is None and f"on {stream} (killed)" in why
     assert len(out) <= resolve.STDOUT_MAX_BYTES + 65536 and len(err) <= resolve.STDERR_TAIL_BYTES
     res = run_resolution(py, {"argv": []}, deadline_s=20)
-    assert res["state"] == "failed" and f"printed more than" in res["detail"]
+    assert res["state"] == "failed" and "printed more than" in res["detail"]
 
 
 OSC = "boom \x1b]52;c;cm0gLXJmIH4K\x1b\\ \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[2J"
@@ -256,7 +257,8 @@ def test_child_text_is_cleaned_scrubbed_and_cut(tmp_path):
     res = run_resolution(_script(tmp_path, f"cat {out}"), {"argv": []})
     assert res["state"] == "resolved" and res["version"] == "0.5.23"
     assert res["resolved"] == {"attention_backend": "triton", "page_size": 1}
-    assert res["pretend"] == "no GPU here" and res["sources"] == {"page_size": "step "}  # a control character becomes a space
+    # (a control character becomes a space)
+    assert res["pretend"] == "no GPU here" and res["sources"] == {"page_size": "step "}
 
 
 def test_passes_only_resolved_or_a_documented_no_gpu_limit():

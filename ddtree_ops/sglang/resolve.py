@@ -492,7 +492,8 @@ def run_resolution(python: str, request: dict[str, Any], deadline_s: float = 180
             return _failed(f"{who}: not executable (give the python of a venv holding the pinned SGLang)")
         except OSError as exc:
             return _failed(f"{who}: cannot run: {shown(exc.strerror or exc)}")
-    tail = next((ln for ln in reversed(err.decode("utf-8", "replace").splitlines()) if ln.strip()), "no output on stderr")
+    err_lines = err.decode("utf-8", "replace").splitlines()
+    tail = next((ln for ln in reversed(err_lines) if ln.strip()), "no output on stderr")
     if killed:
         return _failed(f"SGLang's resolution in {who} {killed}")
     lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.startswith(RESOLVE_MARK)]
