@@ -267,11 +267,12 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
     validated = _require_valid(inventory, limit, vault, hub)
     resolutions: dict[str, dict[str, Any]] = {}
     if resolve_with:
-        from .sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution, shown, summary
+        from .sglang.resolve import (DETAIL_MAX, diff_plan, passes, planned_values, request_for, run_resolution,
+                                     shown, summary)
 
         for v in validated:
             res = run_resolution(resolve_with, request_for(v, models), deadline_s=resolve_timeout)
-            changes = [shown(c, 400) for c in diff_plan(planned_values(v.plan), res)] \
+            changes = [shown(c, DETAIL_MAX) for c in diff_plan(planned_values(v.plan), res)] \
                 if res.get("state") == "resolved" else []
             pin = v.deployment.sglang.base_version
             if res.get("version") and res["version"] != pin:
