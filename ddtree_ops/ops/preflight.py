@@ -500,11 +500,11 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
     return f
 
 
-def match_classes(smi: gf.SmiReport, topo: gf.Topology | None) -> dict[str, list[str]]:
+def match_classes(smi: gf.SmiReport, topo: gf.Topology | None, topo_error: str = "") -> dict[str, list[str]]:
     """For each host class, the ways the machine differs from it (empty list: it matches)."""
     out = {}
     for name, hc in sorted(HOST_CLASSES.items()):
-        out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo) if not c["ok"]]
+        out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo, topo_error) if not c["ok"]]
     return out
 
 
@@ -824,7 +824,9 @@ def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib:
     remediation: a peer-to-peer path that hangs is the usual cause; for the probe, a CUDA
     init that hangs). Skipped (ok) only where ``python`` has no torch module or nvidia-smi
     lists no GPU (``gpus``); failed where the probe fails otherwise, torch sees no CUDA device
-    although there are GPUs, or the child prints no result of the shape :func:`_nccl_result` reads."""
+    although there are GPUs, or the child prints no result of the shape :func:`_nccl_result` reads.
+    Both commands run through :func:`run_bounded` (their process group is killed after each); a
+    process that ``setsid()``s away from it is out of reach (no cgroup: best effort)."""
     if gpus < 1:
         return _skip("nccl", "no GPU")
     end = time.monotonic() + deadline_s
@@ -942,7 +944,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
                          f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}" if smi else facts.smi_error,
                          "install the NVIDIA driver (nvidia-smi comes with it) and reboot; if it is installed, "
                          "run `nvidia-smi` by hand and fix what it says"))
-    matches = match_classes(smi, facts.topo) if smi else {}
+    matches = match_classes(smi, facts.topo, facts.topo_error) if smi else {}
     if hc is None:
         fits = [n for n, d in matches.items() if not d]
         why = " ".join(f"[not {n}: {' / '.join(d[:3])}]" for n, d in matches.items() if d)
