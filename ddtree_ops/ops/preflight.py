@@ -1099,7 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", action="append", default=[], help="report this check as skipped (repeatable)")
     ap.add_argument("--nccl-smoke", action="store_true", help="run the NCCL all-reduce smoke test")
     ap.add_argument("--nccl-python", default=sys.executable, help="interpreter with torch for --nccl-smoke")
-    ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S)
+    ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S,
+                    help="total seconds for the smoke test (torch probe + all-reduce); past it the check fails")
     ap.add_argument("--disk-min-free-gib", type=float, default=None,
                     help=f"GiB the disk check needs free (default {DISK_MIN_FREE_BYTES >> 30})")
     ap.add_argument("--json", action="store_true", dest="as_json")
