@@ -682,3 +682,14 @@ def test_cli_and_zipapp_exit_2_on_a_hostile_plan_and_json_on_a_bug(tmp_path, cap
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["checks"][0]["name"] == "internal"
     assert "RuntimeError: unexpected" in doc["checks"][0]["detail"] and "SEKRIT" not in doc["checks"][0]["detail"]
+
+
+def test_gpu_facts_quoted_from_nvidia_smi_are_cleaned(tmp_path):
+    xml = (DERIVED / "b300x8_nvidia_smi_q.xml").read_text()
+    name = re.search(r"<product_name>([^<]*)</product_name>", xml)[1]
+    (tmp_path / "q.xml").write_text(xml.replace(name, name + " &#x9b;2J&#x9d;52;c;eA==&#x9c;&#x202e; token: SEKRITname"))  # XML 1.0 admits C1, not ESC
+    smi = standin_smi(tmp_path, tmp_path / "q.xml", DERIVED / "b300x8_topo.txt",
+                      (DERIVED / "b300x8_query_gpu.csv").read_text())
+    r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path, 8))
+    text = json.dumps(r, ensure_ascii=False)
+    assert name in text and "SEKRIT" not in text and not re.search("[\x80-\x9f\u202e]", text)

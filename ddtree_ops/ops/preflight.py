@@ -1015,8 +1015,9 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     return {
         "ok": all(c["ok"] for c in checks), "checks": checks, "host_class": hc.name if hc else None,
         "matches": matches,
-        "facts": {"driver": smi.driver_version if smi else None, "cuda": smi.cuda_version if smi else None,
-                  "gpus": [g.__dict__ for g in smi.gpus] if smi else [],
+        "facts": {"driver": smi.driver_version if smi else None, "cuda": clean(smi.cuda_version, 40) if smi else None,
+                  "gpus": [{k: clean(v, 200) if isinstance(v, str) else v for k, v in g.__dict__.items()}
+                           for g in smi.gpus] if smi else [],
                   "links": sorted(facts.topo.kinds()) if facts.topo else [],
                   "kernel_module": facts.module.__dict__ if facts.module else None},
     }
