@@ -613,6 +613,8 @@ def test_hostile_nvidia_smi_output_is_a_failed_check(tmp_path, csv, topo, check,
     r = pf.preflight(pf.expect_from("b300", None), smi, root=machine(tmp_path, 8))
     c = _names(r)[check]
     assert not r["ok"] and not c["ok"] and words in c["detail"], c
+    if check == "compute_capability":  # and the nvidia_smi check says why
+        assert "compute capability unknown: " in _names(r)["nvidia_smi"]["detail"]
     r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path / "n", 8))  # no class: arch guessed
     assert not _names(r)["host_class"]["ok"]
 

@@ -440,6 +440,8 @@ class Facts:
         smi_error: why there is no ``smi`` (one line), else ``""``.
         topo: ``nvidia-smi topo -m`` parsed (None: not read; ``topo_error`` says why).
         module: ``/proc/driver/nvidia/version`` parsed (None: ``module_error`` says why).
+        cap_error: why the compute capabilities are unknown (``--query-gpu`` failed or printed
+            something else), else ``""``.
     """
 
     smi: gf.SmiReport | None = None
@@ -448,6 +450,7 @@ class Facts:
     topo_error: str = ""
     module: gf.KernelModule | None = None
     module_error: str = ""
+    cap_error: str = ""
 
 
 def _smi(nvidia_smi: str, args: list[str]) -> tuple[str, str]:
@@ -477,12 +480,16 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
             f.smi_error = str(exc)
     if f.smi is not None:
         q, qerr = _smi(nvidia_smi, QUERY_COMMAND[1:])
+        f.cap_error = qerr
         try:
             caps = [g.compute_cap for g in parse_query_gpu(q)] if not qerr else []
-        except DriverCheckError:
-            caps = []
-        if not all(_CAP.fullmatch(c) for c in caps):  # compute capability is major.minor (10.3): else unknown
-            caps = []
+        except DriverCheckError as exc:
+            caps, f.cap_error = [], str(exc)
+        bad = [c for c in caps if not _CAP.fullmatch(c)]
+        if bad:  # compute capability is major.minor (10.3): else unknown
+            caps, f.cap_error = [], f"--query-gpu printed compute_cap {bad[0][:40]!r}, not major.minor such as 10.3"
+        if caps and len(caps) != len(f.smi.gpus):
+            f.cap_error = f"--query-gpu listed {len(caps)} GPU(s), -q -x {len(f.smi.gpus)}"
         if len(caps) == len(f.smi.gpus):
             f.smi.gpus[:] = [gf.GpuFacts(**{**g.__dict__, "compute_cap": c}) for g, c in zip(f.smi.gpus, caps)]
         topo, f.topo_error = _smi(nvidia_smi, ["topo", "-m"])
@@ -941,7 +948,9 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     smi, hc = facts.smi, expect.host_class
     checks: list[dict] = []
     checks.append(_check("nvidia_smi", smi is not None,
-                         f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}" if smi else facts.smi_error,
+                         f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}"
+                         + (f"; compute capability unknown: {facts.cap_error[:300]}" if facts.cap_error else "")
+                         if smi else facts.smi_error,
                          "install the NVIDIA driver (nvidia-smi comes with it) and reboot; if it is installed, "
                          "run `nvidia-smi` by hand and fix what it says"))
     matches = match_classes(smi, facts.topo, facts.topo_error) if smi else {}
