@@ -948,7 +948,7 @@ def preflight(host_class: Annotated[str | None, typer.Option("--host-class", hel
               skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
               nccl_smoke: Annotated[bool, typer.Option("--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without).")] = False,
               nccl_python: Annotated[str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")] = sys.executable,
-              nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Seconds before the smoke test is killed.")] = 120.0,
+              nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Total seconds for the smoke test (torch probe + all-reduce); past it the check fails.")] = 120.0,
               disk_min_free_gib: Annotated[float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")] = None,
               as_json: JsonOpt = False) -> None:
     """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,

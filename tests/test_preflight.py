@@ -490,3 +490,208 @@ def test_recorded_host_gives_the_facts_and_verdicts_of_the_real_run(tmp_path):
         assert got == want
     nccl = next(c for c in real["checks"] if c["name"] == "nccl")
     assert nccl["ok"] and "over 2 GPU(s)" in nccl["detail"] and "NCCL_NVLS_ENABLE=0" in nccl["detail"]
+
+
+# ---------------------------------------------------------------- hostile commands and plans (attack pass 4)
+
+HOSTILE_TEXT = ("boom \x1b]52;c;cm0gLXJmIH4K\x1b\\ \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[2J"
+                "\x9b31m\x07\u202e Authorization: Bearer SEKRITsmi\nok   fake: line")
+SECRET_SHAPES = ["hf_AbCdEfGhIjKlMnOpQrStUvWx", "--api-key SEKRIT1", "export OPENAI_API_KEY=\"SEKRIT2\"",
+                 "ServerArgs(api_key='SEKRIT3', port=30000)", '{"hf_token": "SEKRIT4"}', "HF_TOKEN = SEKRIT5",
+                 "token: SEKRIT6", "https://user:SEKRIT7@host.example/x", "GET /m?access_token=SEKRIT8&x=1",
+                 "X-Api-Key: SEKRIT9", "--admin-api-key=SEKRIT10"]
+
+
+@pytest.mark.parametrize("with_project_scrub", [False, True], ids=["zipapp-stdlib", "cli-errors-scrub"])
+def test_clean_strips_escapes_and_redacts_secret_shapes(monkeypatch, with_project_scrub):
+    """Both paths: the zipapp's standard-library scrub alone, and with ddtree_ops.config.errors.scrub."""
+    from ddtree_ops.config import errors
+
+    monkeypatch.setattr(pf, "_project_scrub", errors.scrub if with_project_scrub else None)
+    out = pf.clean(HOSTILE_TEXT)
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f\u202e]", out) and "SEKRIT" not in out
+    assert out.startswith("boom") and "click" in out and "Authorization:" in out and "ok   fake: line" in out
+    for shape in SECRET_SHAPES:
+        assert "SEKRIT" not in pf.clean(shape) and "hf_AbCd" not in pf.clean(shape), shape
+    for keep in ("GPU0 NV18 PIX", "draft_tokens_per_req=4", "--port 30000", "the key to success", "580.159.04, 10.3"):
+        assert pf.clean(keep) == keep
+    assert pf.clean("A" * 5000).endswith("…") and len(pf.clean("A" * 5000)) == pf.MAX_DETAIL + 1
+    if with_project_scrub:  # the CLI also knows the registered (vaulted) secrets
+        errors.register_secret("vaulted-opaque-XYZ")
+        assert "vaulted-opaque-XYZ" not in pf.clean("value vaulted-opaque-XYZ here")
+
+
+def test_nvidia_smi_escapes_and_secrets_never_reach_the_report(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '%s\\n' '{HOSTILE_TEXT.splitlines()[0]}' >&2\nexit 1\n")
+    smi.chmod(0o755)
+    root = machine(tmp_path, 0, uvm=False)
+    c = _names(pf.preflight(pf.expect_from("b300", None), str(smi), root=root))["nvidia_smi"]
+    assert not c["ok"] and "boom" in c["detail"] and "SEKRIT" not in c["detail"] and "\x1b" not in c["detail"]
+    app = pf.build_zipapp(str(tmp_path / "preflight.pyz"))  # the zipapp: its own scrub, text output
+    r = subprocess.run([sys.executable, "-I", "-S", app, "--host-class", "b300", "--nvidia-smi", str(smi)],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"boom" in r.stdout, r.stderr
+    assert b"SEKRIT" not in r.stdout + r.stderr and b"\x1b" not in r.stdout + r.stderr
+
+
+def _gone(pid: int, within: float = 3.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_run_bounded_kills_left_behind_children_after_a_normal_exit(tmp_path):
+    pidfile = tmp_path / "pid"
+    t = time.monotonic()  # a child detached from the pipes, as `(cmd &)` / nohup leave one
+    r = pf.run_bounded(["sh", "-c", f"(sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}); echo done"], 10)
+    assert r.rc == 0 and r.stdout.strip() == "done" and time.monotonic() - t < 5
+    assert _gone(int(pidfile.read_text()))
+    t = time.monotonic()  # a child that keeps the pipes open: the run ends soon after the command does
+    r = pf.run_bounded(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; echo done"], 10)
+    assert r.rc == 0 and "done" in r.stdout and time.monotonic() - t < 3
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_nccl_probe_that_hangs_fails_within_the_total_deadline(tmp_path):
+    fake = tmp_path / "python"  # `import torch` / CUDA init that never returns
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    t = time.monotonic()
+    c = pf.nccl_check(str(fake), 8, 1.5)
+    assert time.monotonic() - t < 5
+    assert not c["ok"] and not c.get("skipped") and "did not answer within the 1.5 s deadline" in c["detail"]
+    slow = tmp_path / "slow"  # the probe answers, then the all-reduce gets only what is left of the total
+    slow.write_text("#!/bin/sh\ncase \"$1\" in -c) sleep 1; echo 8; exit 0;; esac\nsleep 30\n")
+    slow.chmod(0o755)
+    t = time.monotonic()
+    c = pf.nccl_check(str(slow), 8, 2.0)
+    assert time.monotonic() - t < 4 and not c["ok"] and "did not finish in 2 s" in c["detail"]
+
+
+@pytest.mark.parametrize("line", ['{"correct": true}', '{"correct": true, "bytes": "x", "world": 8, "seconds": 1}',
+                                  '{"correct": true, "bytes": 1, "world": 8, "seconds": 1, "busbw_gbps": "fast"}',
+                                  '{"correct": "yes", "bytes": 1, "world": 8, "seconds": 1}', "[1, 2]", "7" * 5000,
+                                  "[" * 100000 + "]" * 100000])
+def test_nccl_result_of_the_wrong_shape_is_a_failed_check(tmp_path, line):
+    fake = tmp_path / "python"
+    (tmp_path / "line").write_text(line + "\n")
+    fake.write_text(f"#!/bin/sh\ncase \"$1\" in -c) echo 8; exit 0;; esac\ncat {tmp_path / 'line'}\n")
+    fake.chmod(0o755)
+    c = pf.nccl_check(str(fake), 8, 10)
+    assert not c["ok"] and "printed no result of the expected shape" in c["detail"]
+
+
+def test_nccl_result_of_the_right_shape_passes(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 2; exit 0;; esac\necho '{\"world\": 2, \"bytes\": 67108864, "
+                    "\"seconds\": 0.001, \"correct\": true, \"busbw_gbps\": 67.1, \"nccl\": \"2.27.3\", \"torch\": \"2.9\"}'\n")
+    fake.chmod(0o755)
+    c = pf.nccl_check(str(fake), 2, 10)
+    assert c["ok"] and "64 MiB over 2 GPU(s)" in c["detail"] and "67.1 GB/s" in c["detail"]
+
+
+@pytest.mark.parametrize("csv, topo, check, words", [
+    ("580.159.04, 10.3.1\n" * 8, None, "compute_capability", "unknown"),
+    ("index, driver_version, compute_cap\n" + "x, 580.159.04, 10.3\n" * 8, None, "compute_capability", "unknown"),
+    ('"' + "A" * 200_000 + '", 10.3\n', None, "compute_capability", "unknown"),
+    (None, "\tGPU0\tNIC0\tGPU1\nGPU0\tX\tNV18\nGPU1\tNV18\tX\n", "interconnect", "fewer cells than the header"),
+    (None, "\tGPU0\tGPU0\tGPU1\nGPU0\tX\tX\tNV18\nGPU1\tNV18\tNV18\tX\n", "interconnect", "names a GPU twice"),
+], ids=["three-part-cap", "bad-index", "huge-csv-field", "topo-misaligned", "topo-duplicate-gpu"])
+def test_hostile_nvidia_smi_output_is_a_failed_check(tmp_path, csv, topo, check, words):
+    topo_file = DERIVED / "b300x8_topo.txt"
+    if topo is not None:
+        topo_file = tmp_path / "topo.txt"
+        topo_file.write_text(topo)
+    smi = standin_smi(tmp_path, DERIVED / "b300x8_nvidia_smi_q.xml", topo_file,
+                      csv if csv is not None else (DERIVED / "b300x8_query_gpu.csv").read_text())
+    r = pf.preflight(pf.expect_from("b300", None), smi, root=machine(tmp_path, 8))
+    c = _names(r)[check]
+    assert not r["ok"] and not c["ok"] and words in c["detail"], c
+    if check == "compute_capability":  # and the nvidia_smi check says why
+        assert "compute capability unknown: " in _names(r)["nvidia_smi"]["detail"]
+    r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path / "n", 8))  # no class: arch guessed
+    assert not _names(r)["host_class"]["ok"]
+
+
+def _mutated(path: str, value) -> dict:
+    doc = _plan(31000, 19401)
+    *parents, last = path.split(".")
+    cur = doc
+    for k in parents:
+        cur = cur[k]
+    cur[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value", [
+    ("host_class", ["b300"]), ("host_class", 7), ("unit", "--host=root@127.0.0.1"), ("unit", 5),
+    ("exporter_unit", [1, "a"]), ("deployment.server.port", 10**30), ("deployment.server.port", True),
+    ("deployment.server.port", 1.5), ("deployment.server.host", {}), ("deployment.ops.exporter_port", "x"),
+    ("deployment.model", []), ("deployment.model.path", 3), ("paths.state", ["/x"]), ("paths.cache", 7),
+    ("paths.cache", "relative/dir"), ("plan.toolchain", []), ("plan.toolchain.cuda", 1.5),
+    ("plan.toolchain.min_driver", 5), ("plan.toolchain.min_driver", "5" * 5000), ("plan.toolchain.arch", {}),
+    ("plan.toolchain.ptx_version", ["8.8"]), ("plan.toolchain.ptxas", "ptxas"), ("plan.toolchain.target", "sm_x"),
+    ("plan.toolchain.ptxas_env", {"TRITON_PTXAS_PATH": True}), ("plan.toolchain.ptxas_env", ["x"]),
+    ("plan", None), ("deployment.server", "x"),
+])
+def test_hostile_plan_fields_are_a_usage_error_naming_the_field(path, value):
+    with pytest.raises(pf.PreflightUsageError) as exc:
+        pf.expect_from(None, _mutated(path, value))
+    msg = str(exc.value)
+    assert msg.startswith("--plan: ") and "not a plan.json rendered by ddtree-ops" in msg and len(msg) < 600
+    assert path.split(".")[-1] in msg or path.rsplit(".", 1)[0] in msg
+
+
+def test_plan_nulls_for_optional_fields_are_accepted():
+    e = pf.expect_from(None, _mutated("plan.toolchain.ptx_version", None))
+    assert e.host_class.name == "b300" and pf.ptxas_check(e.toolchain)["skipped"]
+    assert pf.expect_from(None, _mutated("deployment.ops.exporter_port", None)).ports[1:] == []
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"deployment": {"server": {"port": Infinity}}}', "Infinity is not a JSON number"),
+    ('{"a": NaN}', "NaN is not a JSON number"), ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    ('{"a": ' + "9" * 5000 + "}", "not JSON"), ('"\\u001b]52;c;eA==\\u0007"', "not a plan.json"),
+])
+def test_load_plan_refuses_what_json_accepts_but_a_plan_is_not(tmp_path, text, words):
+    f = tmp_path / "plan.json"
+    f.write_text(text)
+    with pytest.raises(pf.PreflightUsageError, match=re.escape(words)):
+        pf.load_plan(str(f))
+
+
+def test_cli_and_zipapp_exit_2_on_a_hostile_plan_and_json_on_a_bug(tmp_path, capsys, monkeypatch):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_mutated("deployment.server.port", 10**30)))
+    assert cli_main(["preflight", "--plan", str(plan), "--json"]) == 2
+    assert "deployment.server.port" in capsys.readouterr().out
+    app = pf.build_zipapp(str(tmp_path / "preflight.pyz"))
+    r = subprocess.run([sys.executable, "-I", "-S", app, "--plan", str(plan), "--json"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "deployment.server.port" in json.loads(r.stdout)["checks"][0]["detail"], r.stderr
+
+    def boom(*a, **k):
+        raise RuntimeError("unexpected \x1b[2J Bearer SEKRITbug")
+
+    monkeypatch.setattr(pf, "preflight", boom)
+    assert pf.main(["--host-class", "b300", "--json"]) == 70
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["checks"][0]["name"] == "internal"
+    assert "RuntimeError: unexpected" in doc["checks"][0]["detail"] and "SEKRIT" not in doc["checks"][0]["detail"]
+
+
+def test_gpu_facts_quoted_from_nvidia_smi_are_cleaned(tmp_path):
+    xml = (DERIVED / "b300x8_nvidia_smi_q.xml").read_text()
+    name = re.search(r"<product_name>([^<]*)</product_name>", xml)[1]
+    (tmp_path / "q.xml").write_text(xml.replace(name, name + " &#x9b;2J&#x9d;52;c;eA==&#x9c;&#x202e; token: SEKRITname"))  # XML 1.0 admits C1, not ESC
+    smi = standin_smi(tmp_path, tmp_path / "q.xml", DERIVED / "b300x8_topo.txt",
+                      (DERIVED / "b300x8_query_gpu.csv").read_text())
+    r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path, 8))
+    text = json.dumps(r, ensure_ascii=False)
+    assert name in text and "SEKRIT" not in text and not re.search("[\x80-\x9f\u202e]", text)

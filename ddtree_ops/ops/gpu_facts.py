@@ -99,7 +99,7 @@ def parse_smi_xml(text: str) -> SmiReport:
 
     Raises:
         FactsError: over :data:`MAX_XML_BYTES`, declares entities, not XML, or not an
-            ``nvidia_smi_log`` with a dotted ``driver_version``.
+            ``nvidia_smi_log`` with a dotted ``driver_version`` (2-4 parts of at most 9 digits).
     """
     if len(text) > MAX_XML_BYTES:
         raise FactsError(f"nvidia-smi -q -x printed {len(text)} bytes, more than the {MAX_XML_BYTES} accepted")
@@ -110,7 +110,7 @@ def parse_smi_xml(text: str) -> SmiReport:
     except ET.ParseError as exc:
         raise FactsError(f"nvidia-smi -q -x output is not XML ({exc})") from None
     drv = (root.findtext("driver_version") or "").strip()
-    if root.tag != "nvidia_smi_log" or not re.fullmatch(r"\d+(\.\d+)+", drv):
+    if root.tag != "nvidia_smi_log" or not re.fullmatch(r"\d{1,9}(\.\d{1,9}){1,3}", drv):
         raise FactsError("not an nvidia-smi -q -x document (no <nvidia_smi_log> with a driver_version)")
     gpus = []
     for i, g in enumerate(root.findall("gpu")):
@@ -146,15 +146,17 @@ def parse_topo(text: str) -> Topology:
     """Parse the GPU-to-GPU part of ``nvidia-smi topo -m`` (NIC rows and columns ignored).
 
     Raises:
-        FactsError: no header with ``GPU0``, a GPU row missing, or a cell that is not a
-            link value of the legend.
+        FactsError: no header with ``GPU0``, a GPU named twice in it, a GPU row missing or
+            shorter than the header's GPU columns, or a cell that is not a link value of the legend.
     """
     lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
     head_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s*GPU0(\s|$)", ln)), None)
     if head_i is None:
         raise FactsError("nvidia-smi topo -m output has no matrix header naming GPU0")
     header = [c.strip() for c in lines[head_i].strip().split("\t")]
-    gpus = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    gpus = [c for c in header if re.fullmatch(r"GPU\d{1,4}", c)]
+    if len(set(gpus)) != len(gpus):
+        raise FactsError(f"nvidia-smi topo -m: the header names a GPU twice ({' '.join(gpus)[:200]})")
     rows: dict[str, list[str]] = {}
     for ln in lines[head_i + 1:]:
         if not ln.strip() or ln.startswith("Legend"):
@@ -164,8 +166,8 @@ def parse_topo(text: str) -> Topology:
     links: dict[tuple[int, int], str] = {}
     for i, gi in enumerate(gpus):
         row = rows.get(gi)
-        if row is None or len(row) < len(gpus):
-            raise FactsError(f"nvidia-smi topo -m: no complete row for {gi}")
+        if row is None or len(row) <= max(header.index(g) for g in gpus):
+            raise FactsError(f"nvidia-smi topo -m: no complete row for {gi} (fewer cells than the header's GPU columns)")
         for j, _gj in enumerate(gpus):
             cell = row[header.index(_gj)]
             if not _LINK.match(cell):

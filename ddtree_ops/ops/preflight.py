@@ -15,7 +15,9 @@ Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, p
 ``ptxas``, ``shm``, ``limits``, ``disk``, ``ports``, ``nccl`` (with ``--nccl-smoke``).
 
 Every command runs with a total deadline and bounded output (:func:`run_bounded`); a missing
-``nvidia-smi`` is a failed ``nvidia_smi`` check, not a traceback.
+``nvidia-smi`` is a failed ``nvidia_smi`` check, not a traceback. Text quoted from a command or
+a file (nvidia-smi, the NCCL child, ptxas, systemctl) is cleaned of terminal escapes and control
+characters and its secret-looking values redacted (:func:`clean`) before it reaches a check.
 
 Exit codes (:func:`main`): 0 every check passed, 1 a check failed, 2 usage error.
 """
@@ -45,6 +47,11 @@ from . import gpu_facts as gf
 from .ports import check_port
 from .ptxas import PtxasUsageError, assemble
 from .toolkit import QUERY_COMMAND, DriverCheckError, parse_query_gpu
+
+try:  # the CLI (full install): the project's scrub also knows the registered secrets (vault values)
+    from ..config.errors import scrub as _project_scrub
+except ImportError:  # the zipapp (standard library only; config/errors.py needs pydantic and is not in it)
+    _project_scrub = None
 
 CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
                "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu", "device_nodes",
@@ -84,8 +91,83 @@ ACS_FIX = ("disable PCIe ACS P2P redirect on the GPUs' upstream bridges (BIOS: A
            "troubleshooting guide says for PCIe peer-to-peer")
 
 
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?"                             # CSI (colours, cursor, clear screen)
+    r"|\x1b[\]PX^_][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"          # OSC (titles, OSC 8 links, OSC 52 clipboard), DCS, SOS, PM, APC
+    r"|\x1b[ -/]*[0-~]?"                                     # every other escape sequence (ECMA-48 nF/Fp/Fe/Fs)
+    r"|\x9b[0-?]*[ -/]*[@-~]?"                               # 8-bit CSI
+    r"|[\x90\x98\x9d\x9e\x9f][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)")  # 8-bit OSC/DCS/SOS/PM/APC strings
+"""Terminal escape sequences (ECMA-48 / ISO 6429: CSI, OSC and the other string and two-byte
+sequences, 7- and 8-bit forms); a string sequence without its terminator runs to the end."""
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]+")
+"""C0/C1 control characters (newlines too: a detail is one line) and the invisible or
+reordering format characters (zero-width, line/paragraph separators, bidi embeddings and
+isolates, BOM) that make a terminal show other text than there is."""
+
+_SECRET_WORD = re.compile(r"[a-z0-9]*(token|key)|pass(?:wd|words?|phrases?)?[0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
+                          r"|credentials?|auth[a-z0-9]*|pat|bearer|cookies?|salt|jwt|signature", re.IGNORECASE)
+"""A word of a secret-looking name: the rule of ``ddtree_ops.config.errors.SECRET_NAME``, repeated
+here because the zipapp cannot import that module (it needs pydantic)."""
+_SCRUB_SHAPES = (
+    # URL user info (RFC 3986 3.2.1): scheme://user:pass@ or scheme://TOKEN@
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"]+@"), lambda m: f"{m[1]}(redacted)@"),
+    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)(\s+)[A-Za-z0-9._~+/=-]{4,}"), lambda m: f"{m[1]}{m[2]}(redacted)"),
+    # secret-looking query parameters: ?access_token=X, &sig=X
+    (re.compile(r"(?i)([?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|credential|session)"
+                r"[A-Za-z0-9_.-]*=)[^&#\s'\"]+"), lambda m: f"{m[1]}(redacted)"),
+    # tokens recognisable by their prefix: Hugging Face hf_, GitHub ghp_/gho_/ghs_/github_pat_, OpenAI sk-, Slack xox?-
+    (re.compile(r"\b(?:hf_|gh[opsur]_|github_pat_|sk-|xox[abposr]-)[A-Za-z0-9_-]{8,}"), lambda m: "(redacted)"),
+)
+_NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ \t]*[=:][ \t]*)(?P<vq>[\"']?)"
+                    r"(?P<value>[^\s'\",;{}\[\]()]+)")
+"""``NAME=value``, ``NAME: value``, ``"name": "value"``, ``name='value'`` (a Python repr),
+``--flag=value``: the value is redacted when a word of NAME is secret-looking (``HF_TOKEN = X``,
+``api_key='X'``, ``export OPENAI_API_KEY="X"``)."""
+_FLAG_VALUE = re.compile(r"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)")
+"""``--flag value`` (argv as printed): the value is redacted when a word of the flag is
+secret-looking (``--api-key X``, ``--hf-token X``)."""
+
+
+def _secret_name(name: str) -> bool:
+    return any(_SECRET_WORD.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", name) if w)
+
+
+def _redact_named(m: re.Match) -> str:
+    if not _secret_name(m["name"]) or m["value"] == "(redacted)":
+        return m[0]
+    return m[0][:m.start("value") - m.start()] + "(redacted)"
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with secret-looking values redacted, standard library only (the zipapp's own
+    scrub): URL user info, HTTP authorization credentials, secret-looking query parameters,
+    prefixed tokens (``hf_...``, ``ghp_...``, ``sk-...``) and the value of every name/value
+    pair or ``--flag value`` whose name has a secret-looking word (:data:`_SECRET_WORD`)."""
+    for rx, sub in _SCRUB_SHAPES:
+        text = rx.sub(sub, text)
+    return _FLAG_VALUE.sub(_redact_named, _NAMED.sub(_redact_named, text))
+
+
+MAX_DETAIL = 2000
+"""Characters of a check's detail or remediation kept (longer ones end in ``…``)."""
+
+
+def clean(text: str, limit: int = MAX_DETAIL) -> str:
+    """``text`` made safe to print and to keep: terminal escape sequences removed (:data:`_ESCAPES`),
+    control and invisible format characters turned into one space (:data:`_CONTROLS`), secrets
+    redacted (:func:`scrub_text`, and ``ddtree_ops.config.errors.scrub`` too where it can be
+    imported: the CLI), then cut to ``limit`` characters plus ``…``."""
+    text = _CONTROLS.sub(" ", _ESCAPES.sub("", str(text)))
+    text = scrub_text(text)
+    if _project_scrub is not None:
+        text = _project_scrub(text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _check(name: str, ok: bool, detail: str, remediation: str = "", skipped: bool = False) -> dict:
-    c = {"name": name, "ok": ok, "detail": detail, "remediation": "" if ok else remediation}
+    """One check; ``detail`` and ``remediation`` go through :func:`clean` (they quote commands' output)."""
+    c = {"name": name, "ok": ok, "detail": clean(detail), "remediation": "" if ok else clean(remediation)}
     if skipped:
         c["skipped"] = True
     return c
@@ -112,28 +194,44 @@ class CmdResult:
     note: str = ""
 
 
+DRAIN_S = 0.5
+"""Seconds the output pipes are still read after the command itself exited (a background child
+that kept them open is killed with the group after that)."""
+
+
 def run_bounded(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, max_bytes: int = MAX_OUTPUT,
                 env: dict | None = None) -> CmdResult:
-    """Run ``argv`` (no shell) in its own process group with a TOTAL deadline and bounded output;
-    at the deadline, or past ``max_bytes`` on either stream, the whole group is killed.
-    Never raises for the command's sake."""
+    """Run ``argv`` (no shell) with a TOTAL deadline of ``timeout`` seconds and at most
+    ``max_bytes`` kept per stream; never raises for the command's sake.
+
+    The command starts a new session (``start_new_session``), so it leads its own process
+    group; after EVERY run (normal exit, deadline, flood) that whole group is SIGKILLed, while
+    the leader is still unreaped (its id, the group's, cannot be reused meanwhile), so a child
+    it left behind (``cmd &``, ``(cmd &)``, ``nohup cmd``) dies with it. A child that calls
+    ``setsid()``/``setpgid()`` itself leaves the group and escapes this (best effort: no cgroup
+    is set up for a probing command)."""
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True, env=env)
-    except OSError as exc:
-        return CmdResult(127, "", "", f"{argv[0]}: {exc.strerror or exc}")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument
+        return CmdResult(127, "", "", f"{str(argv[0])[:200]}: {getattr(exc, 'strerror', None) or exc}")
     bufs = {p.stdout: bytearray(), p.stderr: bytearray()}
     note, rc_override = "", None
     end = time.monotonic() + timeout
+    exited_at = None
     with selectors.DefaultSelector() as sel:
         for f in bufs:
             sel.register(f, selectors.EVENT_READ)
         while sel.get_map():
-            left = end - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= end:
                 note, rc_override = f"killed after {timeout:g} s (deadline)", 124
                 break
-            for key, _ in sel.select(min(left, 0.5)):
+            if exited_at is None and _exited(p.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_S:
+                break  # a background child holds the pipes open: killed with the group below
+            for key, _ in sel.select(min(end - now, 0.1)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -145,20 +243,29 @@ def run_bounded(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, max_bytes: 
                     break
             if rc_override is not None:
                 break
-    if rc_override is not None:
-        _kill_group(p)
-    try:
-        rc = p.wait(timeout=max(0.1, end - time.monotonic()) if rc_override is None else 5)
-    except subprocess.TimeoutExpired:
-        _kill_group(p)
-        rc, note, rc_override = 124, f"killed after {timeout:g} s (deadline)", 124
+    while rc_override is None and not _exited(p.pid):  # pipes closed; the command may still run
+        if time.monotonic() >= end:
+            note, rc_override = f"killed after {timeout:g} s (deadline)", 124
+            break
+        time.sleep(0.01)
+    _kill_group(p)
+    rc = p.returncode if p.returncode is not None else -9
     for f in bufs:
         f.close()
     out, err = (bytes(bufs[f][:max_bytes]).decode("utf-8", "replace") for f in (p.stdout, p.stderr))
     return CmdResult(rc_override if rc_override is not None else rc, out, err, note)
 
 
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it (``waitid`` with ``WNOWAIT``)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True
+
+
 def _kill_group(p: subprocess.Popen) -> None:
+    """SIGKILL ``p``'s process group (``p`` leads it: ``start_new_session``), then reap ``p``."""
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -190,40 +297,134 @@ class Expect:
 
 
 class PreflightUsageError(Exception):
-    """Bad arguments or an unreadable plan (exit 2)."""
+    """Bad arguments or an unreadable plan (exit 2); the message is :func:`clean`-ed (it quotes
+    paths and plan values)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clean(message))
+
+
+_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,240}\.service")
+"""A systemd service unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@``), not
+starting with ``-`` (it is passed to ``systemctl show``)."""
+_VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
+_SM = re.compile(r"sm_\d{2,3}[af]?")
+
+
+def _shown(v: object) -> str:
+    try:
+        t = json.dumps(v)
+    except (TypeError, ValueError, RecursionError):
+        t = repr(v)
+    return t if len(t) <= 200 else t[:200] + "…"
+
+
+def plan_fields(plan: dict) -> dict:
+    """Every field of a ``plan.json`` (:func:`ddtree_ops.render.files` writes it) that the
+    preflight reads, checked for type and range in one place.
+
+    Returns:
+        ``{host_class, unit, exporter_unit, port, host, exporter_port, model_path, state, cache,
+        toolchain}``: ``host_class`` a name of :data:`HOST_CLASSES`; ``unit`` (``exporter_unit``
+        or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints 1..65535
+        (``exporter_port`` or None); ``host`` str or None; ``model_path``, ``state``, ``cache`` str
+        or None (``state``/``cache`` absolute); ``toolchain`` a dict whose ``arch``/``target``
+        are ``sm_NN[a|f]``, ``cuda``/``min_driver``/``ptx_version`` dotted numbers, ``ptxas``
+        an absolute path, ``package`` a str, ``ptxas_env`` a ``{NAME: absolute path}`` (each
+        may be absent or null).
+
+    Raises:
+        PreflightUsageError: one line naming the first bad field, its value (cut to 200
+            characters), the rule and the fix.
+    """
+    fix = "not a plan.json rendered by ddtree-ops: use the host's /etc/ddtree-ops/<name>/plan.json"
+
+    def get(path: str, rule: str, ok) -> object:
+        cur: object = plan
+        for k in path.split("."):
+            if not isinstance(cur, dict):
+                raise PreflightUsageError(f"--plan: {path}: its parent is {_shown(cur)}, not an object; {fix}")
+            cur = cur.get(k)
+        if not ok(cur):
+            raise PreflightUsageError(f"--plan: {path} is {_shown(cur)}: must be {rule}; {fix}")
+        return cur
+
+    def opt(check):
+        return lambda v: v is None or check(v)
+
+    def text(rx=None, limit=4096):
+        return lambda v: isinstance(v, str) and len(v) <= limit and "\x00" not in v and (
+            rx is None or rx.fullmatch(v) is not None)
+
+    def absolute(v: object) -> bool:
+        return text()(v) and v.startswith("/")
+
+    def port(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535
+
+    dicts = ("deployment", "deployment.server", "plan", "paths")
+    for d in dicts:
+        get(d, "an object", lambda v: isinstance(v, dict))
+    for d in ("deployment.ops", "deployment.model", "plan.toolchain"):
+        get(d, "an object or null", opt(lambda v: isinstance(v, dict)))
+    out = {
+        "host_class": get("host_class", f"one of {', '.join(sorted(HOST_CLASSES))}",
+                          lambda v: isinstance(v, str) and v in HOST_CLASSES),
+        "unit": get("unit", "a systemd service name such as ddtree-sglang.service", text(_UNIT, 256)),
+        "exporter_unit": get("exporter_unit", "a systemd service name or null", opt(text(_UNIT, 256))),
+        "port": get("deployment.server.port", "an integer 1..65535", port),
+        "host": get("deployment.server.host", "a host name or address (string) or null", opt(text(limit=253))),
+        "exporter_port": get("deployment.ops.exporter_port", "an integer 1..65535 or null", opt(port))
+        if isinstance(plan["deployment"].get("ops"), dict) else None,
+        "model_path": get("deployment.model.path", "a string or null", opt(text()))
+        if isinstance(plan["deployment"].get("model"), dict) else None,
+        "state": get("paths.state", "an absolute path or null", opt(absolute)),
+        "cache": get("paths.cache", "an absolute path or null", opt(absolute)),
+    }
+    tc = plan["plan"].get("toolchain") or {}
+    if tc:
+        for k, rule, ok in (("arch", "sm_NN such as sm_103", text(_SM, 8)),
+                            ("target", "sm_NN[a|f] such as sm_103a", text(_SM, 8)),
+                            ("cuda", "a dotted version such as 13.0 (a string)", text(_VERSION, 40)),
+                            ("min_driver", "a dotted driver version such as 580.65.06 (a string)", text(_VERSION, 40)),
+                            ("ptx_version", "a dotted PTX ISA version such as 8.8 (a string)", text(_VERSION, 40)),
+                            ("ptxas", "an absolute path", absolute),
+                            ("package", "a string", text(limit=200)),
+                            ("ptxas_env", "an object {TRITON_PTXAS_*: absolute path}",
+                             lambda v: isinstance(v, dict) and len(v) <= 8 and all(
+                                 text(re.compile(r"[A-Z][A-Z0-9_]{0,63}"))(n) and absolute(x) for n, x in v.items()))):
+            get(f"plan.toolchain.{k}", f"{rule} or null", opt(ok))
+    out["toolchain"] = dict(tc)
+    return out
 
 
 def expect_from(host_class: str | None, plan: dict | None) -> Expect:
-    """Build :class:`Expect` from ``--host-class`` and/or a plan document (``plan.json``).
+    """Build :class:`Expect` from ``--host-class`` and/or a plan document (``plan.json``,
+    its fields checked by :func:`plan_fields`).
 
     Raises:
         PreflightUsageError: unknown class, a plan that is not ddtree-ops' ``plan.json``, or a
             class that contradicts the plan's.
     """
     e = Expect()
+    if host_class is not None and not isinstance(host_class, str):
+        raise PreflightUsageError(f"host class {_shown(host_class)}: use one of {', '.join(sorted(HOST_CLASSES))}")
     if plan is not None:
-        try:
-            dep, pl, paths = plan["deployment"], plan["plan"], plan["paths"]
-            name = plan["host_class"]
-            e.toolchain = dict(pl.get("toolchain") or {})
-            e.unit = str(plan["unit"])
-            server, ops = dep["server"], dep.get("ops") or {}
-            bind = str(server.get("host") or "") or None
-            e.ports = [(int(server["port"]), e.unit, bind)]
-            if ops.get("exporter_port") is not None:
-                e.ports.append((int(ops["exporter_port"]), plan.get("exporter_unit"), None))
-            model = str((dep.get("model") or {}).get("path") or "")
-            e.dirs = [p for p in (model if model.startswith("/") else "", paths.get("state"), paths.get("cache")) if p]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PreflightUsageError(f"--plan: not a plan.json rendered by ddtree-ops (missing or bad {exc}); "
-                                      "use the host's /etc/ddtree-ops/<name>/plan.json") from None
+        f = plan_fields(plan)
+        e.toolchain, e.unit, name = f["toolchain"], f["unit"], f["host_class"]
+        bind = f["host"] or None
+        e.ports = [(f["port"], e.unit, bind)]
+        if f["exporter_port"] is not None:
+            e.ports.append((f["exporter_port"], f["exporter_unit"], None))
+        model = f["model_path"] or ""
+        e.dirs = [p for p in (model if model.startswith("/") else "", f["state"], f["cache"]) if p]
         if host_class is not None and host_class != name:
-            raise PreflightUsageError(f"--host-class {host_class!r} contradicts the plan's host_class {name!r}; "
+            raise PreflightUsageError(f"--host-class {host_class[:200]!r} contradicts the plan's host_class {name!r}; "
                                       "give one of them")
         host_class = name
     if host_class is not None:
         if host_class not in HOST_CLASSES:
-            raise PreflightUsageError(f"host class {str(host_class)[:200]!r}: use one of {', '.join(sorted(HOST_CLASSES))}")
+            raise PreflightUsageError(f"host class {host_class[:200]!r}: use one of {', '.join(sorted(HOST_CLASSES))}")
         e.host_class = HOST_CLASSES[host_class]
         if not e.toolchain:
             e.toolchain = plan_toolchain(e.host_class.arch, None, None)
@@ -239,6 +440,8 @@ class Facts:
         smi_error: why there is no ``smi`` (one line), else ``""``.
         topo: ``nvidia-smi topo -m`` parsed (None: not read; ``topo_error`` says why).
         module: ``/proc/driver/nvidia/version`` parsed (None: ``module_error`` says why).
+        cap_error: why the compute capabilities are unknown (``--query-gpu`` failed or printed
+            something else), else ``""``.
     """
 
     smi: gf.SmiReport | None = None
@@ -247,6 +450,7 @@ class Facts:
     topo_error: str = ""
     module: gf.KernelModule | None = None
     module_error: str = ""
+    cap_error: str = ""
 
 
 def _smi(nvidia_smi: str, args: list[str]) -> tuple[str, str]:
@@ -258,6 +462,10 @@ def _smi(nvidia_smi: str, args: list[str]) -> tuple[str, str]:
         last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["no output"]
         return "", f"`nvidia-smi {' '.join(args)}` failed (rc {r.rc}{', ' + r.note if r.note else ''}: {last[0][:200]})"
     return r.stdout, ""
+
+
+_CAP = re.compile(r"\d{1,2}\.\d{1,2}")
+"""A compute capability as ``--query-gpu=compute_cap`` prints it (``9.0``, ``10.3``)."""
 
 
 def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
@@ -272,10 +480,16 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
             f.smi_error = str(exc)
     if f.smi is not None:
         q, qerr = _smi(nvidia_smi, QUERY_COMMAND[1:])
+        f.cap_error = qerr
         try:
             caps = [g.compute_cap for g in parse_query_gpu(q)] if not qerr else []
-        except DriverCheckError:
-            caps = []
+        except DriverCheckError as exc:
+            caps, f.cap_error = [], str(exc)
+        bad = [c for c in caps if not _CAP.fullmatch(c)]
+        if bad:  # compute capability is major.minor (10.3): else unknown
+            caps, f.cap_error = [], f"--query-gpu printed compute_cap {bad[0][:40]!r}, not major.minor such as 10.3"
+        if caps and len(caps) != len(f.smi.gpus):
+            f.cap_error = f"--query-gpu listed {len(caps)} GPU(s), -q -x {len(f.smi.gpus)}"
         if len(caps) == len(f.smi.gpus):
             f.smi.gpus[:] = [gf.GpuFacts(**{**g.__dict__, "compute_cap": c}) for g, c in zip(f.smi.gpus, caps)]
         topo, f.topo_error = _smi(nvidia_smi, ["topo", "-m"])
@@ -293,11 +507,11 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
     return f
 
 
-def match_classes(smi: gf.SmiReport, topo: gf.Topology | None) -> dict[str, list[str]]:
+def match_classes(smi: gf.SmiReport, topo: gf.Topology | None, topo_error: str = "") -> dict[str, list[str]]:
     """For each host class, the ways the machine differs from it (empty list: it matches)."""
     out = {}
     for name, hc in sorted(HOST_CLASSES.items()):
-        out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo) if not c["ok"]]
+        out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo, topo_error) if not c["ok"]]
     return out
 
 
@@ -452,7 +666,7 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
     if drv and m is not None and m.version != drv:
         problems.append(f"kernel module {m.version} but nvidia-smi (user space) {drv}: a driver upgrade is half done")
     cuda = toolchain.get("cuda")
-    if drv and smi and cuda and re.fullmatch(r"\d+(\.\d+)+", smi.cuda_version) and not at_least(smi.cuda_version, cuda):
+    if drv and smi and cuda and _VERSION.fullmatch(smi.cuda_version) and not at_least(smi.cuda_version, cuda):
         problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
     detail = "; ".join(problems) if problems else (
         f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
@@ -470,7 +684,7 @@ def ptxas_check(toolchain: dict) -> dict:
     path, target, ptx = toolchain.get("ptxas"), toolchain.get("target"), toolchain.get("ptx_version")
     env = toolchain.get("ptxas_env") or {}
     path = next(iter(env.values()), path) if env else path
-    if not path or not target:
+    if not path or not target or not ptx:
         return _skip("ptxas", "no toolchain: give --host-class or --plan")
     if not os.path.exists(path):
         return _skip("ptxas", f"{path} is not installed yet (the cuda_toolkit role installs CUDA "
@@ -612,20 +826,41 @@ if __name__ == "__main__":
 def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib: int = 64) -> dict:
     """All-reduce ``mib`` MiB with NCCL (``NCCL_NVLS_ENABLE=0``) over the GPUs ``python``'s torch
     sees (``torch.cuda.device_count()``, so ``CUDA_VISIBLE_DEVICES`` applies), in its own process
-    group, killed at ``deadline_s`` (then the ACS/IOMMU fix is the remediation: a peer-to-peer
-    path that hangs is the usual cause). Skipped (ok) where torch is absent or nvidia-smi lists
-    no GPU (``gpus``); failed where torch sees no CUDA device although there are GPUs."""
+    group. ``deadline_s`` is the TOTAL for the torch probe and the all-reduce together; what
+    runs past it is killed and the check fails (for the all-reduce the ACS/IOMMU fix is the
+    remediation: a peer-to-peer path that hangs is the usual cause; for the probe, a CUDA
+    init that hangs). Skipped (ok) only where ``python`` has no torch module or nvidia-smi
+    lists no GPU (``gpus``); failed where the probe fails otherwise, torch sees no CUDA device
+    although there are GPUs, or the child prints no result of the shape :func:`_nccl_result` reads.
+    Both commands run through :func:`run_bounded` (their process group is killed after each); a
+    process that ``setsid()``s away from it is out of reach (no cgroup: best effort)."""
     if gpus < 1:
         return _skip("nccl", "no GPU")
-    probe = run_bounded([python, "-c", "import torch, torch.distributed; print(torch.cuda.device_count())"], 120)
+    end = time.monotonic() + deadline_s
+    probe = run_bounded([python, "-c", "import torch, torch.distributed; print(torch.cuda.device_count())"],
+                        deadline_s)
+    last = (probe.stderr.strip().splitlines() or [probe.note or "no output"])[-1][:300]
+    if probe.rc == 124:
+        return _check("nccl", False, f"the torch probe of {python} (import torch; torch.cuda.device_count()) did not "
+                      f"answer within the {deadline_s:g} s deadline (killed): CUDA initialisation hangs",
+                      "run `nvidia-smi` and the probe by hand; a hung CUDA init is a driver/GPU fault (dmesg: Xid), "
+                      "or raise --nccl-deadline on a slow file system")
+    if probe.rc != 0 and re.search(r"No module named '?torch'?", probe.stderr):
+        return _skip("nccl", f"no torch in {python} ({last[:160]})")
     if probe.rc != 0:
-        return _skip("nccl", f"no torch in {python} ({(probe.stderr.strip().splitlines() or [probe.note])[-1][:160]})")
-    seen = (probe.stdout.strip().splitlines() or [""])[-1]
-    if not seen.isdigit() or int(seen) < 1:
+        return _check("nccl", False, f"the torch probe of {python} failed (rc {probe.rc}: {last})",
+                      "give --nccl-python an interpreter whose torch imports (its error is above), or leave out "
+                      "--nccl-smoke")
+    seen = (probe.stdout.strip().splitlines() or [""])[-1].strip()
+    if not re.fullmatch(r"\d{1,4}", seen) or int(seen) < 1:
         return _check("nccl", False, f"torch in {python} sees no CUDA device (device_count {seen[:40]!r}) on a host "
                       f"with {gpus} GPU(s)", "install a torch build for this CUDA driver (e.g. the cu130 wheels), and "
                       "check CUDA_VISIBLE_DEVICES and /dev/nvidia* permissions")
     gpus = int(seen)
+    left = end - time.monotonic()
+    if left <= 0.5:
+        return _check("nccl", False, f"the torch probe used the whole {deadline_s:g} s deadline: no time left for "
+                      "the all-reduce", "raise --nccl-deadline")
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with tempfile.TemporaryDirectory(prefix="ddtree-nccl-") as tmp:
         script = Path(tmp) / "nccl_smoke.py"
@@ -633,24 +868,51 @@ def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib:
         with socket.socket() as s:  # a free loopback port for the rendezvous
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        r = run_bounded([python, str(script), str(gpus), str(port), str(mib)], deadline_s, env=env)
+        r = run_bounded([python, str(script), str(gpus), str(port), str(mib)], left, env=env)
     if r.rc == 124:
         return _check("nccl", False, f"all-reduce over {gpus} GPU(s) did not finish in {deadline_s:g} s (killed)",
                       ACS_FIX)
     try:
-        res = json.loads((r.stdout.strip().splitlines() or [""])[-1])
-    except ValueError:
+        res = _nccl_result(json.loads((r.stdout.strip().splitlines() or [""])[-1]))
+    except (ValueError, RecursionError):
         res = None
-    if r.rc != 0 or not isinstance(res, dict):
+    if r.rc != 0 or res is None:
         last = (r.stderr.strip().splitlines() or [r.note or "no output"])[-1][:300]
-        return _check("nccl", False, f"all-reduce over {gpus} GPU(s) failed (rc {r.rc}): {last}",
+        why = f"failed (rc {r.rc}): {last}" if r.rc != 0 else (
+            f"printed no result of the expected shape ({{world, bytes, seconds, correct, busbw_gbps}}; last line "
+            f"{(r.stdout.strip().splitlines() or [''])[-1][:200]!r})")
+        return _check("nccl", False, f"all-reduce over {gpus} GPU(s) {why}",
                       "read the NCCL error above (NCCL_DEBUG=WARN); if it names P2P or SHM, " + ACS_FIX)
-    bw = res.get("busbw_gbps")
-    return _check("nccl", bool(res.get("correct")),
+    bw = res["busbw_gbps"]
+    return _check("nccl", res["correct"],
                   f"all-reduce of {res['bytes'] >> 20} MiB over {res['world']} GPU(s): {res['seconds'] * 1e3:.2f} ms"
-                  + (f", bus bandwidth {bw:.1f} GB/s" if bw else "") + f" (NCCL {res.get('nccl')}, torch "
-                  f"{res.get('torch')}, NCCL_NVLS_ENABLE=0)" + ("" if res.get("correct") else "; WRONG SUM"),
+                  + (f", bus bandwidth {bw:.1f} GB/s" if bw else "") + f" (NCCL {res['nccl']}, torch "
+                  f"{res['torch']}, NCCL_NVLS_ENABLE=0)" + ("" if res["correct"] else "; WRONG SUM"),
                   "the all-reduce summed wrongly: a GPU or link fault; run nvidia-smi -q and dcgmi diag")
+
+
+def _nccl_result(doc: object) -> dict:
+    """The NCCL child's result line (:data:`_NCCL_CHILD`) checked for shape: ``world`` int 1..4096,
+    ``bytes`` int >= 0, ``seconds`` finite number > 0, ``correct`` bool, ``busbw_gbps`` finite
+    number >= 0 or null, ``nccl``/``torch`` strings (shortened to 40 characters; absent: ``?``).
+
+    Raises:
+        ValueError: anything else.
+    """
+    def num(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300 and v == v
+
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    world, size, secs, ok, bw = (doc.get(k) for k in ("world", "bytes", "seconds", "correct", "busbw_gbps"))
+    if not (isinstance(world, int) and not isinstance(world, bool) and 1 <= world <= 4096):
+        raise ValueError("world")
+    if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 1 << 60):
+        raise ValueError("bytes")
+    if not (num(secs) and secs > 0) or not isinstance(ok, bool) or not (bw is None or (num(bw) and bw >= 0)):
+        raise ValueError("seconds/correct/busbw_gbps")
+    return {"world": world, "bytes": size, "seconds": float(secs), "correct": ok, "busbw_gbps": bw,
+            **{k: str(doc.get(k, "?"))[:40] for k in ("nccl", "torch")}}
 
 
 def _unit_limits(unit: str | None) -> dict | None:
@@ -686,10 +948,12 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     smi, hc = facts.smi, expect.host_class
     checks: list[dict] = []
     checks.append(_check("nvidia_smi", smi is not None,
-                         f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}" if smi else facts.smi_error,
+                         f"{len(smi.gpus)} GPU(s), driver {smi.driver_version}"
+                         + (f"; compute capability unknown: {facts.cap_error[:300]}" if facts.cap_error else "")
+                         if smi else facts.smi_error,
                          "install the NVIDIA driver (nvidia-smi comes with it) and reboot; if it is installed, "
                          "run `nvidia-smi` by hand and fix what it says"))
-    matches = match_classes(smi, facts.topo) if smi else {}
+    matches = match_classes(smi, facts.topo, facts.topo_error) if smi else {}
     if hc is None:
         fits = [n for n, d in matches.items() if not d]
         why = " ".join(f"[not {n}: {' / '.join(d[:3])}]" for n, d in matches.items() if d)
@@ -760,8 +1024,9 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     return {
         "ok": all(c["ok"] for c in checks), "checks": checks, "host_class": hc.name if hc else None,
         "matches": matches,
-        "facts": {"driver": smi.driver_version if smi else None, "cuda": smi.cuda_version if smi else None,
-                  "gpus": [g.__dict__ for g in smi.gpus] if smi else [],
+        "facts": {"driver": smi.driver_version if smi else None, "cuda": clean(smi.cuda_version, 40) if smi else None,
+                  "gpus": [{k: clean(v, 200) if isinstance(v, str) else v for k, v in g.__dict__.items()}
+                           for g in smi.gpus] if smi else [],
                   "links": sorted(facts.topo.kinds()) if facts.topo else [],
                   "kernel_module": facts.module.__dict__ if facts.module else None},
     }
@@ -773,15 +1038,25 @@ def load_plan(path: str) -> dict:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20:
             raise PreflightUsageError(f"--plan {path[:200]}: not a regular file of at most 16 MiB")
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in after the stat cannot block
+        with open(fd, encoding="utf-8") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise PreflightUsageError(f"--plan {path[:200]}: not a regular file of at most 16 MiB")
+            doc = json.loads(fh.read(16 << 20), parse_constant=_no_constant)
     except OSError as exc:
         raise PreflightUsageError(f"--plan {path[:200]}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise PreflightUsageError(f"--plan {path[:200]}: not JSON ({exc})") from None
+    except ValueError as exc:  # also UnicodeDecodeError and ints over Python's 4300-digit limit
+        raise PreflightUsageError(f"--plan {path[:200]}: not JSON ({clean(str(exc), 200)})") from None
+    except RecursionError:
+        raise PreflightUsageError(f"--plan {path[:200]}: nested too deeply: not a plan.json rendered by "
+                                  "ddtree-ops") from None
     if not isinstance(doc, dict):
         raise PreflightUsageError(f"--plan {path[:200]}: not a plan.json rendered by ddtree-ops")
     return doc
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def disk_bytes(gib: float | None) -> int | None:
@@ -822,7 +1097,11 @@ def build_zipapp(out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The zipapp's entry point (the CLI's ``preflight`` command takes the same options)."""
+    """The zipapp's entry point (the CLI's ``preflight`` command takes the same options).
+
+    Exit codes: 0 fit, 1 a check failed, 2 usage error, 70 an unexpected error (a bug): with
+    ``--json`` that too prints a JSON report (one failed ``internal`` check), never a traceback
+    alone, as the deploy play reads stdout."""
     ap = argparse.ArgumentParser(prog="preflight", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))} (default: report which matches)")
     ap.add_argument("--plan", help="the deployment's plan.json (host class, toolkit, ports, directories)")
@@ -830,7 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", action="append", default=[], help="report this check as skipped (repeatable)")
     ap.add_argument("--nccl-smoke", action="store_true", help="run the NCCL all-reduce smoke test")
     ap.add_argument("--nccl-python", default=sys.executable, help="interpreter with torch for --nccl-smoke")
-    ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S)
+    ap.add_argument("--nccl-deadline", type=float, default=NCCL_DEADLINE_S,
+                    help="total seconds for the smoke test (torch probe + all-reduce); past it the check fails")
     ap.add_argument("--disk-min-free-gib", type=float, default=None,
                     help=f"GiB the disk check needs free (default {DISK_MIN_FREE_BYTES >> 30})")
     ap.add_argument("--json", action="store_true", dest="as_json")
@@ -839,6 +1119,19 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
+        return _main(args)
+    except Exception as exc:  # noqa: BLE001 - the last resort: a report the deploy play can read
+        detail = clean(f"internal error: {type(exc).__name__}: {exc}", 400)
+        if args.as_json:
+            print(json.dumps({"ok": False, "checks": [{"name": "internal", "ok": False, "detail": detail,
+                                                       "remediation": "report this as a ddtree-ops bug"}]}, indent=2))
+        else:
+            print(f"FAIL internal: {detail}", file=sys.stderr)
+        return 70
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
         if not 0 < args.nccl_deadline <= 3600:
             raise PreflightUsageError(f"--nccl-deadline {args.nccl_deadline}: must be > 0 and <= 3600 s")
         exp = expect_from(args.host_class, load_plan(args.plan) if args.plan else None)
@@ -846,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
                            args.nccl_python if args.nccl_smoke else None, args.nccl_deadline,
                            disk_min_free=disk_bytes(args.disk_min_free_gib))
     except PreflightUsageError as exc:
-        result, rc = {"ok": False, "checks": [{"name": "usage", "ok": False, "detail": str(exc)}]}, 2
+        result, rc = {"ok": False, "checks": [{"name": "usage", "ok": False, "detail": clean(str(exc))}]}, 2
     else:
         rc = 0 if result["ok"] else 1
     if args.as_json:

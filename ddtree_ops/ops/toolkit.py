@@ -59,9 +59,13 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[G
     `` [MiB]`` stripped), so any field order works; without one, ``fields`` names them.
 
     Raises:
-        DriverCheckError: no GPU lines, or a line without driver_version / compute_cap.
+        DriverCheckError: not CSV, no GPU lines, a line without driver_version / compute_cap,
+            or an index that is not a number.
     """
-    rows = [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r and any(c.strip() for c in r)]
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r and any(c.strip() for c in r)]
+    except csv.Error as exc:  # a field over csv.field_size_limit() (128 KiB), a NUL
+        raise DriverCheckError(f"nvidia-smi --query-gpu output is not CSV ({exc})") from None
     if rows and "driver_version" in [c.strip() for c in rows[0]]:
         cols = [c.strip().split(" [")[0] for c in rows[0]]
         rows = rows[1:]
@@ -76,7 +80,10 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[G
         if not _dotted(drv) or not _dotted(cap):
             raise DriverCheckError(f"nvidia-smi line {i + 1} {','.join(r)!r}: expected driver_version,compute_cap "
                                    f"such as 580.65.06, 10.3")
-        gpus.append(Gpu(int(rec.get("index", i)), drv, cap, rec.get("name", "")))
+        index = rec.get("index", str(i))
+        if not re.fullmatch(r"\d{1,4}", index):
+            raise DriverCheckError(f"nvidia-smi line {i + 1}: index {index[:40]!r} is not a GPU index (0, 1, ...)")
+        gpus.append(Gpu(int(index), drv, cap, rec.get("name", "")))
     return gpus
 
 
