@@ -414,9 +414,14 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
     if plan_file is not None and inventory is not None:
         raise typer.BadParameter("give --plan or --inventory, not both")
     if plan_file is not None:
+        from .plandoc import PlanFileError, read_plan_doc
+
         try:
-            doc = json.loads(plan_file.read_text())
-            if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict) or not isinstance(doc.get("deployment"), dict):
+            doc = read_plan_doc(plan_file)
+        except PlanFileError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        try:
+            if not isinstance(doc.get("deployment"), dict):
                 raise TypeError("no plan and deployment objects")
             sizes = doc["plan"].get("capture_bs")
             if not isinstance(sizes, list) or not all(type(x) is int for x in sizes):
@@ -762,8 +767,12 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
 
     _positive("--timeout", timeout, 3600)
     if plan_file is not None:
+        from .plandoc import PlanFileError, read_plan_doc
+
         try:
-            v = validated_from_plan(json.loads(plan_file.read_text(encoding="utf-8")))
+            v = validated_from_plan(read_plan_doc(plan_file))
+        except PlanFileError as exc:
+            raise typer.BadParameter(str(exc)) from None
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: {exc}") from None
     else:
