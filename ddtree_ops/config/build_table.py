@@ -5,7 +5,8 @@ toolkit owns, and the CUDA major its wheel's dependencies need.
 Every fact names the file (inside the released wheel's ``site-packages``) and the version it
 was read from; ``tests/peer/test_versions_table.py`` runs against the real 0.5.13.post1 and
 0.5.23 packages and fails when one disagrees (choice lists, the text each arch rule rests on,
-the ``Envs`` registry, ``Requires-Dist``, the parser's aliases of owned flags).
+the ``Envs`` registry, ``Requires-Dist``, the parser's aliases of owned flags, its secret-taking
+options).
 
 Sources
 -------
