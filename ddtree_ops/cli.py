@@ -208,28 +208,21 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
         raise typer.Exit(2)
 
 
-MODEL_CONFIG_MAX_BYTES = 1 << 20
-"""A model's config.json is a few KiB; anything over 1 MiB is not one."""
-
-
 def _model_config(option: str, path: str | None) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (a model's ``config.json``), or a one-line BadParameter."""
+    """The JSON object in ``path`` (a model's ``config.json``; read as the checkpoint reader reads
+    one: :func:`ddtree_ops.config.checkpoint.parse_json_object`), or a one-line BadParameter."""
+    from .config.checkpoint import parse_json_object, read_bounded
     from .config.errors import shorten
 
     if path is None:
         return None
-    p = Path(path)
-    try:
-        st = p.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_size > MODEL_CONFIG_MAX_BYTES:
-            raise ValueError(f"{st.st_size} bytes, over {MODEL_CONFIG_MAX_BYTES} (a config.json is a few KiB)")
-        doc = json.loads(p.read_text(encoding="utf-8"))
-        if not isinstance(doc, dict) or not isinstance(doc.get("architectures", []), list):
+    try:  # bounded, strict, regular file only (CheckpointFileError is a ValueError)
+        doc = parse_json_object(read_bounded(path), "config.json")
+        if not isinstance(doc.get("architectures", []), list):
             raise ValueError("not a JSON object with an 'architectures' list")
     except (OSError, ValueError) as exc:
-        raise typer.BadParameter(f"{option} {shorten(str(path))}: {shorten(str(exc))}; give the model's "
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise typer.BadParameter(f"{option} {shorten(str(path))}: {shorten(why)}; give the model's "
                                  "config.json (Hugging Face checkpoint)") from None
     return doc
 
@@ -419,9 +412,14 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
     if plan_file is not None and inventory is not None:
         raise typer.BadParameter("give --plan or --inventory, not both")
     if plan_file is not None:
+        from .plandoc import PlanFileError, read_plan_doc
+
         try:
-            doc = json.loads(plan_file.read_text())
-            if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict) or not isinstance(doc.get("deployment"), dict):
+            doc = read_plan_doc(plan_file)
+        except PlanFileError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        try:
+            if not isinstance(doc.get("deployment"), dict):
                 raise TypeError("no plan and deployment objects")
             sizes = doc["plan"].get("capture_bs")
             if not isinstance(sizes, list) or not all(type(x) is int for x in sizes):
@@ -767,8 +765,12 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
 
     _positive("--timeout", timeout, 3600)
     if plan_file is not None:
+        from .plandoc import PlanFileError, read_plan_doc
+
         try:
-            v = validated_from_plan(json.loads(plan_file.read_text(encoding="utf-8")))
+            v = validated_from_plan(read_plan_doc(plan_file))
+        except PlanFileError as exc:
+            raise typer.BadParameter(str(exc)) from None
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(f"--plan {plan_file}: {exc}") from None
     else:

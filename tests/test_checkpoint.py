@@ -546,3 +546,69 @@ def test_host_payload_is_checked_like_local_files():
             assert expect in text, text
     for junk in (None, [], {"draft": "x"}, {"evil": {"path": "/x"}}, {"draft": {"path": 3}}):
         assert reader_from_host_files(junk)._cache == {}
+
+
+# --- attack pass 4: numbers out of range and wrong types are findings, never a crash or a skip --
+
+@pytest.mark.parametrize("data, why", [
+    (b'{"vocab_size": ' + b"9" * 5000 + b"}", "holds an integer of 5000 digits"),  # past Python's int-string limit
+    (b'{"hidden_size": ' + b"1" + b"0" * 200 + b"}", "holds an integer of 201 digits"),
+    (b'{"hidden_size": 1e400}', "holds the number 1e400, which overflows a float"),
+])
+def test_parse_refuses_numbers_no_config_holds(data, why):
+    with pytest.raises(CheckpointFileError, match=why):
+        parse_json_object(data, CONFIG)
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"hidden_size": 10**20, "vocab_size": 10**20, "intermediate_size": 10**20},
+     "has hidden_size = 100000000000000000000: out of range (1..2**40-1)"),
+    ({"num_hidden_layers": 0}, "has num_hidden_layers = 0: out of range"),
+    ({"vocab_size": "151936"}, "has vocab_size = '151936' (string): an integer 1..2**40-1 expected"),
+    ({"head_dim": 128.0}, "has head_dim = 128.0 (number): an integer"),
+    ({"max_position_embeddings": True}, "has max_position_embeddings = True (boolean): an integer"),
+    ({"layer_types": 5}, "has layer_types = 5 (int): a list of strings expected"),
+    ({"architectures": "Qwen3ForCausalLM"}, "has architectures = 'Qwen3ForCausalLM' (string): a list of strings"),
+    ({"text_config": [1]}, "has text_config = [1] (list): an object expected"),
+    ({"text_config": {"hidden_size": -1}}, "has text_config.hidden_size = -1: out of range"),
+    ({"torch_dtype": 2}, "has torch_dtype = 2 (int): a string expected"),
+    ({"tie_word_embeddings": "no"}, "has tie_word_embeddings = 'no' (string): true or false expected"),
+])
+def test_config_field_types_and_ranges_are_findings(tmp_path, change, why):
+    """Each is one error naming the file, field and value; the memory estimate never overflows."""
+    d = _copy(QWEN3_8B, tmp_path / "m", **change)
+    _, plan, findings = run(hostvars(d))
+    msgs = rules_of(findings)
+    assert [why in m for m in msgs].count(True) == 1, msgs
+    json.dumps(plan.checkpoint)  # finite numbers throughout
+
+
+def test_draft_block_size_of_the_wrong_type_is_a_finding_not_ok(tmp_path):
+    d = _copy(DFLASH_DRAFT, tmp_path / "d", block_size="16")
+    _, _, findings = run(hostvars(QWEN3_8B, d, spec={"block_size": 16}))
+    assert any("ddtree_speculative.draft_model_path" in m and "has block_size = '16' (string)" in m
+               for m in rules_of(findings)), rules_of(findings)
+    d2 = _copy(DFLASH_DRAFT, tmp_path / "d2", dflash_config={"block_size": [16]})
+    _, _, findings = run(hostvars(QWEN3_8B, d2, spec={"block_size": 16}))
+    assert any("has dflash_config.block_size = [16] (list)" in m for m in rules_of(findings)), rules_of(findings)
+
+
+@pytest.mark.parametrize("index, why", [
+    ('{"metadata": {"total_size": 1e400}, "weight_map": {}}', "holds the number 1e400"),
+    ('{"metadata": {"total_size": "16381470720"}, "weight_map": {}}', "metadata.total_size = '16381470720' (string)"),
+    ('{"metadata": {"total_size": %d}, "weight_map": {}}' % 2**60, "metadata.total_size = 1152921504606846976: out of range"),
+    ('{"metadata": 3, "weight_map": {}}', "has metadata = 3 (int): an object expected"),
+])
+def test_index_total_size_of_the_wrong_type_or_range_is_a_finding(tmp_path, index, why):
+    d = _copy(QWEN3_8B, tmp_path / "m")
+    (d / INDEX).write_text(index)
+    _, plan, findings = run(hostvars(d))
+    assert [why in m for m in rules_of(findings)].count(True) == 1, rules_of(findings)
+    assert plan.checkpoint["memory"]["weights_source"].startswith("target: config")
+
+
+def test_sizes_at_the_bound_do_not_overflow_the_estimate(tmp_path):
+    big = 2**40 - 1
+    d = _copy(QWEN3_8B, tmp_path / "m", hidden_size=big, vocab_size=big, intermediate_size=big, num_hidden_layers=big)
+    _, plan, _ = run(hostvars(d))
+    assert plan.checkpoint["memory"]["gib"]["weights_per_gpu"] > 0

@@ -399,8 +399,14 @@ def test_plan_model_config_errors_are_one_line(qwen_inventory, tmp_path):
     bad.write_text("[1, 2]")
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--model-config", str(bad))
     assert proc.returncode == 2
-    assert f"--model-config {bad}: not a JSON object with an 'architectures' list" in proc.stderr
+    assert f"--model-config {bad}: must be a JSON object, not list" in proc.stderr
     assert "Traceback" not in proc.stderr
+    bad.write_text('{"architectures": "X"}')
+    proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--model-config", str(bad))
+    assert proc.returncode == 2 and "not a JSON object with an 'architectures' list" in proc.stderr
+    bad.write_text("[" * 200_000)  # attack pass 4: RecursionError (exit 70) before
+    proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--model-config", str(bad))
+    assert proc.returncode == 2 and "nested too deeply" in proc.stderr and "Traceback" not in proc.stderr
     proc = _plan("-i", str(qwen_inventory), "--model-config", str(QWEN35))
     assert proc.returncode == 2 and "--model-config/--draft-config need --resolve-with PYTHON" in proc.stderr
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--draft-config", str(tmp_path))

@@ -968,3 +968,33 @@ def test_pass_words_are_secret_but_passes_is_not(name, secret):
     from ddtree_ops.config.errors import is_secret_name
 
     assert is_secret_name(name) is secret
+
+
+# ---- attack pass 4: a bare access token as a plain value --------------------------------------
+_HF4 = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"  # the shape of a Hugging Face User Access Token (test input)
+
+
+@pytest.mark.parametrize("var,value,field,kind", [
+    ("ddtree_service", {"env": {"SOME_SETTING": _HF4}}, "ddtree_service.env", "Hugging Face token"),
+    ("ddtree_service", {"env": {"HF_ENDPOINT": f"https://h.example/{_HF4}/x"}}, "ddtree_service.env",
+     "Hugging Face token"),
+    ("ddtree_service", {"env": {"NOTE": "ghp_" + "a1" * 18}}, "ddtree_service.env", "GitHub token"),
+    ("ddtree_model", {"revision": _HF4}, "ddtree_model.revision", "not a revision"),
+])
+def test_bare_token_values_refused_without_echoing_them(var, value, field, kind):
+    hv = base_hostvars()
+    hv[var] = {**hv.get(var, {}), **value}
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    text = str(exc.value) + json.dumps([f.as_dict() for f in exc.value.findings])
+    assert field in text and kind in text and _HF4 not in text and "a1a1a1a1" not in text, text
+
+
+def test_looks_like_token_shapes_and_ordinary_values():
+    from ddtree_ops.config.errors import looks_like_token
+
+    assert looks_like_token(_HF4) == "a Hugging Face token (hf_...)"
+    assert looks_like_token("AKIA" + "ABCDEFGHIJKLMNOP") and looks_like_token("sk-" + "x" * 40)
+    for ordinary in ("main", "a" * 40, "hf_transfer", "HF_HUB_ENABLE_HF_TRANSFER", "/opt/hf_cache/models--x",
+                     "flashinfer", "1", "sk-learn", 5):
+        assert looks_like_token(ordinary) is None, ordinary

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ddtree_ops.config import ConfigError, validate_hostvars
-from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, arch_rules,
-                                           cuda_major_of_requires, env_problem, owned_flag)
+from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, SECRET_FLAGS,
+                                           arch_rules, cuda_major_of_requires, env_problem, owned_flag, secret_flag)
 from ddtree_ops.config.toolchain import CUDA_TOOLKITS
 from ddtree_ops.render.argv import build_argv
 
@@ -478,3 +478,18 @@ def test_toolkit_action_build_driver_reads_the_wheelhouse(tmp_path):
     assert not r.get("failed") and r["wheel"].startswith("sglang-0.5.23-")
     r = _toolkit_action(check="build_driver", wheelhouse=str(tmp_path / "none"), driver_version="580.95.05")
     assert r["failed"] and "found 0" in r["msg"]
+
+
+@pytest.mark.parametrize("flag", ["--api-ke", "--admin-api-k", "--admin", "--ssl-keyfile-pass", "--api-key"])
+def test_extra_args_abbreviated_secret_flag_refused_and_not_echoed(flag):
+    """SGLang's parser accepts unique prefixes (``allow_abbrev``): ``--api-ke X`` sets api_key."""
+    hv = ct200("0.5.23", attention_backend="triton", extra_args={flag: "SEKRITabbrev"})
+    [f] = errors_at(hv, "ddtree_server.extra_args")
+    assert "secret" in f.rule and "SEKRIT" not in f.message()
+    assert secret_flag(flag) in SECRET_FLAGS
+
+
+def test_exact_option_that_prefixes_a_secret_flag_allowed():
+    assert secret_flag("--ssl-keyfile") is None and secret_flag("--kv-cache-dtype") is None
+    assert errors_at(ct200("0.5.23", attention_backend="triton", extra_args={"--ssl-keyfile": "/etc/k.pem"}),
+                     "ddtree_server.extra_args") == []

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .build_table import (KV_FP8_E4M3, SECRET_FLAG, SKIP_SOFTMAX, arch_rules, backend_choices, closest,
-                          env_problem, owned_flag)
+from .build_table import (KV_FP8_E4M3, SKIP_SOFTMAX, arch_rules, backend_choices, closest,
+                          env_problem, owned_flag, secret_flag)
 from .errors import Finding
 from .hosts import HOST_CLASSES
 from .models import Deployment
@@ -139,9 +139,10 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
                           "pick another port")
     for flag in d.server.extra_args:
         field = f"{EXTRA}.{flag}"
-        if SECRET_FLAG.search(flag):
+        if (secret := secret_flag(flag)) is not None:
+            how = "takes" if secret == flag else f"abbreviates (argparse accepts unique prefixes) {secret}, which takes"
             yield Finding("error", field, "(not shown)",
-                          f"{flag} takes a secret; argv is shown in the unit file, plan.json and the process list",
+                          f"{flag} {how} a secret; argv is shown in the unit file, plan.json and the process list",
                           "remove it; give secrets through ddtree_secret_env (0600 secrets.env), e.g. the "
                           "variable the flag reads", TABLE)
             continue

@@ -5,7 +5,8 @@ toolkit owns, and the CUDA major its wheel's dependencies need.
 Every fact names the file (inside the released wheel's ``site-packages``) and the version it
 was read from; ``tests/peer/test_versions_table.py`` runs against the real 0.5.13.post1 and
 0.5.23 packages and fails when one disagrees (choice lists, the text each arch rule rests on,
-the ``Envs`` registry, ``Requires-Dist``, the parser's aliases of owned flags).
+the ``Envs`` registry, ``Requires-Dist``, the parser's aliases of owned flags, its secret-taking
+options).
 
 Sources
 -------
@@ -243,6 +244,39 @@ OWNED_ALIASES: tuple[str, ...] = ("--model", "--tensor-parallel-size", "--data-p
 SECRET_FLAG = re.compile(r"(?:^--|-)(?:key|token|secret|password|passwd|credentials?|auth)(?:-|$)")
 """Flags whose value is a secret (``--api-key``, ``--admin-api-key``): argv lands in the unit,
 plan.json and the process list."""
+
+SECRET_DEST = re.compile(r"(?:^|_)(?:key|secret|password|passwd|credentials?)$"
+                         r"|(?:^|_)(?:hf|auth|access|api|bearer|refresh)_token$|^token$")
+"""Parser destinations whose value is a secret (``api_key``, ``admin_api_key``,
+``ssl_keyfile_password``, ``hf_token``; not counts such as ``bucket_time_to_first_token``);
+the peer tier derives :data:`SECRET_FLAGS` from it."""
+
+SECRET_FLAGS: tuple[str, ...] = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
+"""Option strings of the secret-taking destinations (:data:`SECRET_DEST`) of the peer releases'
+parsers (``ServerArgs.add_cli_args``, SGLang 0.5.13.post1 and 0.5.23; peer tier: equal)."""
+
+SECRET_PREFIX_EXACT: tuple[str, ...] = ("--ssl-keyfile",)
+"""Parser options that are themselves a prefix of a :data:`SECRET_FLAGS` entry: argparse takes
+an exact option before any abbreviation, so these set their own (non-secret) destination
+(peer tier: equal to the real parsers')."""
+
+
+def secret_flag(flag: str) -> str | None:
+    """The secret-taking flag ``flag`` is or abbreviates, or None.
+
+    ``flag`` is secret when it has a secret word (:data:`SECRET_FLAG`) or is a prefix of one
+    of :data:`SECRET_FLAGS` (argparse accepts unique prefixes: SGLang's parser has
+    ``allow_abbrev=True``, so ``--api-ke X`` sets ``api_key``), unless it is an exact option of
+    its own (:data:`SECRET_PREFIX_EXACT`).
+    """
+    if SECRET_FLAG.search(flag):
+        return flag
+    if flag in SECRET_PREFIX_EXACT or not flag.startswith("--") or len(flag) <= 2:
+        return None
+    for secret in SECRET_FLAGS:
+        if secret.startswith(flag):
+            return secret
+    return None
 
 
 def owned_flag(flag: str) -> str | None:

@@ -116,12 +116,32 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+MAX_INT_DIGITS = 30
+"""Longest integer literal parsed (a config's largest sizes have < 20 digits; Python refuses
+int strings over 4300 digits with a ValueError, and huge ints overflow float arithmetic)."""
+
+
+def _bounded_int(s: str) -> int:
+    digits = len(s.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise CheckpointFileError(f"holds an integer of {digits} digits (no config value is that large)")
+    return int(s)
+
+
+def _finite_float(s: str) -> float:
+    x = float(s)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise CheckpointFileError(f"holds the number {shorten(s, 40)}, which overflows a float")
+    return x
+
+
 def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
     """``data`` (one checkpoint file) as a dict.
 
     Raises:
         CheckpointFileError: over :data:`MAX_FILE_BYTES`, not UTF-8, not strict JSON (NaN,
-            Infinity, duplicate keys, syntax), nested too deeply, or not an object.
+            Infinity, duplicate keys, syntax), an integer over :data:`MAX_INT_DIGITS` digits, a
+            number that overflows a float, nested too deeply, or not an object.
     """
     if len(data) > MAX_FILE_BYTES:
         raise CheckpointFileError(f"is over {MAX_FILE_BYTES // 1024} KiB (no {name} is that large)")
@@ -130,13 +150,16 @@ def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise CheckpointFileError(f"is not UTF-8 text (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates,
+                           parse_int=_bounded_int, parse_float=_finite_float)
     except CheckpointFileError:
         raise
     except json.JSONDecodeError as exc:
         raise CheckpointFileError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise CheckpointFileError("is nested too deeply to be a config file") from None
+    except ValueError as exc:  # e.g. the int-string limit, should a literal slip past the hooks
+        raise CheckpointFileError(f"holds a value Python cannot parse ({shorten(str(exc), 80)})") from None
     if not isinstance(value, dict):
         raise CheckpointFileError(f"must be a JSON object, not {type(value).__name__}")
     return value
@@ -173,10 +196,91 @@ def read_bounded(path: str) -> bytes:
         os.close(fd)
 
 
+MAX_SIZE = 1 << 40
+"""Exclusive upper bound of every size read from a config (hidden_size, vocab_size, layers,
+heads, block_size, ...): the largest public models are < 2**20 on each; a value past it would
+overflow the memory estimate's float arithmetic."""
+
+MAX_TOTAL_SIZE = 1 << 50
+"""Exclusive upper bound of ``metadata.total_size`` (bytes; 1 PiB)."""
+
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "draft_vocab_size", "intermediate_size", "moe_intermediate_size", "num_experts",
+               "n_routed_experts", "num_local_experts", "max_position_embeddings", "block_size", "kv_lora_rank")
+"""Config sizes the rules and the memory estimate read (top level, ``text_config`` and
+``dflash_config``): each, when present and not null, an integer in 1..:data:`MAX_SIZE` - 1."""
+
+LIST_OF_STR_FIELDS = ("architectures", "layer_types")
+OBJECT_FIELDS = ("text_config", "dflash_config")
+STR_FIELDS = ("torch_dtype", "dtype")
+
+
+def _shown_value(v: Any) -> str:
+    return shorten(repr(v), 60)
+
+
+def _typename(v: Any) -> str:
+    return "null" if v is None else {"bool": "boolean", "str": "string", "dict": "object", "list": "list",
+                                     "float": "number"}.get(type(v).__name__, type(v).__name__)
+
+
+def config_problems(cfg: dict[str, Any]) -> list[str]:
+    """What is wrong with the types and ranges of the fields of a ``config.json`` the rules read
+    (:data:`SIZE_FIELDS`, :data:`LIST_OF_STR_FIELDS`, :data:`OBJECT_FIELDS`, :data:`STR_FIELDS`),
+    one phrase each, e.g. ``has block_size = '16' (a string): an integer 1..2**40-1 expected``.
+    A wrong type is never silently skipped: the rule that reads the field would miss it."""
+    out: list[str] = []
+    scopes: list[tuple[str, dict[str, Any]]] = [("", cfg)]
+    for key in OBJECT_FIELDS:
+        sub = cfg.get(key)
+        if key in cfg and sub is not None and not isinstance(sub, dict):
+            out.append(f"has {key} = {_shown_value(sub)} ({_typename(sub)}): an object expected")
+        elif isinstance(sub, dict):
+            scopes.append((f"{key}.", sub))
+    for where, src in scopes:
+        for key in SIZE_FIELDS:
+            v = src.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                out.append(f"has {where}{key} = {_shown_value(v)} ({_typename(v)}): an integer 1..2**40-1 expected")
+            elif not 0 < v < MAX_SIZE:
+                out.append(f"has {where}{key} = {shorten(str(v), 40)}: out of range (1..2**40-1)")
+        for key in LIST_OF_STR_FIELDS:
+            v = src.get(key)
+            if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+                out.append(f"has {where}{key} = {_shown_value(v)} ({_typename(v)}): a list of strings expected")
+        for key in STR_FIELDS:
+            v = src.get(key)
+            if v is not None and not isinstance(v, str):
+                out.append(f"has {where}{key} = {_shown_value(v)} ({_typename(v)}): a string expected")
+    if "tie_word_embeddings" in cfg and not isinstance(cfg["tie_word_embeddings"], (bool, type(None))):
+        v = cfg["tie_word_embeddings"]
+        out.append(f"has tie_word_embeddings = {_shown_value(v)} ({_typename(v)}): true or false expected")
+    return out
+
+
+def index_problems(index: dict[str, Any]) -> list[str]:
+    """What is wrong with ``metadata.total_size`` of a safetensors index (absent is fine)."""
+    meta = index.get("metadata")
+    if meta is None:
+        return []
+    if not isinstance(meta, dict):
+        return [f"has metadata = {_shown_value(meta)} ({_typename(meta)}): an object expected"]
+    size = meta.get("total_size")
+    if size is None:
+        return []
+    if isinstance(size, bool) or not isinstance(size, int):
+        return [f"has metadata.total_size = {_shown_value(size)} ({_typename(size)}): an integer of bytes expected"]
+    if not 0 < size < MAX_TOTAL_SIZE:
+        return [f"has metadata.total_size = {shorten(str(size), 40)}: out of range (1..2**50-1 bytes)"]
+    return []
+
+
 def _total_size(index: dict[str, Any]) -> int | None:
     meta = index.get("metadata")
     size = meta.get("total_size") if isinstance(meta, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 50 else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < MAX_TOTAL_SIZE else None
 
 
 def facts_from_files(role: str, ref: str, source: str, files: dict[str, bytes | None]) -> CheckpointFacts:
@@ -191,6 +295,9 @@ def facts_from_files(role: str, ref: str, source: str, files: dict[str, bytes | 
             parsed[name] = parse_json_object(data, name)
         except CheckpointFileError as exc:
             malformed.append((name, str(exc)))
+            continue
+        check = config_problems if name == CONFIG else index_problems if name == INDEX else None
+        malformed.extend((name, why) for why in (check(parsed[name]) if check else []))
     if CONFIG not in parsed:
         why = (f"{CONFIG} is malformed" if any(n == CONFIG for n, _ in malformed)
                else f"no {CONFIG} in the checkpoint")
@@ -431,7 +538,7 @@ def _int(cfg: dict[str, Any] | None, *keys: str) -> int | None:
     for src in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
         for k in keys:
             v = src.get(k)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            if isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_SIZE:
                 return v
     return None
 
@@ -447,7 +554,7 @@ def draft_block_size(cfg: dict[str, Any] | None) -> int | None:
     v = dc.get("block_size") if isinstance(dc, dict) else None
     if v is None:
         v = cfg.get("block_size")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_SIZE else None
 
 
 def processor_min_pixels(pre: dict[str, Any] | None) -> int | None:
@@ -663,9 +770,10 @@ def estimate_params(cfg: dict[str, Any]) -> int | None:
     experts = _int(cfg, "num_experts", "n_routed_experts", "num_local_experts")
     mlp = 3 * h * ((_int(cfg, "moe_intermediate_size") or inter) * experts if experts else inter)
     attn = 2 * h * heads * hd + 2 * h * kv * hd
-    tied = bool(cfg.get("tie_word_embeddings"))
+    tied = cfg.get("tie_word_embeddings") is True
     head = 0 if tied else (_int(cfg, "draft_vocab_size") or vocab) * h  # EAGLE-3: LM head over the hot vocab
-    arch = " ".join(a for a in cfg.get("architectures") or [] if isinstance(a, str))
+    archs = cfg.get("architectures")
+    arch = " ".join(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ""
     norms = 2 * h + (2 * hd if arch.startswith("Qwen3") else 0)
     return vocab * h + head + layers * (attn + mlp + norms) + h
 
@@ -675,8 +783,8 @@ def kv_bytes_per_token(cfg: dict[str, Any], tp: int, kv_dtype_bytes: int = 2) ->
     x dtype bytes (SGLang ``MHATokenToKVPool``: each rank holds its share of KV heads, at least
     one: heads replicate when tp > kv_heads). None for layouts this does not model (MLA
     ``kv_lora_rank``, linear-attention hybrids)."""
-    if "kv_lora_rank" in cfg or any(t != "full_attention" for t in cfg.get("layer_types") or []
-                                    if isinstance(t, str) and "sliding" not in t):
+    types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    if "kv_lora_rank" in cfg or any(t != "full_attention" for t in types if isinstance(t, str) and "sliding" not in t):
         return None
     layers, heads, h = _int(cfg, "num_hidden_layers"), _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
     if not (layers and heads and h):
@@ -811,7 +919,8 @@ def checkpoint_findings(d: Any, p: Any, facts: Facts) -> list[Finding]:
             continue
         for name, why in f.malformed:
             out.append(Finding("error", f.field, f.ref, f"the checkpoint's {name} {why}",
-                               "fix or re-download the checkpoint (its config files must be JSON objects under 1 MiB)",
+                               "fix or re-download the checkpoint (its config files must be strict JSON objects under 1 MiB, "
+                               "each field of the type and range its model class reads)",
                                "ddtree_ops/config/checkpoint.py"))
         if f.not_read is not None and not (f.malformed and f.not_read.endswith("is malformed")):
             out.append(not_read_finding(f))

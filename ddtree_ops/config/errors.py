@@ -339,3 +339,32 @@ def findings_from_validation_error(
             value = dict.fromkeys(value, REDACTED)
         out.append(Finding("error", path, value, rule, fix, host=host))
     return out
+
+
+_TOKEN_SHAPES = (
+    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}"), "a Hugging Face token (hf_...)"),
+    (re.compile(r"(?<![A-Za-z0-9])api_org_[A-Za-z0-9]{30,}"), "a Hugging Face organization token (api_org_...)"),
+    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{36,}"), "a GitHub token (ghp_...)"),
+    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{40,}"), "a GitHub token (github_pat_...)"),
+    (re.compile(r"(?<![A-Za-z0-9])sk-(?:proj-|ant-)?[A-Za-z0-9_-]{32,}"), "an API secret key (sk-...)"),
+    (re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}"), "a Slack token (xox...)"),
+    (re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id (AKIA...)"),
+)
+"""Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
+Tokens (``hf_`` + 34 letters/digits, huggingface.co/docs/hub/security-tokens), GitHub
+(``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: docs.github.com "About
+authentication", token formats), OpenAI/Anthropic-style ``sk-`` keys, Slack ``xox?-`` and AWS
+access key ids."""
+
+
+def looks_like_token(value: str) -> str | None:
+    """What kind of bare access token ``value`` holds (e.g. ``"a Hugging Face token (hf_...)"``),
+    or None: :data:`_TOKEN_SHAPES` anywhere in the text. Used to refuse such values where they
+    would land in world-readable files or the process list (``ddtree_service.env`` values,
+    ``ddtree_model.revision``)."""
+    if not isinstance(value, str):
+        return None
+    for shape, kind in _TOKEN_SHAPES:
+        if shape.search(value):
+            return kind
+    return None

@@ -46,8 +46,8 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import (REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, register_secret,
-                     value_secret_reason)
+from .errors import (REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, looks_like_token,
+                     register_secret, value_secret_reason)
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
@@ -212,6 +212,10 @@ def _revision(v: str) -> str:
     """A Hugging Face revision: a full 40-hex commit (pins remote code and weights) or a safe
     branch / tag name (``[A-Za-z0-9][A-Za-z0-9._/-]*``, no ``..``, at most 128 characters; a ref
     moves, so :func:`~.rules.rule_remote_code_pinned` asks for a commit with trust_remote_code)."""
+    if (kind := looks_like_token(v)) is not None:
+        register_secret(v)  # never echoed
+        raise _fail(f"holds {kind}, not a revision; the revision lands in the argv (process list), the unit "
+                    "and plan.json", "give the commit SHA or branch/tag; put the token in ddtree_hf_token (ansible-vault it)")
     if not _REVISION.fullmatch(v) or ".." in v or v.endswith((".lock", "/")) or "//" in v:
         raise _fail("must be a 40-hex commit SHA or a branch/tag name of letters, digits and . _ / - (no '..')",
                     "pin the commit: the 'Files and versions' history of the model repo, or "
@@ -705,8 +709,9 @@ class Service(_Model):
                             "auth); this env file is world-readable (0644) and copied into plan.json",
                             f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it); it then lands only in "
                             "the 0600 secrets.env")
-            why = value_secret_reason(v[key]) if isinstance(v[key], str) else None
+            why = (value_secret_reason(v[key]) or looks_like_token(v[key])) if isinstance(v[key], str) else None
             if why:
+                register_secret(v[key])
                 raise _fail(f"the value of {key} holds {why}; this env file is world-readable (0644) and copied "
                             "into plan.json", f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it)")
             if key.startswith("DDTREE_OPS_"):  # the SGLang plugin's guard compares the server with these

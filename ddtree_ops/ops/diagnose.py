@@ -17,7 +17,6 @@ quantifiers, so a hostile 1 MB line costs a bounded, linear amount of work
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -183,22 +182,12 @@ def load_plan(path: str | Path) -> PlanFacts:
     Raises:
         DiagnoseError: unreadable, not a regular file, too large, not JSON, not a plan.
     """
+    from ..plandoc import PlanFileError, read_plan_doc
+
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise DiagnoseError(f"--plan {_shown_path(path)}: not a regular file")
-            data = f.read((4 << 20) + 1)
-    except OSError as exc:
-        raise DiagnoseError(f"--plan {_shown_path(path)}: {exc.strerror or exc}") from None
-    if len(data) > 4 << 20:
-        raise DiagnoseError(f"--plan {_shown_path(path)}: larger than 4 MiB: not a plan.json")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DiagnoseError(f"--plan {_shown_path(path)}: not JSON ({_clean(str(exc))[:120]}). Fix: use the "
-                            "host's /etc/ddtree-ops/<name>/plan.json") from None
-    return plan_facts(doc)
+        return plan_facts(read_plan_doc(path))
+    except PlanFileError as exc:
+        raise DiagnoseError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------

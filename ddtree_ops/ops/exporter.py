@@ -498,17 +498,15 @@ def load_plan(path: str) -> dict[str, Any]:
     """Read plan.json.
 
     Raises:
-        PlanError: unreadable, not JSON, or not a plan document.
+        PlanError: unreadable, not strict bounded JSON (:func:`ddtree_ops.plandoc.read_plan_doc`),
+            or not a plan document.
     """
-    import json
+    from ..plandoc import PlanFileError, read_plan_doc
 
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as exc:
-        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise PlanError(f"{path} is not JSON: {exc}") from None
+        doc = read_plan_doc(path)
+    except PlanFileError as exc:
+        raise PlanError(exc.problem) from None
     identity_from_plan(doc)
     return doc
 

@@ -1033,30 +1033,13 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
 
 
 def load_plan(path: str) -> dict:
-    """Read a ``plan.json`` (at most 16 MiB, regular file). Raises PreflightUsageError."""
+    """Read a ``plan.json`` (:func:`ddtree_ops.plandoc.read_plan_doc`). Raises PreflightUsageError."""
+    from ..plandoc import PlanFileError, read_plan_doc
+
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20:
-            raise PreflightUsageError(f"--plan {path[:200]}: not a regular file of at most 16 MiB")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in after the stat cannot block
-        with open(fd, encoding="utf-8") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise PreflightUsageError(f"--plan {path[:200]}: not a regular file of at most 16 MiB")
-            doc = json.loads(fh.read(16 << 20), parse_constant=_no_constant)
-    except OSError as exc:
-        raise PreflightUsageError(f"--plan {path[:200]}: {exc.strerror or exc}") from None
-    except ValueError as exc:  # also UnicodeDecodeError and ints over Python's 4300-digit limit
-        raise PreflightUsageError(f"--plan {path[:200]}: not JSON ({clean(str(exc), 200)})") from None
-    except RecursionError:
-        raise PreflightUsageError(f"--plan {path[:200]}: nested too deeply: not a plan.json rendered by "
-                                  "ddtree-ops") from None
-    if not isinstance(doc, dict):
-        raise PreflightUsageError(f"--plan {path[:200]}: not a plan.json rendered by ddtree-ops")
-    return doc
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON number")
+        return read_plan_doc(path)
+    except PlanFileError as exc:
+        raise PreflightUsageError(str(exc)) from None
 
 
 def disk_bytes(gib: float | None) -> int | None:
@@ -1077,7 +1060,8 @@ def parse_skip(names: list[str]) -> tuple[str, ...]:
 
 
 ZIPAPP_MODULES = ("__init__.py", "config/__init__.py", "config/hosts.py", "config/toolchain.py", "ops/__init__.py",
-                  "ops/gpu_facts.py", "ops/ports.py", "ops/preflight.py", "ops/ptxas.py", "ops/toolkit.py")
+                  "ops/gpu_facts.py", "ops/ports.py", "ops/preflight.py", "ops/ptxas.py", "ops/toolkit.py",
+                  "plandoc.py")
 """The files of ``ddtree_ops`` the preflight imports (all standard-library only)."""
 
 

@@ -26,7 +26,8 @@ import pytest
 
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, OWNED_ALIASES,
-                                           OWNED_FLAGS, cuda_major_of_requires, owned_flag)
+                                           OWNED_FLAGS, SECRET_DEST, SECRET_FLAGS, SECRET_PREFIX_EXACT,
+                                           cuda_major_of_requires, owned_flag, secret_flag)
 from ddtree_ops.config.sglang_env import ENV_DEPRECATION_NOTES, ENV_REGISTRY, ENV_RENAMED
 from ddtree_ops.render.argv import build_argv
 from helpers import REPO
@@ -145,6 +146,26 @@ def test_owned_flags_cover_every_alias(facts):
                 assert not loose, f"SGLang {v}: {loose} set owned {dest} but extra_args would accept them"
     stale = [f for f in (*OWNED_FLAGS, *OWNED_ALIASES) if f not in everything]
     assert not stale, f"owned flags no peer parser has: {stale}"
+
+
+def test_secret_flags_are_the_parsers_secret_destinations(facts):
+    """Every option of a destination whose name looks secret (``api_key``, ``*_token``,
+    ``*_password``...) in a peer parser is in :data:`SECRET_FLAGS` (so any abbreviation of it
+    is refused in ``extra_args``), none is stale, and the parser options that prefix one are
+    exactly :data:`SECRET_PREFIX_EXACT`."""
+    secret: set[str] = set()
+    options: set[str] = set()
+    for v in PEER_VERSIONS:
+        for dest, opts in facts[v]["dests"].items():
+            long = [o for o in opts if o.startswith("--")]
+            options.update(long)
+            if SECRET_DEST.search(dest):
+                secret.update(long)
+    assert secret == set(SECRET_FLAGS)
+    assert {o for o in options if o not in secret and any(s.startswith(o) for s in secret)} == set(SECRET_PREFIX_EXACT)
+    for flag in SECRET_FLAGS:
+        loose = [flag[:n] for n in range(3, len(flag) + 1) if flag[:n] not in options and secret_flag(flag[:n]) is None]
+        assert not loose, f"{loose} abbreviate {flag} but extra_args would accept them"
 
 
 @pytest.mark.parametrize("version", PEER_VERSIONS)

@@ -1,0 +1,181 @@
+"""The one bounded reader of a rendered ``plan.json`` (standard library only: the preflight
+zipapp imports it on the GPU host before ddtree-ops is installed).
+
+Every command that takes ``--plan`` (health, warmup, bench, probe-sglang, exporter,
+diagnose, preflight) reads the file through :func:`read_plan_doc`, so a hostile or damaged
+file is one :class:`PlanFileError` line (exit 2), never a hang, a traceback or unbounded
+memory:
+
+* only a regular file (a FIFO, device, socket or directory is refused without blocking:
+  the file is opened ``O_NONBLOCK`` and checked with ``fstat``; symlinks are followed);
+* at most :data:`MAX_BYTES`; UTF-8;
+* strict JSON (RFC 8259): no ``NaN``/``Infinity``, no duplicate keys in one object, numbers
+  finite, integers of magnitude below :data:`MAX_INT` (so Python's int-string limit and
+  float overflow never fire in a consumer);
+* nested at most :data:`MAX_DEPTH` arrays/objects deep (checked by a flat scan before the
+  parser runs, so 200 000 ``[`` is no ``RecursionError``);
+* the top level an object with a ``plan`` object (what ``ddtree-ops render`` writes:
+  :func:`ddtree_ops.render.files.plan_document`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from typing import Any
+
+MAX_BYTES = 4 << 20
+"""Largest plan.json read (bytes); rendered ones are a few KiB."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects (rendered plans nest < 10 deep)."""
+
+MAX_INT = 1 << 63
+"""Integers must satisfy ``-MAX_INT < x < MAX_INT`` (byte counts, ports, sizes fit)."""
+
+_FIX = "Fix: use the host's /etc/ddtree-ops/<name>/plan.json (written by ddtree-ops render / deploy.yml)"
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class PlanFileError(ValueError):
+    """A plan.json that cannot be used. ``str()`` is one line: ``OPTION PATH: problem. Fix: ...``.
+
+    Attributes:
+        problem: what is wrong (no path, no fix), for callers that word their own line.
+    """
+
+    def __init__(self, option: str, path: str, problem: str):
+        self.problem = problem
+        super().__init__(f"{option} {shown(path)}: {problem}. {_FIX}")
+
+
+class _Bad(Exception):
+    pass
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """``text`` for a message: control characters as ``?``, cut to ``limit`` characters + "…"."""
+    s = _CONTROL.sub("?", str(text))
+    return s if len(s) <= limit else s[:limit] + "…"
+
+
+def _int(s: str) -> int:
+    if len(s.lstrip("-")) > 19:
+        raise _Bad(f"integer of {len(s.lstrip('-'))} digits is out of range (|x| < 2**63)")
+    x = int(s)
+    if not -MAX_INT < x < MAX_INT:
+        raise _Bad(f"integer {x} is out of range (|x| < 2**63)")
+    return x
+
+
+def _float(s: str) -> float:
+    x = float(s)
+    if not math.isfinite(x):
+        raise _Bad(f"number {shown(s, 40)} is not finite (overflows a float)")
+    return x
+
+
+def _constant(s: str) -> Any:
+    raise _Bad(f"{s} is not JSON (RFC 8259 has no NaN/Infinity)")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in doc:
+            raise _Bad(f"duplicate key {shown(k, 60)!r} in one object (JSON parsers disagree on which wins)")
+        doc[k] = v
+    return doc
+
+
+def depth(data: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON text ``data`` (strings skipped), stopping early
+    once past :data:`MAX_DEPTH`; a flat scan, no recursion."""
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", data))
+    d = deepest = 0
+    for c in brackets:
+        d = d + 1 if c in b"[{" else d - 1
+        if d > deepest:
+            deepest = d
+            if deepest > MAX_DEPTH:
+                break
+    return deepest
+
+
+def parse_plan_doc(data: bytes) -> dict[str, Any]:
+    """The plan document in ``data`` (see the module docstring for the rules).
+
+    Raises:
+        ValueError: with the problem (no path) as its message.
+    """
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES >> 20} MiB: not a plan.json")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte {exc.start})") from None
+    if depth(data) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} arrays/objects: not a plan.json")
+    try:
+        doc = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant,
+                         object_pairs_hook=_object)
+    except _Bad as exc:
+        raise ValueError(str(exc)) from None
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} arrays/objects: not a plan.json") from None
+    except ValueError as exc:  # JSONDecodeError: "msg: line L column C (char N)", no content
+        raise ValueError(f"not JSON ({shown(exc, 120)})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"the top level is {type(doc).__name__ if doc is not None else 'null'}, not an object: "
+                         "not a plan.json")
+    if not isinstance(doc.get("plan"), dict):
+        raise ValueError("no 'plan' object at the top level: not a plan.json rendered by ddtree-ops")
+    return doc
+
+
+def read_plan_doc(path: str | os.PathLike[str], option: str = "--plan") -> dict[str, Any]:
+    """Read and check the plan.json at ``path`` (see the module docstring).
+
+    Args:
+        path: the file (symlinks followed).
+        option: the option that named it, for the message.
+
+    Returns:
+        The document (a dict with a dict under ``plan``).
+
+    Raises:
+        PlanFileError: unreadable, not a regular file, over :data:`MAX_BYTES`, not strict
+            JSON, too deep, an out-of-range number, or not a plan document.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: NUL in the path
+        raise PlanFileError(option, str(path), f"cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket or other")
+            raise PlanFileError(option, str(path), f"{kind}, not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise PlanFileError(option, str(path), f"larger than {MAX_BYTES >> 20} MiB: not a plan.json")
+        chunks, left = [], MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise PlanFileError(option, str(path), f"cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    try:
+        return parse_plan_doc(b"".join(chunks))
+    except ValueError as exc:
+        raise PlanFileError(option, str(path), str(exc)) from None
