@@ -655,9 +655,9 @@ def test_plan_nulls_for_optional_fields_are_accepted():
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"deployment": {"server": {"port": Infinity}}}', "Infinity is not a JSON number"),
-    ('{"a": NaN}', "NaN is not a JSON number"), ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
-    ('{"a": ' + "9" * 5000 + "}", "not JSON"), ('"\\u001b]52;c;eA==\\u0007"', "not a plan.json"),
+    ('{"deployment": {"server": {"port": Infinity}}}', "Infinity is not JSON"),
+    ('{"a": NaN}', "NaN is not JSON"), ("[" * 200_000 + "]" * 200_000, "nested deeper than"),
+    ('{"a": ' + "9" * 5000 + "}", "out of range"), ('"\\u001b]52;c;eA==\\u0007"', "not a plan.json"),
 ])
 def test_load_plan_refuses_what_json_accepts_but_a_plan_is_not(tmp_path, text, words):
     f = tmp_path / "plan.json"
@@ -668,7 +668,7 @@ def test_load_plan_refuses_what_json_accepts_but_a_plan_is_not(tmp_path, text, w
 
 def test_cli_and_zipapp_exit_2_on_a_hostile_plan_and_json_on_a_bug(tmp_path, capsys, monkeypatch):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(_mutated("deployment.server.port", 10**30)))
+    plan.write_text(json.dumps(_mutated("deployment.server.port", 10**9)))  # JSON the reader takes; no port
     assert cli_main(["preflight", "--plan", str(plan), "--json"]) == 2
     assert "deployment.server.port" in capsys.readouterr().out
     app = pf.build_zipapp(str(tmp_path / "preflight.pyz"))
