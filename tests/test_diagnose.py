@@ -689,6 +689,7 @@ def test_journal_read_stops_at_the_deadline_when_an_escaped_child_holds_the_pipe
 @pytest.mark.parametrize("line, name", [
     ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered", "illegal-memory-access"),
     ("RuntimeError: CUDA driver error: out of memory", "cuda-oom"),
+    ("RuntimeError: CUDA error: an  illegal memory access was\tencountered", "illegal-memory-access"),
     ("torch.OutOfMemoryError: CUDA  out of memory. Tried to allocate 20.00 GiB", "cuda-oom"),
     ("RuntimeError: CUDA error: out of memory", "cuda-oom"),
     ("[2026-01-01 00:00:00 TP3] CUDA out of memory. Tried to allocate 1.00 GiB", "cuda-oom"),

@@ -661,7 +661,7 @@ between the words. Anchored on those shapes: the text starts the line or follows
 ``: `` / ``('`` (a log-prefix ``] ``), and ends the sentence, so prose quoting it (``see docs for 'CUDA
 out of memory' tips``) is no finding."""
 
-_IMA = re.compile(r"(?i)an illegal memory access was encountered|cudaErrorIllegalAddress")
+_IMA = re.compile(r"(?i)an\s{1,4}illegal\s{1,4}memory\s{1,4}access\s{1,4}was\s{1,4}encountered|cudaErrorIllegalAddress")
 """``cudaErrorIllegalAddress`` as the CUDA runtime words it (``CUDA error: an illegal memory access was encountered``)."""
 
 _TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
@@ -701,7 +701,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "(which ptxas each Triton uses)",
         _ptxas),
     Signature(
-        "illegal-memory-access-capture", ("illegal memory access", "illegaladdress"),
+        "illegal-memory-access-capture", ("illegal",),
         (_IMA,),
         "CUDA illegal memory access while capturing CUDA graphs",
         "a kernel faults at capture: A/B eagerly (ddtree_server.cuda_graph: false) to confirm; lower "
@@ -709,7 +709,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "sgl-project/sglang#5029, #1467 (Capture cuda graph failed: ... illegal memory access)",
         _ima("capture")),
     Signature(
-        "illegal-memory-access-replay", ("illegal memory access", "illegaladdress"),
+        "illegal-memory-access-replay", ("illegal",),
         (_IMA,),
         "CUDA illegal memory access at graph replay / decode under {spec}",
         "A/B it eagerly: restart {unit} with ddtree_server.cuda_graph: false; if eager runs clean it is the "
@@ -718,7 +718,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "sgl-project/sglang#28569, #10892, #25512 (EAGLE graph replay illegal memory access)",
         _ima("replay")),
     Signature(
-        "illegal-memory-access", ("illegal memory access", "illegaladdress"),
+        "illegal-memory-access", ("illegal",),
         (_IMA,),
         "CUDA illegal memory access (phase unknown: no graph capture, replay or speculative-decoding lines near it)",
         "read the lines before it for the failing kernel; restart {unit} with CUDA_LAUNCH_BLOCKING=1 in the env "
