@@ -199,7 +199,9 @@ def value_secret_reason(value: str) -> str | None:
         return "an HTTP authorization credential (Bearer/Basic/Token ...)"
     if _SECRET_QUERY.search(value):
         return "a secret-looking query parameter (token=, key=, sig=, ...)"
-    if any(is_secret_name(m["name"]) for m in _NAMED_VALUE.finditer(value)):
+    # "name=value" / "name: value" with a secret-looking name, or any shape scrub() redacts ("--api-key X")
+    if (any(is_secret_name(m["name"]) and m["sep"].strip() for m in _NAMED_VALUE.finditer(value))
+            or _redact_named_values(value) != value):
         return "a name=value pair with a secret-looking name"
     return None
 
