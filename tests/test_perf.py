@@ -212,7 +212,7 @@ def _reference_scrub(text: str) -> str:
     pre-checks), ``_NAMED_VALUE`` without its look-ahead for a secret word."""
     from ddtree_ops.config import errors
 
-    lookahead = "(?=[A-Za-z0-9_.-]*?(?i:token|key|pass|secret|credential|auth|pat|bearer|cookie|salt|jwt|signature))"
+    lookahead = "(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(errors._SECRET_WORDS) + "))"
     named = re.compile(errors._NAMED_VALUE.pattern.replace(lookahead, "", 1))
     assert named.pattern != errors._NAMED_VALUE.pattern
     for s in sorted(errors._known_secrets, key=len, reverse=True):

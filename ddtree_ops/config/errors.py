@@ -205,22 +205,25 @@ def value_secret_reason(value: str) -> str | None:
         return "a name=value pair with a secret-looking name"
     return None
 
+_SECRET_WORDS = ("token", "key", "pass", "secret", "credential", "auth", "pat", "bearer", "cookie", "salt", "jwt",
+                 "signature")
+"""Every name :func:`is_secret_name` accepts holds one of these (any case)."""
+
 _NAMED_VALUE = re.compile(
     r"(?<![A-Za-z0-9_.-])(?P<nq>\\?[\"'])?"
-    r"(?=[A-Za-z0-9_.-]*?(?i:token|key|pass|secret|credential|auth|pat|bearer|cookie|salt|jwt|signature))"
+    r"(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(_SECRET_WORDS) + r"))"
     r"(?P<name>[A-Za-z0-9_.-]+)(?(nq)\\?[\"'])"
     r"(?P<sep>[ \t]{0,8}[=:][ \t]{0,8}|[ \t]{1,8})"
-    r"(?:\\?(?P<vq>[\"'])(?!\(redacted\))(?P<qvalue>[^\"'\\\n]{1,1000})"
+    r"(?:\\?(?P<vq>[\"'])(?!\(redacted\))(?P<qvalue>(?:[^\"'\\\n]|\\[^\"'\n])+)"
     r"|(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()\\…]+))")
 """A NAME and its value in echoed text: ``NAME=value`` (an env line), ``NAME = value``, ``NAME: value``
 (YAML), ``export NAME="value"`` (shell), ``name='value'`` (a Python repr, as SGLang prints its
 ``ServerArgs``), ``"name": "value"`` (JSON, also with JSON-escaped quotes ``\\"``), ``--name value``
 (argv). NAME is a whole run of ``[A-Za-z0-9_.-]`` (the look-behind: a match starts only where a run
 starts, so every run is tried once and a 1 MB line costs linear time); :func:`_redact_named`
-decides which matches are secrets. The look-ahead skips runs holding none of the words of
-:data:`SECRET_NAME` / :data:`_PLURAL_SECRET` (:data:`_SECRET_WORDS`): no name without one is secret."""
-_SECRET_WORDS = ("token", "key", "pass", "secret", "credential", "auth", "pat", "bearer", "cookie", "salt", "jwt",
-                 "signature")
+decides which matches are secrets. The look-ahead skips runs holding none of :data:`_SECRET_WORDS`
+(no name without one is secret). A quoted value runs to its closing quote, JSON escapes
+(``\\n`` of a PEM key) included."""
 
 _TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}"
                           r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{20,})")
