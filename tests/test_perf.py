@@ -208,18 +208,20 @@ def test_open_dirs_keeps_a_bounded_number_of_descriptors(tmp_path):
 
 
 def _reference_scrub(text: str) -> str:
-    """``errors.scrub`` as it was before its fast paths (issue 15): every regex on every text,
-    ``_NAMED_VALUE`` without its look-behind."""
+    """``errors.scrub`` without its fast paths (issue 15): every regex on every text (no substring
+    pre-checks), ``_NAMED_VALUE`` without its look-ahead for a secret word."""
     from ddtree_ops.config import errors
 
-    named = re.compile(errors._NAMED_VALUE.pattern.replace("(?<![A-Za-z_])", "", 1))
+    lookahead = "(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(errors._SECRET_WORDS) + "))"
+    named = re.compile(errors._NAMED_VALUE.pattern.replace(lookahead, "", 1))
     assert named.pattern != errors._NAMED_VALUE.pattern
     for s in sorted(errors._known_secrets, key=len, reverse=True):
         text = text.replace(s, errors.REDACTED)
     text = errors._URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{errors.REDACTED}@", text)
     text = errors._AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{errors.REDACTED}", text)
     text = errors._SECRET_QUERY.sub(lambda m: f"{m['pre']}{errors.REDACTED}", text)
-    return named.sub(errors._redact_named, text)
+    text = errors._TOKEN_SHAPE.sub(errors.REDACTED, text)
+    return errors._redact_named_values(text, named)
 
 
 SCRUB_CASES = [
@@ -228,14 +230,16 @@ SCRUB_CASES = [
     "Token\tsecretvalue1", "\u212aey token: x", "to\u212aen abcdef", "ba\u017fic QWxhZGRpbg==", "digeſt AAAA1234",
     "x?token=abc&sig=def", "HF_TOKEN=hf_abc WANDB_API_KEY=k1 draft_tokens_per_req=4", "9token=v", "_key=v", "a.b-c: v",
     "api-key=X,auth: y", "(redacted)", "name=(redacted)", "X_API_KEY: 'q'", "é_token=é", "tokens: 5", "API_TOKENS=a",
-    "CANARY-registered-secret in text", "",
+    "CANARY-registered-secret in text", "", "x hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123 y", "--api-key SEK1 --port 1",
+    "export OPENAI_API_KEY=\"q1\"", "ServerArgs(api_key='k1', port=1)", '{"hf_token": "v1"}', "HF_TOKEN = v1",
+    "token: SEKRIT1", "a secret: it", '\\"hf_token\\": \\"v1\\"', "sk-proj-abcdefghijklmnopqrstu1",
 ]
 
 
 def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
-    """The cheap tests before two regexes and ``_NAMED_VALUE``'s look-behind change no text: the
-    cases above (URLs, schemes in any case, Unicode case folding, names inside words) and 20,000
-    random strings over the characters the patterns care about."""
+    """The cheap tests before the regexes and ``_NAMED_VALUE``'s look-ahead change no text: the
+    cases above (URLs, schemes in any case, Unicode case folding, names inside words, token shapes,
+    argv, quoted and JSON values) and 20,000 random strings over the characters the patterns care about."""
     import random
 
     from ddtree_ops.config import errors
@@ -243,11 +247,14 @@ def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
     monkeypatch.setattr(errors, "_known_secrets", set())
     errors.register_secret("CANARY-registered-secret")
     rng = random.Random(15)
-    alphabet = list("aZk_9.-=:/@?&; \t'\",{}()…xTOKENbearerbasicdigestsig\u212a\u017f") + ["://", "token", "Key"]
+    alphabet = list("aZk_9.-=:/@?&; \t'\",{}()…xTOKENbearerbasicdigestsig\u212a\u017f\\") + [
+        "://", "token", "Key", "hf_", "sk-", "ghp_", "xoxb-", "AbCd0123456789", "--", "api_key", "export ", "pass"]
     randoms = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20_000)]
     for text in SCRUB_CASES + randoms:
         assert errors.scrub(text) == _reference_scrub(text), repr(text)
     assert "hf_abc" not in errors.scrub(SCRUB_CASES[11]) and "QWxhZGRpbg" not in errors.scrub(SCRUB_CASES[8])
+    leaks = dict(zip(SCRUB_CASES[-10:], ("hf_AbCd", "SEK1", "q1", "k1", "v1", "v1", "SEKRIT1", None, "v1", "sk-proj")))
+    assert all(errors.scrub(t) == t if v is None else v not in errors.scrub(t) for t, v in leaks.items())
 
 
 def test_a_kept_message_is_built_again_once_a_secret_is_registered(monkeypatch):

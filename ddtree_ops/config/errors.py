@@ -41,12 +41,21 @@ def register_secret(value: str) -> None:
 
 
 def scrub(text: str) -> str:
-    """``text`` with every registered secret replaced by ``(redacted)``, URL credentials
-    (the whole user info of any URL, ``scheme://user:pass@`` or a bare token user ->
-    ``scheme://(redacted)@``), HTTP authorization credentials, secret-looking query
-    parameters, and the
-    value of every ``NAME=value`` / ``NAME: value`` whose NAME looks secret (:func:`is_secret_name`,
-    e.g. ``X_API_KEY=...``) redacted."""
+    """``text`` with every registered secret replaced by ``(redacted)``, and these shapes redacted:
+
+    - URL credentials (the whole user info of any URL, ``scheme://user:pass@`` or a bare token
+      user -> ``scheme://(redacted)@``), HTTP authorization credentials (``Bearer X``),
+      secret-looking query parameters (``?access_token=X``);
+    - well-known token formats wherever they stand (:data:`_TOKEN_SHAPE`: ``hf_...``,
+      ``sk-...``, ``ghp_...``, ``github_pat_...``, ``xoxb-...``, ``glpat-...``);
+    - the value after a NAME that looks secret (:func:`is_secret_name`) in the shapes of
+      :data:`_NAMED_VALUE`: ``NAME=value``, ``NAME = value``, ``export NAME="value"``,
+      ``api_key='value'`` (a Python repr), ``"hf_token": "value"`` (JSON), ``NAME: value``,
+      ``--api-key value`` (an argv flag and its value); a plain lower-case word before ``:`` or
+      an identifier before a space (``token: X``, ``HF_TOKEN X``) redacts only a token-like value
+      (:func:`_token_like`), so prose (``a secret: it``) stays readable.
+
+    Every pattern runs in time linear in ``len(text)`` (``tests/test_scrub.py`` times 1 MB lines)."""
     for s in _secrets_longest_first():
         if s in text:
             text = text.replace(s, REDACTED)
@@ -56,7 +65,34 @@ def scrub(text: str) -> str:
     if lower is None or any(w in lower for w in _AUTH_WORDS):
         text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
-    return _NAMED_VALUE.sub(_redact_named, text)
+    if any(p in text for p in _TOKEN_PREFIXES):
+        text = _TOKEN_SHAPE.sub(REDACTED, text)
+    if lower is not None and not any(w in lower for w in _SECRET_WORDS):
+        return text  # no secret-looking name in an ASCII text
+    return _redact_named_values(text)
+
+
+def _redact_named_values(text: str, pattern: re.Pattern[str] | None = None) -> str:
+    """:data:`_NAMED_VALUE` matches redacted by :func:`_redact_named`. A match that is no secret
+    gives back its value, which may be a name itself (``argv: --api-key X``, ``export KEY=X``):
+    the search goes on where that value starts (each character is scanned a bounded number of
+    times: linear)."""
+    out: list[str] = []
+    pos = 0
+    search = (pattern or _NAMED_VALUE).search
+    while (m := search(text, pos)) is not None:
+        new = _redact_named(m)
+        if new is None:
+            out.append(text[pos:m.end("sep")])
+            pos = m.end("sep")
+        else:
+            out.append(text[pos:m.start()])
+            out.append(new)
+            pos = m.end()
+    if not out:
+        return text
+    out.append(text[pos:])
+    return "".join(out)
 
 
 _sorted_secrets: tuple[set[str], int, list[str]] | None = None
@@ -74,12 +110,37 @@ def _secrets_longest_first() -> list[str]:
     return cached[2]
 
 
-def _redact_named(m: re.Match[str]) -> str:
-    name = m["name"]
-    # "NAME: value" only for identifiers (hf_token, X_API_KEY), so prose ("a secret: it") stays readable
-    if m["sep"] != "=" and not re.search(r"[_.A-Z-]", name):
-        return m[0]
-    return f"{name}{m['sep']}{REDACTED}" if is_secret_name(name) else m[0]
+def _redact_named(m: re.Match[str]) -> str | None:
+    """The text of a :data:`_NAMED_VALUE` match with its value redacted, or None when it is no secret."""
+    name, sep = m["name"], m["sep"]
+    quoted = m["vq"] is not None
+    value = m["qvalue"] if quoted else m["value"]
+    identifier = re.search(r"[_.A-Z-]", name) is not None or bool(m["nq"])
+    if "=" in sep:
+        strong = True
+    elif ":" in sep:  # "NAME: value" redacts any value only for identifiers (hf_token, X_API_KEY, a JSON key)
+        strong = identifier
+    elif not identifier:  # "word value": prose
+        return None
+    elif name.startswith("--"):  # "--api-key VALUE": an argv flag takes the next word, unless that is a flag
+        if value.startswith("-"):
+            return None
+        strong = True
+    else:  # "HF_TOKEN VALUE"
+        strong = False
+    if not is_secret_name(name) or not (strong or _token_like(value)):
+        return None
+    start, end = m.span("qvalue" if quoted else "value")
+    return m[0][: start - m.start()] + REDACTED + m[0][end - m.start():]
+
+
+def _token_like(value: str) -> bool:
+    """A word that reads as a credential rather than prose: 6 or more characters with a digit or
+    an upper-case letter (``SEKRIT1``, ``AbCdEf``; not ``it``, ``missing``, ``None``)."""
+    return len(value) >= 6 and _TOKEN_CHAR.search(value) is not None
+
+
+_TOKEN_CHAR = re.compile(r"[0-9A-Z]")
 
 
 _PLURAL_SECRET = re.compile(r"[A-Z0-9]*(TOKENS|KEYS)")
@@ -138,15 +199,43 @@ def value_secret_reason(value: str) -> str | None:
         return "an HTTP authorization credential (Bearer/Basic/Token ...)"
     if _SECRET_QUERY.search(value):
         return "a secret-looking query parameter (token=, key=, sig=, ...)"
-    if any(is_secret_name(m["name"]) for m in _NAMED_VALUE.finditer(value)):
+    # "name=value" / "name: value" with a secret-looking name, or any shape scrub() redacts ("--api-key X")
+    if (any(is_secret_name(m["name"]) and m["sep"].strip() for m in _NAMED_VALUE.finditer(value))
+            or _redact_named_values(value) != value):
         return "a name=value pair with a secret-looking name"
     return None
 
-_NAMED_VALUE = re.compile(r"(?<![A-Za-z_])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|:[ \t]*)"
-                          r"(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()…]+)")
-"""``NAME=value`` / ``NAME: value`` in echoed text (an env line, a YAML line). The look-behind
-only saves time (issue 15): where a match could start after a letter or ``_``, one starts at that
-letter already (and a value never ends right before one), so the matches are the same."""
+_SECRET_WORDS = ("token", "key", "pass", "secret", "credential", "auth", "pat", "bearer", "cookie", "salt", "jwt",
+                 "signature")
+"""Every name :func:`is_secret_name` accepts holds one of these (any case)."""
+
+_NAMED_VALUE = re.compile(
+    r"(?<![A-Za-z0-9_.-])(?P<nq>\\?[\"'])?"
+    r"(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(_SECRET_WORDS) + r"))"
+    r"(?P<name>[A-Za-z0-9_.-]+)(?(nq)\\?[\"'])"
+    r"(?P<sep>[ \t]{0,8}[=:][ \t]{0,8}|[ \t]{1,8})"
+    r"(?:\\?(?P<vq>[\"'])(?!\(redacted\))(?P<qvalue>(?:[^\"'\\\n]|\\[^\"'\n])+)"
+    r"|(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()\\…]+))")
+"""A NAME and its value in echoed text: ``NAME=value`` (an env line), ``NAME = value``, ``NAME: value``
+(YAML), ``export NAME="value"`` (shell), ``name='value'`` (a Python repr, as SGLang prints its
+``ServerArgs``), ``"name": "value"`` (JSON, also with JSON-escaped quotes ``\\"``), ``--name value``
+(argv). NAME is a whole run of ``[A-Za-z0-9_.-]`` (the look-behind: a match starts only where a run
+starts, so every run is tried once and a 1 MB line costs linear time); :func:`_redact_named`
+decides which matches are secrets. The look-ahead skips runs holding none of :data:`_SECRET_WORDS`
+(no name without one is secret). A quoted value runs to its closing quote, JSON escapes
+(``\\n`` of a PEM key) included."""
+
+_TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}"
+                          r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{20,})")
+"""Well-known token formats, redacted wherever they stand (a bare token in a log line, a resolver's
+stderr): Hugging Face user access tokens (``hf_`` + 34 letters/digits: huggingface.co/docs/hub/
+security-tokens), OpenAI/Anthropic API keys (``sk-...``, ``sk-proj-...``, ``sk-ant-...``), GitHub
+tokens (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: github.blog 2021-04-05
+"Behind GitHub's new authentication token formats"), Slack tokens (``xoxb-``/``xoxp-``...), GitLab
+personal access tokens (``glpat-``). The look-behind starts a match only at the start of a run of
+token characters (linear time on ``sk-sk-sk-...``)."""
+_TOKEN_PREFIXES = ("hf_", "sk-", "gho_", "ghp_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+"""Substrings one of which every :data:`_TOKEN_SHAPE` match holds (a cheap test before the regex)."""
 
 
 def _is_vaulted(v: Any) -> bool:

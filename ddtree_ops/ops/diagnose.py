@@ -17,11 +17,14 @@ quantifiers, so a hostile 1 MB line costs a bounded, linear amount of work
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import selectors
+import signal
 import stat
 import subprocess
-import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +122,8 @@ def _memory_text(plan: dict) -> str | None:
         gib = est["gib"]
         parts = []
         for k in ("weights_per_gpu", "kv_needed", "graph_bound", "budget", "gpu_memory"):
-            v = gib.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = _figure(gib.get(k))
+            if v is not None:
                 kv_for = est.get("kv_for") if k == "kv_needed" and isinstance(est.get("kv_for"), str) else None
                 parts.append(f"{k} {v:g} GiB" + (f" ({_clean(kv_for)[:80]})" if kv_for else ""))
         bound = est.get("error_bound")
@@ -133,12 +136,23 @@ def _memory_text(plan: dict) -> str | None:
             return _clean(v)[:300]
         if isinstance(v, dict):
             parts = [f"{_clean(str(k))[:40]}={v[k]}" for k in list(v)[:40]
-                     if isinstance(v[k], (int, float, str)) and not isinstance(v[k], bool)][:8]
+                     if _figure(v[k]) is not None or isinstance(v[k], str)][:8]
             if parts:
                 return _clean(", ".join(parts))[:300]
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return f"{key}={v}"
+        if _figure(v) is not None:
+            return f"{_clean(str(key))[:40]}={v}"
     return None
+
+
+def _figure(v: Any) -> float | None:
+    """A plan's number as a float when it is one a memory figure can be (finite, below 10^12 in
+    magnitude), else None: a malformed optional field is ignored, never an OverflowError
+    (``float(10**400)``) or ``nan GiB``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int):
+        return float(v) if -10**12 < v < 10**12 else None
+    return v if math.isfinite(v) and abs(v) < 1e12 else None
 
 
 def plan_facts(doc: Any) -> PlanFacts:
@@ -177,10 +191,12 @@ def plan_facts(doc: Any) -> PlanFacts:
 
 
 def load_plan(path: str | Path) -> PlanFacts:
-    """:func:`plan_facts` of a plan.json file (a regular file of at most 4 MiB).
+    """:func:`plan_facts` of a plan.json file (a regular file of at most 4 MiB). It is opened
+    non-blocking and checked before it is read, so a FIFO or a device never blocks.
 
     Raises:
-        DiagnoseError: unreadable, not a regular file, too large, not JSON, not a plan.
+        DiagnoseError: unreadable, not a regular file, too large, not JSON (nested too deeply
+            included), not a plan.
     """
     from ..plandoc import PlanFileError, read_plan_doc
 
@@ -188,6 +204,42 @@ def load_plan(path: str | Path) -> PlanFacts:
         return plan_facts(read_plan_doc(path))
     except PlanFileError as exc:
         raise DiagnoseError(str(exc)) from None
+
+
+def _read_regular(path: str | Path, option: str, max_bytes: int, tail: bool = False) -> bytes:
+    """The first (or, with ``tail``, the last) ``max_bytes`` bytes of a regular file, opened
+    ``O_NONBLOCK`` (a FIFO opens at once) and checked with ``fstat`` before anything is read.
+
+    Raises:
+        DiagnoseError: naming ``option`` and the path: missing, unreadable, a directory, a FIFO,
+            a device (they could block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise DiagnoseError(f"{option} {_shown_path(path)}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            isdir = stat.S_ISDIR(st.st_mode)
+            what = "a directory, not a file" if isdir else "not a regular file"
+            hint = "; pipe it in instead (ddtree-ops diagnose - < …)" if option == "--file" and not isdir else ""
+            raise DiagnoseError(f"{option} {_shown_path(path)}: {what}{hint}")
+        start = max(0, st.st_size - max_bytes) if tail else 0
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks: list[bytes] = []
+        left = max_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise DiagnoseError(f"{option} {_shown_path(path)}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return _drop_partial_first(data, start > 0) if tail else data
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,25 +308,10 @@ def read_file(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """The last ``max_bytes`` bytes of a regular file (a partial first line dropped).
 
     Raises:
-        DiagnoseError: missing, unreadable, or not a regular file (a FIFO, a device: they
-            could block or never end).
+        DiagnoseError: missing, unreadable, a directory, or not a regular file (a FIFO, a
+            device: they could block or never end); the message names ``--file`` and the path.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise DiagnoseError(f"--file {_shown_path(path)}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise DiagnoseError(f"--file {_shown_path(path)}: not a regular file; pipe it in instead "
-                                "(ddtree-ops diagnose - < …)")
-        start = max(0, st.st_size - max_bytes)
-        try:
-            f.seek(start)
-            data = f.read(max_bytes)
-        except OSError as exc:
-            raise DiagnoseError(f"--file {_shown_path(path)}: {exc.strerror or exc}") from None
-    return _drop_partial_first(data, start > 0)
+    return _read_regular(path, "--file", max_bytes, tail=True)
 
 
 def read_stream(stream: IO[bytes], max_bytes: int = DEFAULT_MAX_BYTES, cap: int = STDIN_CAP) -> bytes:
@@ -304,40 +341,77 @@ def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT
     except OSError as exc:
         raise DiagnoseError(f"cannot run journalctl: {exc.strerror or exc}. Fix: run on the host that runs the "
                             "unit, or save the journal and pass --file") from None
-    timed_out = threading.Event()
-
-    def kill() -> None:
-        timed_out.set()
-        proc.kill()
-
-    timer = threading.Timer(timeout_s, kill)
-    timer.start()
     try:
-        err_box: list[bytes] = []
-
-        def drain_stderr() -> None:  # keep the first 64 KiB, read the rest so journalctl never blocks on it
-            err_box.append(proc.stderr.read(64 << 10))  # type: ignore[union-attr]
-            while proc.stderr.read(1 << 16):  # type: ignore[union-attr]
-                pass
-
-        t = threading.Thread(target=drain_stderr, daemon=True)
-        t.start()
-        data, dropped = _read_tail(proc.stdout, max_bytes)  # type: ignore[arg-type]
-        proc.wait()
-        t.join(1.0)
+        data, dropped, err, timed_out = _read_bounded(proc, max_bytes, timeout_s)
     finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if timed_out.is_set():
+        _kill_group(proc)
+    if timed_out:
         raise DiagnoseError(f"journalctl -u {unit} ran past {timeout_s:g} s and was stopped. Fix: save the journal "
                             "(journalctl -u UNIT -b -o cat > FILE) and pass --file FILE")
     if proc.returncode != 0:
-        msg = _clean((err_box[0] if err_box else b"").decode("utf-8", "replace")).strip()
+        msg = _clean(err.decode("utf-8", "replace")).strip()
         raise DiagnoseError(f"journalctl -u {unit} failed (exit {proc.returncode}): "
                             f"{shorten(scrub(msg)) or 'no message'}")
     return _drop_partial_first(data, dropped)
+
+
+def _read_bounded(proc: subprocess.Popen[bytes], max_bytes: int, timeout_s: float) -> tuple[bytes, bool, bytes, bool]:
+    """Read ``proc``'s stdout (its last ``max_bytes`` bytes) and stderr (its first 64 KiB; the rest is
+    read and dropped so the process never blocks on it) until both reach EOF and ``proc`` exits, or
+    ``timeout_s`` seconds pass in all: ``(stdout tail, dropped, stderr head, timed_out)``. Reading
+    stops at the deadline even when a child that escaped the process group still holds a pipe."""
+    deadline = time.monotonic() + timeout_s
+    buf = bytearray()
+    err = bytearray()
+    dropped = False
+    with selectors.DefaultSelector() as sel:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), False)
+                sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(buf[-max_bytes:]), True, bytes(err), True
+            for key, _ in sel.select(left):
+                try:
+                    chunk = os.read(key.fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    buf += chunk
+                    if len(buf) > 2 * max_bytes:
+                        del buf[: len(buf) - max_bytes]
+                        dropped = True
+                elif len(err) < 64 << 10:
+                    err += chunk[: (64 << 10) - len(err)]
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return bytes(buf[-max_bytes:]), True, bytes(err), True
+    if len(buf) > max_bytes:
+        del buf[: len(buf) - max_bytes]
+        dropped = True
+    return bytes(buf), dropped, bytes(err), False
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s whole process group (it was started in its own session, so the group is
+    its and its children's: a background child never outlives the deadline), then reap ``proc``
+    and close its pipes."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:  # (SIGKILL is not refused; a process in D state may linger)
+        pass
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -444,12 +518,26 @@ def _graph_mismatch(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] |
         return None  # a batch past the captured batch size, not a width: graph-batch-overflow
     context = s.before(GRAPH, 40) and (s.before(SPEC, 40) or p.algorithm not in (None, "none"))
     # widths of a draft block / tree are small: vocabulary (32000 vs 151936) or hidden-size mismatches are not this
-    if min(a, b) > 4096 or not (context or plan_fit):
+    if min(a, b) > 4096:
         return None
-    where = "during capture" if s.capturing or s.before(CAPTURE, 40) else "at replay (first verify)"
+    if context or plan_fit:
+        where = "during capture" if s.capturing or s.before(CAPTURE, 40) else "at replay (first verify)"
+    elif not p.given and _block_vs_budget(a, b):
+        where = ("likely (the phase is unconfirmed: no CUDA-graph or speculative-decoding lines near it; pass "
+                 "--plan and more of the log to confirm)")
+    else:
+        return None
     logged = (f"; the log's verify graphs were captured at num_tokens_per_req={s.verify_capture_width}"
               if s.verify_capture_width is not None else "")
     return {"a": a, "b": b, "dim": m["dim"] or "?", "where": where, "plan": _plan_widths(p), "logged": logged}
+
+
+def _block_vs_budget(a: int, b: int) -> bool:
+    """The two widths read as a DFlash block size (a power of two, 2..64) against a DDTree verify
+    width budget + 1 whose budget is a multiple of that block (8 vs 33, 16 vs 17): the headline alone
+    is then likely this stack's mismatch (a pipeline's 4 vs 8 or an unrelated 32 vs 99 is not)."""
+    lo, hi = min(a, b), max(a, b)
+    return 2 <= lo <= 64 and lo & (lo - 1) == 0 and lo < hi <= 1025 and (hi - 1) % lo == 0
 
 
 def _batch_overflow(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
@@ -482,6 +570,14 @@ def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any
         return {"spec": f"speculative decoding ({p.algorithm})" if p.algorithm not in (None, "none")
                 else "speculative decoding", "unit": p.unit or "the SGLang unit"}
     return values
+
+
+def _ima_unknown(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    """An illegal memory access neither the capture nor the replay signature claims (no capture,
+    replay or speculative-decoding context): still a crash worth naming, its phase unknown."""
+    if _ima("capture")(m, s, p) is not None or _ima("replay")(m, s, p) is not None:
+        return None
+    return {"unit": p.unit or "the SGLang unit"}
 
 
 def _oom(capture_wanted: bool) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
@@ -517,7 +613,8 @@ def _ptxas(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
 
 def _nccl(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
     d = m.groupdict()
-    what = f"{d.get('op') or 'a collective'}" + (f" after {int(d['ms']) // 1000} s" if d.get("ms") else "")
+    what = (f"{d.get('op') or d.get('code') or 'a collective'}"
+            + (f" after {int(d['ms']) // 1000} s" if d.get("ms") else ""))
     return {"what": what}
 
 
@@ -548,9 +645,17 @@ def _warmup(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
                          else "read the SGLang lines just before it (a crash signature above names the cause)")}
 
 
-_OOM = re.compile(r"CUDA (?:error: )?out of memory\.?(?: Tried to allocate (?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?")
-"""torch's allocator (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB``) and the
-CUDA runtime's ``cudaErrorMemoryAllocation`` (``CUDA error: out of memory``)."""
+_OOM = re.compile(r"(?:^|[:(]\s{0,4}['\"]?|\]\s)\s{0,4}CUDA\s{1,4}(?:driver\s{1,4})?(?:error:\s{0,4})?out\s{1,4}of\s{1,4}"
+                  r"memory(?=[.\s]|$)\.?(?:\s{1,4}Tried\s{1,4}to\s{1,4}allocate\s{1,4}(?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?")
+"""torch's allocator (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB``), the
+CUDA runtime's ``cudaErrorMemoryAllocation`` (``CUDA error: out of memory``) and the driver API's
+``CUDA_ERROR_OUT_OF_MEMORY`` as torch words it (``CUDA driver error: out of memory``), any run of blanks
+between the words. Anchored on those shapes: the text starts the line or follows an exception's
+``: `` / ``('`` (a log-prefix ``] ``), and ends the sentence, so prose quoting it (``see docs for 'CUDA
+out of memory' tips``) is no finding."""
+
+_IMA = re.compile(r"(?i)an\s{1,4}illegal\s{1,4}memory\s{1,4}access\s{1,4}was\s{1,4}encountered|cudaErrorIllegalAddress")
+"""``cudaErrorIllegalAddress`` as the CUDA runtime words it (``CUDA error: an illegal memory access was encountered``)."""
 
 _TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
                               r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
@@ -580,7 +685,8 @@ SIGNATURES: tuple[Signature, ...] = (
         _SRC_PLAN, _graph_mismatch),
     Signature(
         "ptxas-unknown-arch", ("ptxas",),
-        (re.compile(r"ptxas fatal\s{0,8}: Value '(?P<arch>sm_\d{2,4}[af]?)' is not defined for option 'gpu-name'"),),
+        (re.compile(r"ptxas fatal\s{0,8}:\s{0,8}Value\s{1,4}(?:'|\\?\"|\\u0027)(?P<arch>sm_\d{2,4}[af]?)(?:'|\\?\"|\\u0027)"
+                    r"\s{1,4}is not defined for option\s{1,4}(?:'|\\?\"|\\u0027)gpu-name"),),
         "Triton's ptxas does not know {arch} (too old for this GPU)",
         "point Triton at a ptxas of {need}: {env}; check with `ddtree-ops check-ptxas --arch {base} --python "
         "<sglang venv>/bin/python`",
@@ -588,16 +694,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "(which ptxas each Triton uses)",
         _ptxas),
     Signature(
-        "illegal-memory-access-capture", ("illegal memory access", "illegaladdress"),
-        (re.compile(r"(?i)an illegal memory access was encountered|cudaErrorIllegalAddress"),),
+        "illegal-memory-access-capture", ("illegal",),
+        (_IMA,),
         "CUDA illegal memory access while capturing CUDA graphs",
         "a kernel faults at capture: A/B eagerly (ddtree_server.cuda_graph: false) to confirm; lower "
         "cuda_graph_max_bs or mem_fraction_static; for DDTree check the plan's widths and the attention backend",
         "sgl-project/sglang#5029, #1467 (Capture cuda graph failed: ... illegal memory access)",
         _ima("capture")),
     Signature(
-        "illegal-memory-access-replay", ("illegal memory access", "illegaladdress"),
-        (re.compile(r"(?i)an illegal memory access was encountered|cudaErrorIllegalAddress"),),
+        "illegal-memory-access-replay", ("illegal",),
+        (_IMA,),
         "CUDA illegal memory access at graph replay / decode under {spec}",
         "A/B it eagerly: restart {unit} with ddtree_server.cuda_graph: false; if eager runs clean it is the "
         "captured-graph replay (padding raw_bs to a captured bs), so pin a build with the fix or keep it eager; "
@@ -605,7 +711,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "sgl-project/sglang#28569, #10892, #25512 (EAGLE graph replay illegal memory access)",
         _ima("replay")),
     Signature(
-        "capture-oom", ("out of memory",),
+        "illegal-memory-access", ("illegal",),
+        (_IMA,),
+        "CUDA illegal memory access (phase unknown: no graph capture, replay or speculative-decoding lines near it)",
+        "read the lines before it for the failing kernel; restart {unit} with CUDA_LAUNCH_BLOCKING=1 in the env "
+        "for the exact kernel; A/B eagerly (ddtree_server.cuda_graph: false); give diagnose more of the log "
+        "(--lines) or --plan to tell capture from replay",
+        "CUDA runtime cudaErrorIllegalAddress; sgl-project/sglang#5029, #28569",
+        _ima_unknown),
+    Signature(
+        "capture-oom", ("memory",),
         (_OOM,),
         "GPU out of memory while capturing CUDA graphs (tried to allocate {tried})",
         "{lower} or lower ddtree_server.mem_fraction_static (leaves more for graph buffers){plan}",
@@ -613,7 +728,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "runner_backend_utils (0.5.23)",
         _oom(True)),
     Signature(
-        "cuda-oom", ("out of memory",),
+        "cuda-oom", ("memory",),
         (_OOM,),
         "GPU out of memory outside graph capture (weights, KV cache or a large batch; tried to allocate {tried})",
         "lower ddtree_server.mem_fraction_static, max_running_requests or context_length, or raise tp_size{plan}",
@@ -625,7 +740,10 @@ SIGNATURES: tuple[Signature, ...] = (
                     r"[^\n]{0,300}?\) ran for (?P<ms>\d{1,12}) milliseconds"),
          re.compile(r"Process group watchdog thread terminated with exception"),
          re.compile(r"NCCL (?:WARN|ERROR)[^\n]{0,200}(?:[Tt]imeout|timed out)"),
-         re.compile(r"(?i)ncclSystemError|ncclInternalError|ncclRemoteError|NCCL communicator was aborted")),
+         re.compile(r"\b(?P<code>nccl(?:UnhandledCuda|System|Internal|Remote|InvalidUsage)Error)(?:: |\s{0,4}$)"),
+         re.compile(r"NCCL error in: [^\n]{0,300}?(?P<code>unhandled (?:cuda|system) error|internal error|remote "
+                    r"process exited or there was a network error)"),
+         re.compile(r"NCCL communicator was aborted")),
         "NCCL collective timed out or failed ({what}): a rank stalled or the interconnect failed",
         "check every GPU and link (nvidia-smi topo -m, nvidia-smi nvlink -s, dmesg for Xid), run with NCCL_DEBUG=INFO; "
         "a rank that crashed first (see the earliest error above) stalls the rest",

@@ -1,0 +1,76 @@
+"""``errors.scrub``: the shapes a secret takes in echoed text (log lines ``diagnose`` quotes, a
+resolver's stderr, findings), one test per shape, and its time on hostile 1 MB lines.
+
+Shapes from attack pass 4 (finding 4): a bare Hugging Face token, ``--api-key VALUE`` argv,
+``export NAME="VALUE"``, SGLang's ``ServerArgs(api_key='VALUE')`` repr, JSON ``"hf_token": "VALUE"``,
+``NAME = VALUE``, ``token: VALUE``."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ddtree_ops.config.errors import REDACTED, scrub
+
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"  # 34 letters/digits after hf_, as huggingface.co issues them
+
+
+@pytest.mark.parametrize("text, secret", [
+    (f"loading with {HF} from cache", HF),
+    ("key sk-proj-Abcdefghijklmnopqrstuvwxyz0123 in env", "sk-proj-Abcdef"),
+    ("sk-ant-api03-Abcdefghijklmnopqrstuvwxyz", "sk-ant-api03"),
+    ("clone with ghp_" + "a1" * 18, "ghp_a1"),
+    ("github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "github_pat_11"),
+    ("slack xoxb-1234567890-abcdefghij", "xoxb-1234"),
+    ("glpat-Abcdefghij0123456789", "glpat-Abc"),
+])
+def test_well_known_token_shapes_are_redacted_wherever_they_stand(text, secret):
+    out = scrub(text)
+    assert secret not in out and REDACTED in out
+
+
+def test_words_that_merely_start_like_tokens_stay():
+    for text in ("task-abcdefghijklmnopqrstuvwxyz", "hf_token is not set", "ask-me", "my_hf_short"):
+        assert scrub(text) == text
+
+
+@pytest.mark.parametrize("text, secret, kept", [
+    ("argv: --api-key SEKRITargv --port 1", "SEKRITargv", "--port 1"),
+    ("--admin-api-key sekritadmin --host 0.0.0.0", "sekritadmin", "--host 0.0.0.0"),
+    ("--hf-token 'quoted1' --x", "quoted1", "--x"),
+    ('export OPENAI_API_KEY="SEKRITquoted"', "SEKRITquoted", "export OPENAI_API_KEY="),
+    ("ServerArgs(model_path='m', api_key='SEKRITpyrepr', port=30000)", "SEKRITpyrepr", "port=30000"),
+    ('args={"hf_token": "SEKRITjson", "x": 1}', "SEKRITjson", '"x": 1'),
+    ('{"MESSAGE":"ServerArgs {\\"api_key\\": \\"SEKRITesc\\"}"}', "SEKRITesc", "MESSAGE"),
+    ("HF_TOKEN = SEKRITspaced ; api-key SEKRITdash", "SEKRIT", "HF_TOKEN = "),
+    ("token: SEKRITtok", "SEKRITtok", "token: "),
+    ("DB_PASSWORD : 'two words'", "two words", "DB_PASSWORD"),
+    ('{"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n", "x": 1}',
+     "MIIEvQIBADANBg", '"x": 1'),
+])
+def test_named_values_in_every_shape_are_redacted(text, secret, kept):
+    out = scrub(text)
+    assert secret not in out and REDACTED in out and kept in out
+
+
+@pytest.mark.parametrize("text", [
+    "a secret: it", "HF_TOKEN is not set", "--api-key --port 30000", "HF_TOKEN missing", "tokens: 5",
+    "draft_tokens_per_req = 8", "the api-key header was missing",
+])
+def test_prose_and_non_secret_values_stay(text):
+    assert scrub(text) == text
+
+
+@pytest.mark.parametrize("name, line", [
+    ("name runs", "a1" * 500_000), ("dotted", "a." * 500_000), ("sk- runs", "sk-" * 340_000),
+    ("hf_ runs", "hf_" * 340_000), ("names and values", "A_KEY xY1234567 " * 60_000),
+    ("open quotes", "'a_key': '" * 100_000), ("argv flags", "--api-key " * 100_000), ("colons", "token: " * 150_000),
+    ("escaped quotes", '\\"k_key\\":' * 150_000), ("one long name", "x" * 1_000_000 + "_token=v"),
+    ("quoted runs", "keys: 'x " * 120_000), ("escapes", "a_key='" + "\\n" * 500_000),
+])
+def test_scrub_is_linear_on_hostile_1mb_lines(name, line):
+    """Each of these took minutes before (a name run retried from every position); now well under 2 s."""
+    t = time.perf_counter()
+    scrub(line)
+    assert time.perf_counter() - t < 2.0, name
