@@ -176,7 +176,8 @@ def test_extra_args_parse_with_the_real_parser(version, peer_tmp):
         "ddtree_model": {"path": "Qwen/Qwen3-8B"},
         "ddtree_speculative": {"algorithm": "none"},
         "ddtree_server": {"tp_size": 8, "max_running_requests": 16, "attention_backend": "flashinfer",
-                          "extra_args": {"--nccl-port": 30011, "--base-gpu-id": 0, "--disable-custom-all-reduce": True,
+                          "nccl_port": 30012, "base_gpu_id": 0,
+                          "extra_args": {"--disaggregation-bootstrap-port": 30011, "--disable-custom-all-reduce": True,
                                          "--kv-cache-dtype": "fp8_e4m3",
                                          "--decode-attention-backend": "trtllm_mha"}},
     }
@@ -211,12 +212,14 @@ def test_extra_args_reach_the_probe_s_parse(version, peer_tmp):
         "ddtree_model": {"path": "Qwen/Qwen3-8B"},
         "ddtree_speculative": {"algorithm": "none"},
         "ddtree_server": {"tp_size": 8, "max_running_requests": 16, "attention_backend": "flashinfer",
-                          "extra_args": {"--nccl-port": 30011, "--base-gpu-id": 0, "--no-such-flag": 1,
+                          "nccl_port": 30012,
+                          "extra_args": {"--disaggregation-bootstrap-port": 30011, "--no-such-flag": 1,
                                          "--kv-cache-dtype": "fp8_e4m3"}},
     }
     req = probe_request(validate_hostvars("h1", hv))
-    assert req["argv"][-8:] == ["--nccl-port", "30011", "--base-gpu-id", "0", "--no-such-flag", "1",
+    assert req["argv"][-6:] == ["--disaggregation-bootstrap-port", "30011", "--no-such-flag", "1",
                                 "--kv-cache-dtype", "fp8_e4m3"]
+    assert req["argv"][req["argv"].index("--nccl-port") + 1] == "30012"  # the modelled field, rendered
     work = peer_tmp / f"probe-{version}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "request.json").write_text(json.dumps(req))
