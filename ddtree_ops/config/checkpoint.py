@@ -941,7 +941,10 @@ def check_with_checkpoints(d: Any, reader: CheckpointReader) -> tuple[Any, Any, 
     plan, findings = check(d2)
     facts = Facts(target, draft, d)
     ck = [replace(x, host=d.host) for x in checkpoint_findings(d2, plan, facts)]
-    status = {f.role: ({"read": f.source, "ref": f.ref} if f.not_read is None else {"read": None, "why": f.not_read})
+    # Why a checkpoint was not read is an info finding (validate prints it), not deployment data:
+    # plan.json stays byte-identical between `ddtree-ops render` on the controller and the deploy
+    # play, which reads the host's files (tests/hosts/test_deploy.py), when neither finds one.
+    status = {f.role: ({"read": f.source, "ref": f.ref} if f.not_read is None else {"read": None})
               for f in (target, draft) if f is not None}
     summary = {"derived": sources, "checkpoints": status, "memory": estimate_memory(d2, plan, target, draft)}
     warnings = plan.warnings + [w.message() for w in ck if w.level == "warning"]
