@@ -33,7 +33,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Iterator
 
-from ..render.files import scrape_address
 from .errors import Finding
 from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
@@ -61,6 +60,8 @@ def machine_names(v: Validated) -> tuple[str, ...]:
     """The names under which ``v``'s machine is reached: the deploy address (``ansible_host``,
     else the inventory name, as Ansible connects) and the scrape address (:func:`scrape_address`)."""
     d = v.deployment
+    from ..render.files import scrape_address  # render (Jinja) only when a fleet check runs: validate's start-up
+
     return tuple(dict.fromkeys((_norm(d.address or d.host), _norm(scrape_address(v)))))
 
 

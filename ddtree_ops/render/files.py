@@ -12,9 +12,12 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import jinja2
 import yaml
+
+if TYPE_CHECKING:
+    import jinja2
 
 from ..config.hosts import HOST_CLASSES
 from ..config.instance import MULTIPROC_ENV, multiproc_dir
@@ -75,7 +78,10 @@ def env_value(value: str) -> str:
 def _env() -> jinja2.Environment:
     """The one Jinja environment of this process (built on first use; it caches the compiled
     templates and re-reads a template whose file changed). Building one per host cost ~20 ms
-    a host (issue 15)."""
+    a host (issue 15). Jinja is imported here: validate, which imports this module for
+    :func:`scrape_address`, never renders."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("ddtree_ops", "templates"),
         undefined=jinja2.StrictUndefined,
