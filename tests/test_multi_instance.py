@@ -182,3 +182,31 @@ def test_sim_refuses_a_rendezvous_port_in_use(tmp_path):
                             "--nccl-port", str(port)], capture_output=True, text=True, timeout=30, env=env,
                            cwd=tmp_path)
     assert r.returncode == 1 and "EADDRINUSE" in r.stdout + r.stderr
+
+
+# --- GPU placement by SGLang's own formula (attack pass 5): pp, gpu_id_step, DP attention, secret env
+
+def test_pipeline_stages_and_gpu_id_step_widen_the_gpu_set():
+    """--pp-size 2 puts a tp-4 instance on GPUs 0-7; --gpu-id-step 2 on 0,2,4,6: both overlap a
+    second instance on GPUs 4-7 (engine.py / data_parallel_controller.py, SGLang 0.5.23)."""
+    for extra in ({"--pp-size": "2"}, {"--gpu-id-step": 2}):
+        found = _fleet(_hv(server={"extra_args": extra}), _second())
+        assert found and "both claim GPU" in found[0].message(), (extra, [f.message() for f in found])
+    assert _fleet(_hv(server={"extra_args": {"--gpu-id-step": 1}}), _second()) == []
+
+
+def test_gpu_id_step_past_the_host_is_refused_and_dp_attention_shares_the_tp_gpus():
+    errs = _errors("h1", _hv(server={"tp_size": 4, "dp_size": 2, "extra_args": {"--gpu-id-step": "2"}}))
+    assert any("span 15 GPUs" in e.message() for e in errs), [e.message() for e in errs]
+    # DP attention: 8 DP ranks share the 8 TP GPUs (the usual DeepSeek layout) -- not 64 GPUs
+    validate_hostvars("h1", _hv(server={"tp_size": 8, "dp_size": 8, "extra_args": {"--enable-dp-attention": True}}))
+    [e] = [e for e in _errors("h1", _hv(server={"extra_args": {"--pp-size": "x"}})) if "pp-size" in e.message()]
+    assert "must be an integer 1-64" in e.message()
+
+
+def test_cuda_visible_devices_in_secret_env_is_refused_without_its_value():
+    hv = _hv()
+    hv["ddtree_secret_env"] = {"CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1,2,3"}
+    [e] = [e for e in _errors("h1", hv) if "CUDA_VISIBLE_DEVICES" in e.field]
+    assert e.field == "ddtree_secret_env.CUDA_VISIBLE_DEVICES" and "move CUDA_VISIBLE_DEVICES to ddtree_service.env" in e.message()
+    assert "4,5,6,7" not in e.message()

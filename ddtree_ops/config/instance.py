@@ -6,8 +6,10 @@ Several instances may share one machine (inventory hosts with one ``ansible_host
 instances against each other.
 
 Sources: SGLang ``ServerArgs`` (``--base-gpu-id``: "The base GPU ID to start allocating GPUs
-from", rank r uses ``base_gpu_id + r * gpu_id_step``; ``--nccl-port``), both flags present
-in 0.5.13.post1 and 0.5.23; CUDA's ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
+from"; ``--nccl-port``), both flags present in 0.5.13.post1 and 0.5.23; the GPU of each rank
+(0.5.23 ``entrypoints/engine.py`` and ``managers/data_parallel_controller.py``): ``base_gpu_id +
+pp_rank * tp + tp_rank * gpu_id_step``, each data-parallel replica starting ``tp * pp *
+gpu_id_step`` further, and with ``--enable-dp-attention`` the DP ranks sharing the TP group's GPUs; CUDA's ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
 "CUDA Environment Variables": a comma-separated list of device indices or UUIDs; the
 process sees only those, renumbered from 0 in list order).
 """
@@ -42,6 +44,9 @@ def visible_gpus(d: Deployment) -> tuple[int, ...] | None:
     """
     raw = d.service.env.get(VISIBLE_ENV)
     if raw is None:
+        if VISIBLE_ENV in d.secret_env:
+            raise GpuSetError(f"{VISIBLE_ENV} is in ddtree_secret_env, where the GPU-set checks cannot see it"
+                              f"|move {VISIBLE_ENV} to ddtree_service.env (it is not a secret)")
         return None
     if not _INDEX_LIST.fullmatch(raw):
         raise GpuSetError("must be a comma-separated list of GPU indices (e.g. 0,1,2,3); UUIDs, MIG names, "
@@ -53,9 +58,52 @@ def visible_gpus(d: Deployment) -> tuple[int, ...] | None:
     return ids
 
 
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+STEP_FLAG = "--gpu-id-step"
+DP_ATTENTION_FLAG = "--enable-dp-attention"
+
+
+def _extra_int(d: Deployment, names: tuple[str, ...]) -> int:
+    """An integer 1-64 that ``ddtree_server.extra_args`` gives one of ``names``; 1 when absent.
+
+    Raises:
+        GpuSetError: not an integer in 1-64.
+    """
+    for name in names:
+        if name in d.server.extra_args:
+            value = d.server.extra_args[name]
+            try:
+                n = int(str(value))
+            except ValueError:
+                n = 0
+            if not 1 <= n <= 64:
+                raise GpuSetError(f"ddtree_server.extra_args.{name} = {str(value)[:40]!r} must be an integer 1-64 "
+                                  f"(it places the instance's ranks on GPUs)|give {name} a small integer or remove it")
+            return n
+    return 1
+
+
+def rank_gpus(d: Deployment) -> tuple[int, ...]:
+    """GPU ordinals (relative to ``base_gpu_id``, among the visible GPUs) of every rank of the
+    instance, by SGLang's own placement (module docstring): tp ranks ``gpu_id_step`` apart,
+    pipeline stages ``tp`` apart, data-parallel replicas ``tp x pp x gpu_id_step`` apart unless
+    DP attention shares the TP GPUs.
+
+    Raises:
+        GpuSetError: ``--pp-size`` / ``--gpu-id-step`` in ``extra_args`` not an integer 1-64.
+    """
+    tp = d.server.tp_size
+    pp = _extra_int(d, PP_FLAGS)
+    step = _extra_int(d, (STEP_FLAG,))
+    dp = 1 if d.server.extra_args.get(DP_ATTENTION_FLAG) is True else d.server.dp_size
+    return tuple(sorted({r * tp * pp * step + p * tp + t * step
+                         for r in range(dp) for p in range(pp) for t in range(tp)}))
+
+
 def gpu_count_needed(d: Deployment) -> int:
-    """GPUs one instance uses: ``tp_size`` x ``dp_size`` (SGLang: one GPU per TP rank per DP replica)."""
-    return d.server.tp_size * d.server.dp_size
+    """GPUs the instance spans from ``base_gpu_id``: the highest ordinal of :func:`rank_gpus` + 1
+    (``tp_size x dp_size`` in the common case)."""
+    return max(rank_gpus(d)) + 1
 
 
 def gpu_set(d: Deployment) -> tuple[int, ...]:
@@ -67,11 +115,11 @@ def gpu_set(d: Deployment) -> tuple[int, ...]:
     Raises:
         GpuSetError: as :func:`visible_gpus`.
     """
-    base, need = d.server.base_gpu_id or 0, gpu_count_needed(d)
+    base, ranks = d.server.base_gpu_id or 0, rank_gpus(d)
     visible = visible_gpus(d)
     if visible is None:
-        return tuple(range(base, base + need))
-    return visible[base:base + need]
+        return tuple(base + r for r in ranks)
+    return tuple(visible[base + r] for r in ranks if base + r < len(visible))
 
 
 def multiproc_dir(d: Deployment) -> str:

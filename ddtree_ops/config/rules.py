@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from .errors import Finding
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
 from .hosts import HOST_CLASSES
-from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, visible_gpus
+from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
@@ -230,14 +230,19 @@ def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """tp_size * dp_size GPUs exist on the host and divide it evenly."""
+    """The instance's ranks (tp_size x dp_size, x ``--pp-size``; DP attention shares the TP GPUs:
+    :func:`~.instance.rank_gpus`) fit the host's GPUs, and tp_size divides them."""
     hc = _host_class(d)
     if not hc:
         return
-    gpus = d.server.tp_size * d.server.dp_size
+    try:
+        gpus = len(rank_gpus(d))
+    except GpuSetError:
+        return  # rule_gpu_set names the bad flag
     if gpus > hc.gpu_count or hc.gpu_count % d.server.tp_size:
         yield _err(f"{SRV}.tp_size", d.server.tp_size,
-                   f"tp_size x dp_size = {gpus} GPUs must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
+                   f"the instance's {gpus} GPUs (tp_size x dp_size{' x pp_size' if gpus != d.server.tp_size * d.server.dp_size else ''}) "
+                   f"must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
                    f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}")
 
 
@@ -255,33 +260,39 @@ def rule_ports(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def rule_gpu_set(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """The instance's GPUs (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id``, :func:`~.instance.gpu_set`)
-    are tp_size x dp_size GPUs that exist on the host class."""
+    """The instance's GPUs (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id`` / extra_args ``--pp-size``,
+    ``--gpu-id-step``, ``--enable-dp-attention``: :func:`~.instance.gpu_set`) exist on the host
+    class; ``CUDA_VISIBLE_DEVICES`` is in ``ddtree_service.env``, where these checks see it."""
     hc = _host_class(d)
     if not hc:
         return
     field = f"ddtree_service.env.{VISIBLE_ENV}"
+    if VISIBLE_ENV in d.secret_env and VISIBLE_ENV not in d.service.env:
+        field = f"ddtree_secret_env.{VISIBLE_ENV}"
     try:
         visible = visible_gpus(d)
+        need, base = gpu_count_needed(d), d.server.base_gpu_id or 0
     except GpuSetError as exc:
         rule, fix = str(exc).split("|", 1)
-        yield _err(field, d.service.env.get(VISIBLE_ENV), rule, fix, INSTANCE_SOURCE)
+        yield _err(field, d.service.env.get(VISIBLE_ENV, "(not shown)" if VISIBLE_ENV in d.secret_env else None),
+                   rule, fix, INSTANCE_SOURCE)
         return
     if visible is not None and max(visible) >= hc.gpu_count:
         yield _err(field, d.service.env[VISIBLE_ENV], f"a {hc.name} host has GPUs 0-{hc.gpu_count - 1}",
                    f"list only indices 0-{hc.gpu_count - 1}", INSTANCE_SOURCE)
         return
-    need, base = gpu_count_needed(d), d.server.base_gpu_id or 0
-    if need > hc.gpu_count:
+    if len(rank_gpus(d)) > hc.gpu_count:
         return  # rule_tp_fits says so
     have = len(visible) if visible is not None else hc.gpu_count
     if base + need > have:
         where = (f"{VISIBLE_ENV}={d.service.env[VISIBLE_ENV]} leaves {have} GPUs visible" if visible is not None
                  else f"a {hc.name} host has {have} GPUs")
         yield _err(f"{SRV}.base_gpu_id" if base else f"{SRV}.tp_size", base if base else d.server.tp_size,
-                   f"tp_size x dp_size = {need} GPUs from base_gpu_id {base} need {base + need} GPUs, but {where} "
+                   f"the instance's ranks span {need} GPUs (tp_size x dp_size; x pp_size, x gpu_id_step) from "
+                   f"base_gpu_id {base}: they need {base + need} GPUs, but {where} "
                    "(SGLang would fail with 'invalid device ordinal')",
-                   f"list {base + need} GPUs in {VISIBLE_ENV}, lower base_gpu_id or tp_size x dp_size", INSTANCE_SOURCE)
+                   f"list {base + need} GPUs in {VISIBLE_ENV}, lower base_gpu_id, tp_size x dp_size or the extra_args "
+                   "--pp-size / --gpu-id-step", INSTANCE_SOURCE)
 
 
 def rule_runtime_state(d: Deployment, p: Plan) -> Iterator[Finding]:
