@@ -71,28 +71,40 @@ def say(console: Console, label: str, style: str, message: str) -> None:
     console.print(Text.assemble((label, style), " ", message), highlight=False)
 
 
+def _shown_url(url: object) -> str:
+    """A URL as messages may echo it: user info and any query/fragment replaced by
+    ``(redacted)``, secrets scrubbed, cut to 200 characters."""
+    from .config.errors import scrub, shorten
+
+    text = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@", r"\1(redacted)@", str(url))
+    text = re.sub(r"[?#].*", "?(redacted)", text, flags=re.S)
+    return shorten(scrub(text))
+
+
 def _url(url: str) -> str:
-    """``url`` if it is ``http(s)://HOST[:PORT][/...]`` without credentials.
+    """``url`` if it is ``http(s)://HOST[:PORT][/path]`` without credentials, query or fragment.
 
-    A URL with user info (``http://user:pass@host``) is refused: it would be echoed in the
-    report (``url``), in logs and in shell history; the message shows it with the user info
-    replaced by ``(redacted)@``."""
+    A URL with user info (``http://user:pass@host``) or a query (``?access_token=...``) is
+    refused: a server's base URL needs neither, and either would be echoed in the report
+    (``url``), in bench's result files, in logs and in shell history; the message shows it with
+    those parts replaced by ``(redacted)`` (:func:`_shown_url`)."""
     import httpx
-
-    from .config.errors import shorten
 
     try:
         u = httpx.URL(url)
         ok = u.scheme in ("http", "https") and bool(u.host) and (u.port is None or 0 < u.port < 65536)
         has_userinfo = bool(u.userinfo)
+        has_query = bool(u.query) or bool(u.fragment) or "?" in url or "#" in url
     except Exception:  # httpx raises several types for malformed URLs
-        ok, has_userinfo = False, "@" in url
+        ok, has_userinfo, has_query = False, "@" in url, "?" in url or "#" in url
     if has_userinfo:
-        shown = shorten(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/]*@", r"\1(redacted)@", url))
-        raise typer.BadParameter(f"URL {shown!r}: holds credentials (user info); give http(s)://HOST:PORT "
+        raise typer.BadParameter(f"URL {_shown_url(url)!r}: holds credentials (user info); give http(s)://HOST:PORT "
                                  "without them")
+    if has_query:
+        raise typer.BadParameter(f"URL {_shown_url(url)!r}: holds a query or fragment; give the server's base URL "
+                                 "http(s)://HOST:PORT (credentials go in DDTREE_API_KEY, never in the URL)")
     if not ok:
-        raise typer.BadParameter(f"URL {shorten(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
+        raise typer.BadParameter(f"URL {_shown_url(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
     return url
 
 
@@ -465,7 +477,7 @@ def _target(url: str | None, default: str | None) -> str:
         try:
             return _url(default)
         except typer.BadParameter:
-            raise typer.BadParameter(f"the deployment's url = {default!r} is not http(s)://HOST:PORT. Fix: re-render "
+            raise typer.BadParameter(f"the deployment's url = {_shown_url(default)!r} is not http(s)://HOST:PORT. Fix: re-render "
                                      "plan.json, or give the server URL") from None
     return _url(url)
 
@@ -825,7 +837,7 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
         try:
             _url(str(doc.get("url")))
         except typer.BadParameter:
-            raise typer.BadParameter(f"--plan {plan_file}: url = {doc.get('url')!r} is not http(s)://HOST:PORT. Fix: "
+            raise typer.BadParameter(f"--plan {plan_file}: url = {_shown_url(doc.get('url'))!r} is not http(s)://HOST:PORT. Fix: "
                                      "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
         from .config.models import Ops
@@ -1081,4 +1093,12 @@ def _usage(argv: list[str] | None, msg: str) -> int:
 
 
 def run() -> None:
-    sys.exit(main())
+    """Console-script entry: :func:`main`'s exit code; a reader that closed the pipe early
+    (``ddtree-ops ... | head``) ends the run quietly with 141 (128 + SIGPIPE), as shells report it."""
+    try:
+        rc = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        rc = 141
+    sys.exit(rc)

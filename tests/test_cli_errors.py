@@ -96,3 +96,41 @@ def test_without_ansible_a_controller_command_says_what_to_install():
     assert r.returncode == 2, r.stderr
     assert "needs ansible-core on the controller: pip install 'ddtree-ops[controller]'" in r.stderr
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+
+
+# --- URLs with secrets (attack pass 5): refused, and never echoed whole
+
+@pytest.mark.parametrize("argv", [
+    ["health", "http://127.0.0.1:9/?access_token=SEKRITq", "--failures", "1", "--json"],
+    ["warmup", "http://127.0.0.1:9/x?token=SEKRITq", "--deadline", "2", "--json"],
+    ["health", "http://127.0.0.1:9/#SEKRITq", "--failures", "1"],
+    ["bench", "http://127.0.0.1:9", "--baseline", "http://127.0.0.1:8/?access_token=SEKRITq", "--requests", "1"],
+])
+def test_a_server_url_with_a_query_is_refused_and_not_echoed(capsys, argv):
+    assert cli.main(argv) == 2
+    io = capsys.readouterr()
+    assert "SEKRIT" not in io.out + io.err and "holds a query or fragment" in io.out + io.err
+
+
+def _plan_with_url(tmp_path, url: str):
+    out = tmp_path / "out"
+    assert cli.main(["render", "-i", str(REPO / "inventory" / "test"), "-o", str(out)]) == 0
+    [plan] = out.glob("*/etc/ddtree-ops/*/plan.json")
+    doc = json.loads(plan.read_text())
+    doc["url"] = url
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+@pytest.mark.parametrize("cmd", [["health", "--failures", "1"], ["exporter", "--listen", "127.0.0.1:0"]])
+def test_a_plan_url_with_credentials_or_huge_is_shown_redacted_and_cut(tmp_path, capsys, cmd):
+    p = _plan_with_url(tmp_path, "http://admin:SEKRITpw@127.0.0.1:9")
+    capsys.readouterr()
+    assert cli.main([cmd[0], "--plan", str(p), *cmd[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "SEKRITpw" not in err and "(redacted)@" in err
+    p = _plan_with_url(tmp_path, "http://" + "x" * 3_000_000)
+    capsys.readouterr()
+    assert cli.main([cmd[0], "--plan", str(p), *cmd[1:]]) == 2
+    assert len(capsys.readouterr().err) < 2000
