@@ -493,3 +493,15 @@ def test_exact_option_that_prefixes_a_secret_flag_allowed():
     assert secret_flag("--ssl-keyfile") is None and secret_flag("--kv-cache-dtype") is None
     assert errors_at(ct200("0.5.23", attention_backend="triton", extra_args={"--ssl-keyfile": "/etc/k.pem"}),
                      "ddtree_server.extra_args") == []
+
+
+@pytest.mark.parametrize("extra", [{"--tokenizer-path": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"},
+                                   {"--lora-paths": ["a=hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"]}])
+def test_extra_args_value_holding_a_token_is_refused_and_not_echoed(extra):
+    """attack pass 5: a raw Hugging Face token as a flag value went into the 0644 unit and plan.json."""
+    from ddtree_ops.config import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", ct200("0.5.23", attention_backend="triton", extra_args=extra))
+    text = "\n".join(f.message() for f in exc.value.findings)
+    assert "Hugging Face token" in text and "hf_AbCd" not in text

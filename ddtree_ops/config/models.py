@@ -575,6 +575,11 @@ class Server(_Model):
                 text = str(x)
                 if len(text) > MAX_PATH:
                     raise _fail(f"{flag}: a value is longer than {MAX_PATH} characters", "shorten it")
+                if (kind := looks_like_token(text)) is not None:
+                    register_secret(text)  # never echoed
+                    raise _fail(f"{flag}: a value holds {kind}; extra_args land in the argv (process list), the "
+                                "0644 unit and plan.json",
+                                "remove it; give secrets through ddtree_secret_env (0600 secrets.env) or ddtree_hf_token")
                 try:
                     _safe_arg(text)
                 except ValueError as exc:
