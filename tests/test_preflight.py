@@ -596,6 +596,16 @@ def test_nccl_result_of_the_right_shape_passes(tmp_path):
     assert c["ok"] and "64 MiB over 2 GPU(s)" in c["detail"] and "67.1 GB/s" in c["detail"]
 
 
+
+def test_nccl_result_from_fewer_ranks_than_gpus_fails(tmp_path):
+    """attack pass 5: 8 GPUs probed, a result of world 1 passed as "over 1 GPU(s)"."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 8; exit 0;; esac\necho '{\"world\": 1, \"bytes\": 268435456, "
+                    "\"seconds\": 0.001, \"correct\": true, \"busbw_gbps\": null}'\n")
+    fake.chmod(0o755)
+    c = pf.nccl_check(str(fake), 8, 10)
+    assert not c["ok"] and "over 8 GPU(s) reported 1 rank(s)" in c["detail"]
+
 @pytest.mark.parametrize("csv, topo, check, words", [
     ("580.159.04, 10.3.1\n" * 8, None, "compute_capability", "unknown"),
     ("index, driver_version, compute_cap\n" + "x, 580.159.04, 10.3\n" * 8, None, "compute_capability", "unknown"),

@@ -883,6 +883,10 @@ def nccl_check(python: str, gpus: int, deadline_s: float = NCCL_DEADLINE_S, mib:
             f"{(r.stdout.strip().splitlines() or [''])[-1][:200]!r})")
         return _check("nccl", False, f"all-reduce over {gpus} GPU(s) {why}",
                       "read the NCCL error above (NCCL_DEBUG=WARN); if it names P2P or SHM, " + ACS_FIX)
+    if res["world"] != gpus:
+        return _check("nccl", False, f"all-reduce over {gpus} GPU(s) reported {res['world']} rank(s): not every GPU "
+                      "took part", "read the NCCL output (NCCL_DEBUG=WARN); a GPU missing from the ring is a driver "
+                      "or link fault (nvidia-smi -q, dmesg: Xid)")
     bw = res["busbw_gbps"]
     return _check("nccl", res["correct"],
                   f"all-reduce of {res['bytes'] >> 20} MiB over {res['world']} GPU(s): {res['seconds'] * 1e3:.2f} ms"
