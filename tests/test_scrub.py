@@ -74,3 +74,20 @@ def test_scrub_is_linear_on_hostile_1mb_lines(name, line):
     t = time.perf_counter()
     scrub(line)
     assert time.perf_counter() - t < 2.0, name
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c ok",
+     "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),
+    ("key id AKIAIOSFODNN7EXAMPLE in the log", "AKIAIOSFODNN7EXAMPLE"),
+    ("private_key: -----BEGIN PRIVATE KEY-----MIIEvQIBADANBgkqhkiG9w0BAQEFAASC-----END PRIVATE KEY-----",
+     "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+    ("Authorization: ApiKey SEKRITapikey123", "SEKRITapikey123"),
+])
+def test_attack5_shapes_are_redacted_and_refused_as_values(text, secret):
+    """attack pass 5: JWTs, AWS key ids, PEM bodies and the ApiKey scheme came out verbatim."""
+    from ddtree_ops.config.errors import looks_like_token
+
+    assert secret not in scrub(text)
+    if "ApiKey" not in text:
+        assert looks_like_token(text) is not None

@@ -176,9 +176,9 @@ _URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>[a-z][a-z0-9+.-]*://)(?P<user>[^\s/
 take a token as the user name, so echoed text never shows it (an ssh user is refused nowhere,
 only not echoed)."""
 
-_AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
+_AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest|apikey)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
 """An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
-_AUTH_WORDS = ("bearer", "basic", "token", "digest")
+_AUTH_WORDS = ("bearer", "basic", "token", "digest", "apikey")
 """The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot
 match it (a non-ASCII text always goes through the regex: Unicode case folding, e.g. ``K``)."""
 
@@ -225,17 +225,7 @@ decides which matches are secrets. The look-ahead skips runs holding none of :da
 (no name without one is secret). A quoted value runs to its closing quote, JSON escapes
 (``\\n`` of a PEM key) included."""
 
-_TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}"
-                          r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{20,})")
-"""Well-known token formats, redacted wherever they stand (a bare token in a log line, a resolver's
-stderr): Hugging Face user access tokens (``hf_`` + 34 letters/digits: huggingface.co/docs/hub/
-security-tokens), OpenAI/Anthropic API keys (``sk-...``, ``sk-proj-...``, ``sk-ant-...``), GitHub
-tokens (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: github.blog 2021-04-05
-"Behind GitHub's new authentication token formats"), Slack tokens (``xoxb-``/``xoxp-``...), GitLab
-personal access tokens (``glpat-``). The look-behind starts a match only at the start of a run of
-token characters (linear time on ``sk-sk-sk-...``)."""
-_TOKEN_PREFIXES = ("hf_", "sk-", "gho_", "ghp_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
-"""Substrings one of which every :data:`_TOKEN_SHAPE` match holds (a cheap test before the regex)."""
+
 
 
 def _is_vaulted(v: Any) -> bool:
@@ -430,20 +420,36 @@ def findings_from_validation_error(
     return out
 
 
-_TOKEN_SHAPES = (
-    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}"), "a Hugging Face token (hf_...)"),
-    (re.compile(r"(?<![A-Za-z0-9])api_org_[A-Za-z0-9]{30,}"), "a Hugging Face organization token (api_org_...)"),
-    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{36,}"), "a GitHub token (ghp_...)"),
-    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{40,}"), "a GitHub token (github_pat_...)"),
-    (re.compile(r"(?<![A-Za-z0-9])sk-(?:proj-|ant-)?[A-Za-z0-9_-]{32,}"), "an API secret key (sk-...)"),
-    (re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}"), "a Slack token (xox...)"),
-    (re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id (AKIA...)"),
+_TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"(?<![A-Za-z0-9_-])hf_[A-Za-z0-9]{20,}"), "a Hugging Face token (hf_...)", "hf_"),
+    (re.compile(r"(?<![A-Za-z0-9_-])api_org_[A-Za-z0-9]{20,}"), "a Hugging Face organization token (api_org_...)",
+     "api_org_"),
+    (re.compile(r"(?<![A-Za-z0-9_-])gh[pousr]_[A-Za-z0-9]{30,}"), "a GitHub token (ghp_...)", "gh"),
+    (re.compile(r"(?<![A-Za-z0-9_-])github_pat_[A-Za-z0-9_]{20,}"), "a GitHub token (github_pat_...)", "github_pat_"),
+    (re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}"), "an API secret key (sk-...)", "sk-"),
+    (re.compile(r"(?<![A-Za-z0-9_-])xox[abposr]-[A-Za-z0-9-]{10,}"), "a Slack token (xox...)", "xox"),
+    (re.compile(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}"), "a GitLab token (glpat-...)", "glpat-"),
+    (re.compile(r"(?<![A-Z0-9])AKIA[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id (AKIA...)", "AKIA"),
+    (re.compile(r"(?<![A-Z0-9])ASIA[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS temporary access key id (ASIA...)", "ASIA"),
+    (re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+     "a JSON Web Token (eyJ...)", "eyJ"),
+    (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]{0,8192}(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"),
+     "a private key (PEM)", "-----BEGIN"),
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
 Tokens (``hf_`` + 34 letters/digits, huggingface.co/docs/hub/security-tokens), GitHub
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: docs.github.com "About
 authentication", token formats), OpenAI/Anthropic-style ``sk-`` keys, Slack ``xox?-`` and AWS
-access key ids."""
+access key ids; JSON Web Tokens (``eyJ`` header.payload.signature, RFC 7519) and PEM private
+keys (RFC 7468 ``-----BEGIN ... PRIVATE KEY-----``). One table: :func:`scrub` redacts them,
+:func:`looks_like_token` refuses them where values land in files or argv."""
+
+_TOKEN_SHAPE = re.compile("|".join(f"(?:{shape.pattern})" for shape, _, _ in _TOKEN_SHAPES))
+"""All of :data:`_TOKEN_SHAPES` in one regex: :func:`scrub` redacts such a token wherever it
+stands (a bare token in a log line, a resolver's stderr). Each alternative starts only at the start
+of a run of token characters (linear time on ``sk-sk-sk-...``)."""
+_TOKEN_PREFIXES = tuple(dict.fromkeys(prefix for _, _, prefix in _TOKEN_SHAPES))
+"""Substrings one of which every :data:`_TOKEN_SHAPE` match holds (a cheap test before the regex)."""
 
 
 def looks_like_token(value: str) -> str | None:
@@ -453,7 +459,7 @@ def looks_like_token(value: str) -> str | None:
     ``ddtree_model.revision``)."""
     if not isinstance(value, str):
         return None
-    for shape, kind in _TOKEN_SHAPES:
+    for shape, kind, _ in _TOKEN_SHAPES:
         if shape.search(value):
             return kind
     return None
