@@ -72,13 +72,16 @@ def say(console: Console, label: str, style: str, message: str) -> None:
 
 
 def _shown_url(url: object) -> str:
-    """A URL as messages may echo it: user info and any query/fragment replaced by
-    ``(redacted)``, secrets scrubbed, cut to 200 characters."""
+    """A URL as messages may echo it, quoted (``repr``): user info and any query/fragment replaced
+    by ``(redacted)``, secrets scrubbed, cut to 200 characters; a value that is no string (a
+    plan.json ``url`` of null, a number) as its ``repr``, cut."""
     from .config.errors import scrub, shorten
 
-    text = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@", r"\1(redacted)@", str(url))
+    if not isinstance(url, str):
+        return shorten(repr(url))
+    text = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@", r"\1(redacted)@", url)
     text = re.sub(r"[?#].*", "?(redacted)", text, flags=re.S)
-    return shorten(scrub(text))
+    return repr(shorten(scrub(text)))
 
 
 def _url(url: str) -> str:
@@ -98,13 +101,13 @@ def _url(url: str) -> str:
     except Exception:  # httpx raises several types for malformed URLs
         ok, has_userinfo, has_query = False, "@" in url, "?" in url or "#" in url
     if has_userinfo:
-        raise typer.BadParameter(f"URL {_shown_url(url)!r}: holds credentials (user info); give http(s)://HOST:PORT "
+        raise typer.BadParameter(f"URL {_shown_url(url)}: holds credentials (user info); give http(s)://HOST:PORT "
                                  "without them")
     if has_query:
-        raise typer.BadParameter(f"URL {_shown_url(url)!r}: holds a query or fragment; give the server's base URL "
+        raise typer.BadParameter(f"URL {_shown_url(url)}: holds a query or fragment; give the server's base URL "
                                  "http(s)://HOST:PORT (credentials go in DDTREE_API_KEY, never in the URL)")
     if not ok:
-        raise typer.BadParameter(f"URL {_shown_url(url)!r}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
+        raise typer.BadParameter(f"URL {_shown_url(url)}: give http(s)://HOST:PORT, e.g. http://127.0.0.1:30000")
     return url
 
 
@@ -477,7 +480,7 @@ def _target(url: str | None, default: str | None) -> str:
         try:
             return _url(default)
         except typer.BadParameter:
-            raise typer.BadParameter(f"the deployment's url = {_shown_url(default)!r} is not http(s)://HOST:PORT. Fix: re-render "
+            raise typer.BadParameter(f"the deployment's url = {_shown_url(default)} is not http(s)://HOST:PORT. Fix: re-render "
                                      "plan.json, or give the server URL") from None
     return _url(url)
 
@@ -837,7 +840,7 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
         try:
             _url(str(doc.get("url")))
         except typer.BadParameter:
-            raise typer.BadParameter(f"--plan {plan_file}: url = {_shown_url(doc.get('url'))!r} is not http(s)://HOST:PORT. Fix: "
+            raise typer.BadParameter(f"--plan {plan_file}: url = {_shown_url(doc.get('url'))} is not http(s)://HOST:PORT. Fix: "
                                      "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
         from .config.models import Ops
