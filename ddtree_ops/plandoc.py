@@ -93,6 +93,20 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
+def read_at_most(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``fd``'s current offset to its end, read in 1 MiB chunks (the
+    bounded read of every file ddtree-ops takes from a user: plan.json, checkpoint configs, the
+    logs ``diagnose`` reads). Raises OSError as ``os.read`` does."""
+    chunks: list[bytes] = []
+    while limit > 0:
+        chunk = os.read(fd, min(limit, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        limit -= len(chunk)
+    return b"".join(chunks)
+
+
 def depth(data: bytes) -> int:
     """Deepest nesting of ``[``/``{`` in JSON text ``data`` (strings skipped), stopping early
     once past :data:`MAX_DEPTH`; a flat scan, no recursion."""
@@ -164,18 +178,12 @@ def read_plan_doc(path: str | os.PathLike[str], option: str = "--plan") -> dict[
             raise PlanFileError(option, str(path), f"{kind}, not a regular file")
         if st.st_size > MAX_BYTES:
             raise PlanFileError(option, str(path), f"larger than {MAX_BYTES >> 20} MiB: not a plan.json")
-        chunks, left = [], MAX_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = read_at_most(fd, MAX_BYTES + 1)
     except OSError as exc:
         raise PlanFileError(option, str(path), f"cannot read it ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
     try:
-        return parse_plan_doc(b"".join(chunks))
+        return parse_plan_doc(data)
     except ValueError as exc:
         raise PlanFileError(option, str(path), str(exc)) from None

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..plandoc import read_at_most
 from .errors import Finding, shorten
 from .hosts import HOST_CLASSES
 
@@ -182,14 +183,7 @@ def read_bounded(path: str) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CheckpointFileError("is not a regular file")
-        chunks, left = [], MAX_FILE_BYTES + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 16))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks)
+        return read_at_most(fd, MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise CheckpointFileError(f"cannot be read: {exc.strerror or exc}") from None
     finally:

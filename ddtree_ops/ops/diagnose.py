@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..plandoc import read_at_most
+
 DEFAULT_MAX_MIB = 16
 """MiB of input read by default (the last ones: a journal's latest entries are at its end)."""
 DEFAULT_MAX_BYTES = DEFAULT_MAX_MIB << 20
@@ -226,15 +228,7 @@ def _read_regular(path: str | Path, option: str, max_bytes: int, tail: bool = Fa
             raise DiagnoseError(f"{option} {_shown_path(path)}: {what}{hint}")
         start = max(0, st.st_size - max_bytes) if tail else 0
         os.lseek(fd, start, os.SEEK_SET)
-        chunks: list[bytes] = []
-        left = max_bytes
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        data = read_at_most(fd, max_bytes)
     except OSError as exc:
         raise DiagnoseError(f"{option} {_shown_path(path)}: {exc.strerror or exc}") from None
     finally:
