@@ -433,7 +433,7 @@ def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
 
 
 def test_limits_are_the_rendered_units():
-    """The preflight's limits are the ones the SGLang unit sets (templates/sglang.service.j2)."""
+    """The preflight's limits are the ones the SGLang unit sets (ddtree_ops/templates/sglang.service.j2)."""
     from ddtree_ops.config import validate_hostvars
     from ddtree_ops.render import render_host
     from helpers import base_hostvars

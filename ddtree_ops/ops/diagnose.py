@@ -774,7 +774,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "the process sees no GPU: NVIDIA device nodes are missing or not allowed ({what})",
         "systemctl status ddtree-nvidia-devices.service (it creates /dev/nvidia-uvm and the nodes before the "
         "sandboxed unit starts), check nvidia-smi on the host and the unit's DeviceAllow=, then restart the unit",
-        "NVIDIA/nvidia-docker#139, #997 (missing /dev/nvidia-uvm); templates/nvidia-devices.service.j2",
+        "NVIDIA/nvidia-docker#139, #997 (missing /dev/nvidia-uvm); ddtree_ops/templates/nvidia-devices.service.j2",
         _devices),
     Signature(
         "health-timeout", ("health check failed", "/health", "operation timed out"),

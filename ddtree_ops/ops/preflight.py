@@ -70,10 +70,10 @@ memlock=-1``, and Docker's 64 MB default makes NCCL fail in ``ncclShmOpen`` (pyt
 commit 0ba3e39)."""
 
 SERVICE_MEMLOCK = "infinity"
-"""The SGLang unit's ``LimitMEMLOCK`` (``templates/sglang.service.j2``)."""
+"""The SGLang unit's ``LimitMEMLOCK`` (``ddtree_ops/templates/sglang.service.j2``)."""
 
 SERVICE_NOFILE = 1048576
-"""The SGLang unit's ``LimitNOFILE`` (``templates/sglang.service.j2``). The kernel refuses a
+"""The SGLang unit's ``LimitNOFILE`` (``ddtree_ops/templates/sglang.service.j2``). The kernel refuses a
 ``RLIMIT_NOFILE`` above ``fs.nr_open`` (setrlimit(2) EPERM), so the unit fails to start where
 ``/proc/sys/fs/nr_open`` is lower."""
 
