@@ -48,8 +48,13 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError
-        from ddtree_ops.config.checkpoint import (FILES, host_paths, hub_allowed, reader_from_host_files,
-                                                  validate_with_checkpoints)
+        from ddtree_ops.config.checkpoint import (
+            FILES,
+            host_paths,
+            hub_allowed,
+            reader_from_host_files,
+            validate_with_checkpoints,
+        )
         from ddtree_ops.config.load import deployment_from_hostvars
         from ddtree_ops.config.models import deployment_vars
 

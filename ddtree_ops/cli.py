@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import stat
@@ -21,8 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import math
-
 from rich.console import Console
 from rich.text import Text
 
@@ -159,9 +158,9 @@ def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = N
 
 def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | None,
                         hub: bool) -> tuple[list[Validated], list[Finding]]:
+    from .config import ConfigError, validate_hostvars
     from .config.checkpoint import CheckpointReader, hub_allowed, validate_with_checkpoints
     from .config.fleet import fleet_findings
-    from .config import ConfigError, validate_hostvars
     from .config.inventory import load_hostvars
 
     hostvars = load_hostvars(inventory, limit, vault or ())
@@ -275,8 +274,16 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
     validated = _require_valid(inventory, limit, vault, hub)
     resolutions: dict[str, dict[str, Any]] = {}
     if resolve_with:
-        from .sglang.resolve import (DETAIL_MAX, diff_plan, passes, planned_values, request_for, run_resolution,
-                                     shown, summary)
+        from .sglang.resolve import (
+            DETAIL_MAX,
+            diff_plan,
+            passes,
+            planned_values,
+            request_for,
+            run_resolution,
+            shown,
+            summary,
+        )
 
         for v in validated:
             res = run_resolution(resolve_with, request_for(v, models), deadline_s=resolve_timeout)
@@ -742,9 +749,9 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
     """Validate, render and benchmark each point of a grid of deployment settings (points with
     a url of an endpoint already serving them; redeploying through Ansible is not done here).
     Invalid points are reported and skipped; a re-run resumes; sweep.md ranks points by tok/s."""
+    from .config.inventory import load_hostvars
     from .ops.bench import BenchInputError, BenchOptions, load_prompts
     from .ops.sweep import SweepError, load_sweep, run_sweep
-    from .config.inventory import load_hostvars
 
     try:
         host, points = load_sweep(spec)

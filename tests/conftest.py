@@ -3,7 +3,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from helpers import base_hostvars
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_hostile_servers import Conn, Hostile
+from test_sim import DDTREE_8_32, Sim, http
 
 from ddtree_ops.cli import main
 from ddtree_ops.ops.bench import (
@@ -35,8 +37,6 @@ from ddtree_ops.ops.bench import (
     write_results,
 )
 from ddtree_ops.ops.bench_report import compare, write_report
-from test_hostile_servers import Conn, Hostile
-from test_sim import DDTREE_8_32, Sim, http
 
 STEP = 0.02
 ACCEPT = 4
@@ -341,7 +341,6 @@ def test_no_outside_paths_in_results(spec_sim: Sim, tmp_path: Path) -> None:
 # ------------------------------------------------------------------ sweep
 def _inventory(tmp: Path) -> Path:
     import yaml
-
     from helpers import base_hostvars
 
     inv = tmp / "inv"

@@ -16,17 +16,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import FIXTURES
 
 from ddtree_ops.cli import main
-from ddtree_ops.config.checkpoint import (CONFIG, INDEX, MAX_FILE_BYTES, PREPROCESSOR, CheckpointFileError,
-                                          CheckpointReader, check_with_checkpoints, estimate_params,
-                                          kv_bytes_per_token, parse_json_object, read_hub,
-                                          validate_with_checkpoints)
+from ddtree_ops.config.checkpoint import (
+    CONFIG,
+    INDEX,
+    MAX_FILE_BYTES,
+    PREPROCESSOR,
+    CheckpointFileError,
+    CheckpointReader,
+    check_with_checkpoints,
+    estimate_params,
+    kv_bytes_per_token,
+    parse_json_object,
+    read_hub,
+    validate_with_checkpoints,
+)
 from ddtree_ops.config.errors import ConfigError
 from ddtree_ops.config.load import deployment_from_hostvars
 from ddtree_ops.render.argv import build_argv
+
 
 def _readable_copy() -> Path:
     """The checkpoint fixtures, copied once per test process to a place the service sandbox lets

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 from ddtree_ops import cli
-from helpers import REPO
 
 
 def _boom(exc: BaseException):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import FIXTURES, REPO
 
 from ddtree_ops.config import ConfigError, default_capture_bs, validate_hostvars
 from ddtree_ops.config.inventory import load_hostvars
-
-from helpers import FIXTURES, REPO
 
 
 def errors_of(hostvars: dict) -> list:

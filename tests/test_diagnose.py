@@ -13,10 +13,10 @@ import traceback
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES, base_hostvars
 
 from ddtree_ops.cli import main
 from ddtree_ops.ops import diagnose as dg
-from helpers import FIXTURES, base_hostvars
 
 LOGS = FIXTURES / "logs"
 IMA = "RuntimeError: CUDA error: an illegal memory access was encountered"

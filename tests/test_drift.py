@@ -8,12 +8,12 @@ import copy
 import json
 
 import pytest
+from test_sim import FIXTURES, Sim, get_json
 
 from ddtree_ops.config.load import validate_hostvars
 from ddtree_ops.ops.drift import compared_settings, find_drift
 from ddtree_ops.render.argv import build_argv
 from ddtree_ops.render.files import plan_document
-from test_sim import FIXTURES, Sim, get_json
 
 
 @pytest.fixture(scope="module")

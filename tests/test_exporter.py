@@ -15,14 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import FIXTURES, REPO, base_hostvars
 from prometheus_client import CollectorRegistry
+from test_sim import Sim, post_json
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, PlanError, parse_upstream, serve
 from ddtree_ops.render.files import plan_document
-from helpers import FIXTURES, REPO, base_hostvars
-from test_sim import Sim, post_json
 
 LABELS = {"host": "h1", "host_class": "b300", "model": "moonshotai/Kimi-K2.6"}
 

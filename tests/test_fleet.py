@@ -14,12 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from helpers import REPO, base_hostvars
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.fleet import fleet_findings
-
-from helpers import REPO, base_hostvars
 
 
 def _inventory(root: Path, hosts: dict[str, dict]) -> Path:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import base_hostvars
 from prometheus_client import CollectorRegistry
 
 from ddtree_ops.cli import main
@@ -32,7 +33,6 @@ from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.exporter import Exporter, Sample
 from ddtree_ops.ops.health import CHECK_NAMES
 from ddtree_ops.render.files import plan_document
-from helpers import base_hostvars
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_BEHAVE_S = 15.0

@@ -15,8 +15,12 @@ import time
 import httpx
 import pytest
 import yaml
+from helpers import base_hostvars
 from prometheus_client import CollectorRegistry
+from test_exporter import fixtures_dir, generate, sim_deployment
+from test_sim import Sim, post_json
 
+from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, serve
 from ddtree_ops.render.files import plan_document, render_prometheus
 from ddtree_ops.render.monitoring import (
@@ -27,10 +31,6 @@ from ddtree_ops.render.monitoring import (
     render_dashboard,
     render_rules,
 )
-from ddtree_ops.config import validate_hostvars
-from helpers import base_hostvars
-from test_exporter import fixtures_dir, generate, sim_deployment
-from test_sim import Sim, post_json
 
 pytestmark = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (scripts/setup.sh)")
 
@@ -378,8 +378,9 @@ def test_real_prometheus_sees_accept_length_and_fires_the_collapse_alert(tmp_pat
 
 
 def test_cli_render_writes_monitoring_files_and_exporter_unit(tmp_path) -> None:
-    from ddtree_ops.cli import main
     from helpers import REPO
+
+    from ddtree_ops.cli import main
 
     assert main(["render", "--out", str(tmp_path), "-i", str(REPO / "inventory" / "test")]) == 0
     unit = (tmp_path / "ddt-th1/etc/systemd/system/ddtree-sglang-exporter.service").read_text()

@@ -13,13 +13,12 @@ import sys
 
 import pytest
 import yaml
+from helpers import REPO, base_hostvars
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.fleet import MAX_WAVES, fleet_findings, instance_waves
 from ddtree_ops.render import build_argv, render_host
-
-from helpers import REPO, base_hostvars
 
 EXAMPLE = REPO / "inventory" / "multi-example"
 

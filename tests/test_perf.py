@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 from rich.console import Console
 from rich.text import Text
 
@@ -22,8 +23,6 @@ from ddtree_ops.render import files as files_mod
 from ddtree_ops.render import render_host, render_prometheus
 from ddtree_ops.render.monitoring import render_rules
 from ddtree_ops.render.write import OpenDirs, UnsafeOutput, write_under
-
-from helpers import REPO
 
 SHIPPED = ["inventory/example", "inventory/dflash-example", "inventory/test"]
 
@@ -84,7 +83,8 @@ def test_template_skip_and_cached_environment_render_identically(inv, tmp_path, 
 
 def test_gate_passes_plain_values_through_and_templates_the_rest(tmp_path):
     from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template as t  # inventory files' strings are trusted
+    from ansible.template import Templar  # inventory files' strings are trusted
+    from ansible.template import trust_as_template as t
 
     templar = Templar(loader=DataLoader(), variables={"x": "X"})
     template = inventory_mod._template_if_marked(templar)
@@ -98,7 +98,6 @@ def test_gate_passes_plain_values_through_and_templates_the_rest(tmp_path):
 def test_gate_sends_vaulted_values_to_the_templar(tmp_path):
     """A vaulted value holds no visible marker but must be decrypted by the Templar."""
     from ansible.template import Templar
-
     from test_trust_inventory import _vaulted
 
     loader, enc = _vaulted(tmp_path, "plain-looking secret")
@@ -279,12 +278,11 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
     a plain field is refused (and its plaintext registered) for every host, not only the first, and
     the size bound still counts each host's own values on top of the shared ones."""
     from ansible.template import Templar
+    from test_trust_inventory import _vaulted
 
     from ddtree_ops.config import errors
     from ddtree_ops.config.errors import ConfigError
     from ddtree_ops.config.models import MAX_VAR_NODES, deployment_vars
-
-    from test_trust_inventory import _vaulted
 
     monkeypatch.setattr(errors, "_known_secrets", set())
     loader, enc = _vaulted(tmp_path, "CANARY-shared-vault-value")

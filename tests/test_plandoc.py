@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import base_hostvars
 
 from ddtree_ops import plandoc
 from ddtree_ops.cli import main
@@ -20,7 +21,6 @@ from ddtree_ops.config.load import validate_hostvars
 from ddtree_ops.ops import preflight as pf
 from ddtree_ops.plandoc import MAX_BYTES, MAX_DEPTH, PlanFileError, read_plan_doc
 from ddtree_ops.render.files import plan_document
-from helpers import base_hostvars
 
 GOOD = plan_document(validate_hostvars("h1", base_hostvars()))
 

@@ -16,16 +16,16 @@ import stat
 import subprocess
 import sys
 import time
-from tempfile import gettempdir as tempfile_dir
 from pathlib import Path
+from tempfile import gettempdir as tempfile_dir
 
 import pytest
+from helpers import FIXTURES
 
 from ddtree_ops.cli import main as cli_main
 from ddtree_ops.config.hosts import HOST_CLASSES
 from ddtree_ops.ops import gpu_facts as gf
 from ddtree_ops.ops import preflight as pf
-from helpers import FIXTURES
 
 GPU = FIXTURES / "gpu"
 DERIVED = GPU / "derived"
@@ -295,9 +295,10 @@ def test_disk_check_low_space_fails(monkeypatch, tmp_path):
 
 
 def _plan(port: int, exporter_port: int, host_class: str = "b300") -> dict:
+    from helpers import base_hostvars
+
     from ddtree_ops.config import validate_hostvars
     from ddtree_ops.render.files import plan_document
-    from helpers import base_hostvars
 
     hv = base_hostvars() | {"ddtree_host_class": host_class, "ddtree_server": {
         **base_hostvars()["ddtree_server"], "port": port}, "ddtree_ops": {"exporter_port": exporter_port}}
@@ -404,7 +405,6 @@ def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
     """deploy.yml on a host reached over the local connection: this machine has no GPU, so the
     preflight play fails the host with the remediation and no later play touches it."""
     import yaml
-
     from helpers import REPO, base_hostvars
 
     plays = yaml.safe_load((REPO / "deploy.yml").read_text())
@@ -434,9 +434,10 @@ def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
 
 def test_limits_are_the_rendered_units():
     """The preflight's limits are the ones the SGLang unit sets (ddtree_ops/templates/sglang.service.j2)."""
+    from helpers import base_hostvars
+
     from ddtree_ops.config import validate_hostvars
     from ddtree_ops.render import render_host
-    from helpers import base_hostvars
 
     v = validate_hostvars("h1", base_hostvars())
     unit = next(f.content for f in render_host(v) if f.path.endswith("/" + v.deployment.service.unit_name))

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import yaml
+from helpers import REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,8 +16,6 @@ from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.render import build_argv, render_host, render_prometheus, systemd_quote
 from ddtree_ops.render.files import env_value
-
-from helpers import REPO
 
 
 def argv_of(hostvars: dict) -> list[str]:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import REPO
 
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())

@@ -8,9 +8,9 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from helpers import REPO
 
 from ddtree_ops.sglang import plugin
-from helpers import REPO
 
 SIZES = {"DDTREE_OPS_ALGORITHM": "DDTREE", "DDTREE_OPS_DRAFT_TOKENS_PER_REQ": "8",
          "DDTREE_OPS_VERIFY_TOKENS_PER_REQ": "33"}

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import base_hostvars
+
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.versions import RELEASES, build_facts
 from ddtree_ops.sglang.expect import probe_request, run_probe

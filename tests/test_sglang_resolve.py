@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import FIXTURES, REPO
 
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
-from ddtree_ops.sglang.probe import resolution_check
 from ddtree_ops.sglang import resolve
+from ddtree_ops.sglang.probe import resolution_check
 from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution, summary
-from helpers import FIXTURES, REPO
 
 QWEN35 = FIXTURES / "sglang" / "resolve" / "qwen3_5_moe-35b-a3b-fp8.config.json"
 

@@ -13,9 +13,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from helpers import base_hostvars
 from sglang_git import GitSource, make_git_source
+
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.sglang.wheelhouse import WheelhouseError, build
 

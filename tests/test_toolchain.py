@@ -16,15 +16,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES, REPO
 
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.toolchain import ARCHS, CUDA_TOOLKITS, TRITONS, default_cuda, nvidia_repo, plan_toolchain
 from ddtree_ops.ops import ptxas as ptxas_mod
 from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, parse_query_gpu, parse_smi_xml, reboot_decision
 from ddtree_ops.render.files import service_env
-from helpers import FIXTURES
-from helpers import REPO
-
 
 PTXAS_CACHE = Path("/var/cache/ddtree-ops/ptxas-bin")
 

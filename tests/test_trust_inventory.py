@@ -24,13 +24,12 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from helpers import REPO, base_hostvars
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.errors import Finding
-from ddtree_ops.render import render_host, render_prometheus
-
-from helpers import REPO, base_hostvars
+from ddtree_ops.render import render_prometheus
 
 CANARY = "hf_CANARYsecret0123456789abc"
 MAX_OUTPUT = 20_000

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
@@ -21,8 +22,6 @@ from ddtree_ops.config.sandbox import SYSCALL_ALLOW, SYSCALL_DENY
 from ddtree_ops.ops.ports import check_port, unit_of
 from ddtree_ops.render import render_host
 from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE
-
-from helpers import REPO
 
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")

@@ -9,8 +9,17 @@ from __future__ import annotations
 import pytest
 
 from ddtree_ops.config import ConfigError, validate_hostvars
-from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, SECRET_FLAGS,
-                                           arch_rules, cuda_major_of_requires, env_problem, owned_flag, secret_flag)
+from ddtree_ops.config.build_table import (
+    ARCH_RULES,
+    BACKEND_CHOICES,
+    BUILD_REQUIRES_CUDA,
+    SECRET_FLAGS,
+    arch_rules,
+    cuda_major_of_requires,
+    env_problem,
+    owned_flag,
+    secret_flag,
+)
 from ddtree_ops.config.toolchain import CUDA_TOOLKITS
 from ddtree_ops.render.argv import build_argv
 
@@ -374,8 +383,9 @@ def _wheel(tmp_path, metadata: str, name: str = "sglang-0.5.23-cp311-cp311-manyl
 @pytest.mark.parametrize("version", sorted(BUILD_REQUIRES_CUDA))
 def test_table_equals_the_released_metadata(version):
     """The plan-time table row equals what the released wheel's METADATA (fixture) asks for."""
-    from ddtree_ops.ops.toolkit import wheel_requires
     from helpers import FIXTURES
+
+    from ddtree_ops.ops.toolkit import wheel_requires
 
     name, requires = wheel_requires(_meta_dir(FIXTURES / "sglang" / f"METADATA-{version}"))
     assert name == f"sglang {version}"
@@ -394,8 +404,9 @@ def _meta_dir(metadata_file):
 
 
 def test_wheel_driver_check_reads_the_actual_wheel(tmp_path):
-    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
     from helpers import FIXTURES
+
+    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
 
     wheel = _wheel(tmp_path, (FIXTURES / "sglang" / "METADATA-0.5.23").read_text())
     with pytest.raises(DriverCheckError) as exc:
@@ -441,7 +452,6 @@ def _toolkit_action(**args):
     from ansible.parsing.dataloader import DataLoader
     from ansible.playbook.task import Task
     from ansible.template import Templar
-
     from helpers import REPO
 
     sys.path.insert(0, str(REPO / "action_plugins"))

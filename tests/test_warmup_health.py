@@ -13,6 +13,8 @@ import zlib
 
 import httpx
 import pytest
+from helpers import base_hostvars
+from test_sim import Sim, http, post_json
 
 from ddtree_ops.cli import main
 from ddtree_ops.config.load import validate_hostvars
@@ -28,8 +30,6 @@ from ddtree_ops.ops.warmup import (
 )
 from ddtree_ops.render.argv import build_argv
 from ddtree_ops.render.files import plan_document, render_host
-from helpers import base_hostvars
-from test_sim import Sim, http, post_json
 
 MIN_PIXELS = 3136
 

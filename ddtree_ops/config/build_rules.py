@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .build_table import (KV_FP8_E4M3, SKIP_SOFTMAX, arch_rules, backend_choices, closest,
-                          env_problem, owned_flag, secret_flag)
+from .build_table import (
+    KV_FP8_E4M3,
+    SKIP_SOFTMAX,
+    arch_rules,
+    backend_choices,
+    closest,
+    env_problem,
+    owned_flag,
+    secret_flag,
+)
 from .errors import Finding
 from .hosts import HOST_CLASSES
 from .models import Deployment

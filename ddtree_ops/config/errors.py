@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-
 SECRET_NAME = re.compile(r"[a-z0-9]*(token|key)|pass(?:wd|words?|phrases?)?[0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
                          r"|credentials?|auth[a-z0-9]*|pat|bearer|cookies?|salt|jwt|signature", re.IGNORECASE)
 """One word (between ``_``, ``.``, ``-``) of a name whose value is a secret: ``*token``,

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Finding, scrub
-from .errors import shorten
+from .errors import ConfigError, Finding, scrub, shorten
 from .models import deployment_vars
 
 TEMPLATE_DEADLINE_S = 10.0

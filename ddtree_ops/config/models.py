@@ -46,8 +46,17 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import (REDACTED, RULE_FIX_SEP, URL_CREDENTIALS, ConfigError, Finding, is_secret_name, looks_like_token,
-                     register_secret, value_secret_reason)
+from .errors import (
+    REDACTED,
+    RULE_FIX_SEP,
+    URL_CREDENTIALS,
+    ConfigError,
+    Finding,
+    is_secret_name,
+    looks_like_token,
+    register_secret,
+    value_secret_reason,
+)
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 

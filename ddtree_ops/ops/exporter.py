@@ -62,9 +62,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..sglang.client import (LOCAL_WORK_S, SERVER_INFO_PATHS, SERVER_INFO_REQUESTS, SGLangClient, SGLangError,
-                             metrics_text,
-                             select_samples, sum_lowest_rank)
+from ..sglang.client import (
+    LOCAL_WORK_S,
+    SERVER_INFO_PATHS,
+    SERVER_INFO_REQUESTS,
+    SGLangClient,
+    SGLangError,
+    metrics_text,
+    select_samples,
+    sum_lowest_rank,
+)
 from .drift import compared_settings, find_drift
 from .health import LOAD_GAUGES, PROGRESS_COUNTERS, Load, load_of
 

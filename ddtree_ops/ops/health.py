@@ -34,7 +34,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sglang.client import LOCAL_WORK_S, SERVER_INFO_REQUESTS, SGLangClient, SGLangError, accept_length, preview, select_samples
+from ..sglang.client import (
+    LOCAL_WORK_S,
+    SERVER_INFO_REQUESTS,
+    SGLangClient,
+    SGLangError,
+    accept_length,
+    preview,
+    select_samples,
+)
 from .drift import find_drift
 
 CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")

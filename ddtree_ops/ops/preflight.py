@@ -968,7 +968,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
         fits = smi is not None and not matches.get(hc.name)
         checks.append(_check("host_class", fits, f"machine matches {hc.name}" if fits else
                              f"machine is not a {hc.name}: " + "; ".join(matches[hc.name])[:600] if smi else
-                             f"unknown: nvidia_smi failed",
+                             "unknown: nvidia_smi failed",
                              f"deploy this host with the class it is, or use a {hc.name} machine"))
     arch = hc.arch if hc else None
     if arch is None and smi and smi.gpus and smi.gpus[0].compute_cap:

@@ -362,7 +362,7 @@ async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int,
                     else _vision(client, wp.vision_min_pixels or 1, max_new_tokens, end))
             try:
                 res = await asyncio.wait_for(coro, timeout=left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise WarmupError(f"deadline of {deadline_s:g} s passed during {what}") from None
             report.results.append(res)
             if on_progress:

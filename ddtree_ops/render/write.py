@@ -20,10 +20,10 @@ parents and every level below) get mode 0755 whatever the umask (``fchmod`` afte
 from __future__ import annotations
 
 import errno
-from collections import OrderedDict
 import os
 import secrets
 import stat
+from collections import OrderedDict
 from pathlib import Path
 
 

@@ -33,9 +33,9 @@ undecodable images or images sent to a text-only model answer 400.
 
 from __future__ import annotations
 
-import contextlib
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import math

@@ -12,8 +12,7 @@ import time
 import urllib.parse
 
 import pytest
-from hostutil import ssh
-from hostutil import HOST, recap
+from hostutil import HOST, recap, ssh
 
 pytestmark = pytest.mark.hosts
 EXPORTER_UNIT = "ddtree-sglang-exporter.service"

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import yaml
-from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, deploy, recap, ssh, ssh_options
+from hostutil import HOST, TEST_INVENTORY, deploy, recap, ssh, ssh_options
 
 from ddtree_ops.ops.preflight import build_zipapp
 

@@ -14,8 +14,7 @@ import subprocess
 import time
 
 import pytest
-from hostutil import ssh
-from hostutil import HOST, VENV_BIN, deploy
+from hostutil import HOST, VENV_BIN, deploy, ssh
 
 pytestmark = pytest.mark.hosts
 

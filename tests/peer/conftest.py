@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import REPO
 from peerutil import PEER_VERSIONS, import_venv_dir, run_worker, sglang_python
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import REPO
 
 PEER_VERSIONS = ("0.5.13.post1", "0.5.23")

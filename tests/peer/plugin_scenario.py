@@ -81,6 +81,7 @@ def main() -> int:
     budget = int(sys.argv[3]) if len(sys.argv) > 3 else 32
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     import sglang
+
     from ddtree_ops.sglang import plugin
 
     out: dict = {"sglang": sglang.__version__, "plugin_file": plugin.__file__}

@@ -30,13 +30,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import REPO
+from peerutil import PEER_VERSIONS, resolver_python, run_worker, sglang_python
 
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.inventory import load_hostvars
 from ddtree_ops.config.versions import DDTREE_SOURCES, version_info
 from ddtree_ops.render.argv import build_argv
-from helpers import REPO
-from peerutil import PEER_VERSIONS, resolver_python, run_worker, sglang_python
 
 INVENTORIES = sorted(p for p in (REPO / "inventory").iterdir() if p.is_dir())
 

@@ -17,7 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from peerutil import _clean_env, resolver_python, sglang_python
 
 SCENARIO = Path(__file__).with_name("plugin_scenario.py")

@@ -25,14 +25,14 @@ import sys
 
 import pytest
 import yaml
+from helpers import FIXTURES, REPO
+from peerutil import resolver_python, sglang_python
 
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
 from ddtree_ops.sglang.expect import probe_request, run_probe
 from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution
-from helpers import FIXTURES, REPO
-from peerutil import resolver_python, sglang_python
 
 QWEN35_CONFIG = FIXTURES / "sglang" / "resolve" / "qwen3_5_moe-35b-a3b-fp8.config.json"
 MODELS = {"target": json.loads(QWEN35_CONFIG.read_text()), "draft": json.loads(QWEN35_CONFIG.read_text())}

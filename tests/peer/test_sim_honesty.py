@@ -25,11 +25,6 @@ import contextlib
 import io
 
 import pytest
-
-from ddtree_ops.config.versions import DDTREE_SOURCES
-from ddtree_ops.sim.args import build_parser, parse_args
-from ddtree_ops.sim.metrics import SimMetrics
-from ddtree_ops.sim.server import SimApp
 from helpers import FIXTURES
 from peerutil import PEER_VERSIONS, sglang_python
 from test_argv_real_sglang import (  # noqa: F401 - fixtures reused from the argv checks
@@ -41,6 +36,11 @@ from test_argv_real_sglang import (  # noqa: F401 - fixtures reused from the arg
     resolved,
     sglang_args,
 )
+
+from ddtree_ops.config.versions import DDTREE_SOURCES
+from ddtree_ops.sim.args import build_parser, parse_args
+from ddtree_ops.sim.metrics import SimMetrics
+from ddtree_ops.sim.server import SimApp
 
 DDTREE_ONLY_FLAGS = sorted({f for s in DDTREE_SOURCES.values() for f in s.adds_flags})
 DDTREE_ONLY_FIELDS = sorted(f.lstrip("-").replace("-", "_") for f in DDTREE_ONLY_FLAGS)

@@ -23,15 +23,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ddtree_ops.config import validate_hostvars
-from ddtree_ops.config.build_table import (ARCH_RULES, BACKEND_CHOICES, BUILD_REQUIRES_CUDA, OWNED_ALIASES,
-                                           OWNED_FLAGS, SECRET_DEST, SECRET_FLAGS, SECRET_PREFIX_EXACT,
-                                           cuda_major_of_requires, owned_flag, secret_flag)
-from ddtree_ops.config.sglang_env import ENV_DEPRECATION_NOTES, ENV_REGISTRY, ENV_RENAMED
-from ddtree_ops.render.argv import build_argv
 from helpers import REPO
 from peerutil import PEER_VERSIONS, run_worker, sglang_python
+
+from ddtree_ops.config import validate_hostvars
+from ddtree_ops.config.build_table import (
+    ARCH_RULES,
+    BACKEND_CHOICES,
+    BUILD_REQUIRES_CUDA,
+    OWNED_ALIASES,
+    OWNED_FLAGS,
+    SECRET_DEST,
+    SECRET_FLAGS,
+    SECRET_PREFIX_EXACT,
+    cuda_major_of_requires,
+    owned_flag,
+    secret_flag,
+)
+from ddtree_ops.config.sglang_env import ENV_DEPRECATION_NOTES, ENV_REGISTRY, ENV_RENAMED
+from ddtree_ops.render.argv import build_argv
 
 PROBE_SGL = "SGL_DDTREE_PEER_PROBE"
 
@@ -203,8 +213,9 @@ def test_extra_args_reach_the_probe_s_parse(version, peer_tmp):
     modelled and extra flag is recognized except the one the build does not have."""
     import json
 
-    from ddtree_ops.sglang.expect import probe_request
     from peerutil import _clean_env
+
+    from ddtree_ops.sglang.expect import probe_request
 
     hv = {
         "ddtree_host_class": "b300",
