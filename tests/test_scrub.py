@@ -46,6 +46,14 @@ def test_words_that_merely_start_like_tokens_stay():
     ("HF_TOKEN = SEKRITspaced ; api-key SEKRITdash", "SEKRIT", "HF_TOKEN = "),
     ("token: SEKRITtok", "SEKRITtok", "token: "),
     ("DB_PASSWORD : 'two words'", "two words", "DB_PASSWORD"),
+    # Shapes left open by attack pass 5: a bytes repr, an escaped quote inside a JSON string,
+    # a Perl/Ruby hash arrow, a lower-case "password:" before a plain word.
+    ("ServerArgs(api_key=b'SEKRITbytes', port=1)", "SEKRITbytes", "port=1"),
+    ('{"api_key": "ab\\"SEKRITafterquote", "x": 1}', "SEKRITafterquote", '"x": 1'),
+    ("{ api_key => 'SEKRITarrow', port => 1 }", "SEKRITarrow", "port => 1"),
+    ("{ :api_key => SEKRITarrow2 }", "SEKRITarrow2", "{ :"),
+    ("password: hunter", "hunter", "password: "),
+    ("passphrase = correcthorse", "correcthorse", "passphrase"),
     ('{"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n", "x": 1}',
      "MIIEvQIBADANBg", '"x": 1'),
 ])

@@ -118,7 +118,8 @@ def _redact_named(m: re.Match[str]) -> str | None:
     if "=" in sep:
         strong = True
     elif ":" in sep:  # "NAME: value" redacts any value only for identifiers (hf_token, X_API_KEY, a JSON key)
-        strong = identifier
+        # "password: hunter" is never prose; "password: --vault-password-file FILE" names a flag
+        strong = identifier or (_PASSWORD_WORD.fullmatch(name) is not None and not value.startswith("-"))
     elif not identifier:  # "word value": prose
         return None
     elif name.startswith("--"):  # "--api-key VALUE": an argv flag takes the next word, unless that is a flag
@@ -204,6 +205,10 @@ def value_secret_reason(value: str) -> str | None:
         return "a name=value pair with a secret-looking name"
     return None
 
+_PASSWORD_WORD = re.compile(r"(?i)pass(?:wd|words?|phrases?)")
+"""A lower-case word before ``:`` that names a password whatever follows (``password: hunter``); other plain
+words (``secret: it``) redact only a token-like value, so prose stays readable."""
+
 _SECRET_WORDS = ("token", "key", "pass", "secret", "credential", "auth", "pat", "bearer", "cookie", "salt", "jwt",
                  "signature")
 """Every name :func:`is_secret_name` accepts holds one of these (any case)."""
@@ -212,8 +217,9 @@ _NAMED_VALUE = re.compile(
     r"(?<![A-Za-z0-9_.-])(?P<nq>\\?[\"'])?"
     r"(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(_SECRET_WORDS) + r"))"
     r"(?P<name>[A-Za-z0-9_.-]+)(?(nq)\\?[\"'])"
-    r"(?P<sep>[ \t]{0,8}[=:][ \t]{0,8}|[ \t]{1,8})"
-    r"(?:\\?(?P<vq>[\"'])(?!\(redacted\))(?P<qvalue>(?:[^\"'\\\n]|\\[^\"'\n])+)"
+    r"(?P<sep>[ \t]{0,8}(?:=>|[=:])[ \t]{0,8}|[ \t]{1,8})"
+    r"(?:[bBrRuU]{0,2}(?P<esc>\\)?(?P<vq>[\"'])(?!\(redacted\))"
+    r"(?P<qvalue>(?(esc)(?:[^\"'\\\n]|\\[^\"'\n])+|(?:[^\"'\\\n]|\\[^\n])+))"
     r"|(?P<value>(?!\(redacted\))[^\s'\",;{}\[\]()\\…]+))")
 """A NAME and its value in echoed text: ``NAME=value`` (an env line), ``NAME = value``, ``NAME: value``
 (YAML), ``export NAME="value"`` (shell), ``name='value'`` (a Python repr, as SGLang prints its
@@ -222,7 +228,9 @@ _NAMED_VALUE = re.compile(
 starts, so every run is tried once and a 1 MB line costs linear time); :func:`_redact_named`
 decides which matches are secrets. The look-ahead skips runs holding none of :data:`_SECRET_WORDS`
 (no name without one is secret). A quoted value runs to its closing quote, JSON escapes
-(``\\n`` of a PEM key) included."""
+(``\\n`` of a PEM key) included: inside ``"..."`` an escaped quote ``\\"`` is part of the value; a value
+opened by an escaped quote (JSON inside a JSON string) ends at the next escaped quote. Also ``name => value``
+(Perl/Ruby hashes) and Python bytes/raw reprs (``api_key=b'value'``)."""
 
 
 
