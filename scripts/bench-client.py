@@ -67,7 +67,8 @@ def worker_ours(url: str, concurrency: int, requests: int, tokens: int) -> dict:
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     lv = res.levels[0]
     return {"cpu_s": cpu, "wall_s": wall, "tokens": lv.output_tokens, "ok": lv.ok, "failed": lv.failed,
-            "itl_mean_s": lv.itl_s["mean"], "ttft_mean_s": lv.ttft_s["mean"], "errors": lv.errors}
+            "itl_mean_s": lv.itl_s["mean"], "ttft_mean_s": lv.ttft_s["mean"], "errors": lv.errors,
+            "event_loop": res.client["event_loop"]}
 
 
 def _stub_imports() -> None:
@@ -190,6 +191,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per client and level (medians are compared)")
     ap.add_argument("--sglang-python", default=None,
                     help="python of a real SGLang 0.5.23 venv (default: the one scripts/sglang-venv.sh 0.5.23 caches)")
+    ap.add_argument("--pin", action="store_true",
+                    help="simulator on CPU 0, clients on CPU 1 (sched_setaffinity): the client's error without "
+                         "the simulator's HTTP threads competing for its core")
     ap.add_argument("--worker", choices=["ours", "sglang"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -211,7 +215,8 @@ def main() -> int:
            "PYTHONPATH": str(REPO)}
     sim = subprocess.Popen([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(port),
                             *SIM_ARGS, "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top)],
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if a.pin else None)
     try:
         for _ in range(200):
             try:
@@ -219,9 +224,10 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.05)
-        print(f"simulator: DDTree 8/32, accept length {ACCEPT}, {a.step * 1000:g} ms a pass, "
+        print(("pinned: simulator on CPU 0, clients on CPU 1\n" if a.pin else "")
+              + f"simulator: DDTree 8/32, accept length {ACCEPT}, {a.step * 1000:g} ms a pass, "
               f"{a.max_new_tokens} tokens a request; bench_serving from {sglang_python}")
-        print(f"{'conc':>5} {'client':<13} {'reqs':>5} {'tokens':>7} {'CPU us/token':>12} {'ITL ms':>8} "
+        print(f"{'conc':>5} {'client':<20} {'reqs':>5} {'tokens':>7} {'CPU us/token':>12} {'ITL ms':>8} "
               f"{'server ITL':>10} {'ITL error':>9}")
         rows: dict = {}
         for c in levels:
@@ -232,7 +238,8 @@ def main() -> int:
                     out = subprocess.run([py, __file__, "--worker", "ours" if who == "ddtree-ops" else "sglang",
                                           "--url", url, "--concurrency", str(c), "--requests", str(n),
                                           "--max-new-tokens", str(a.max_new_tokens)],
-                                         capture_output=True, text=True, timeout=1800, cwd="/tmp")
+                                         capture_output=True, text=True, timeout=1800, cwd="/tmp",
+                                         preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if a.pin else None)
                     s1, n1 = server_itl(url)
                     if out.returncode != 0:
                         sys.exit(f"bench-client: the {who} worker failed:\n{out.stderr[-3000:]}")
@@ -242,7 +249,8 @@ def main() -> int:
                     r["server_itl_s"] = srv
                     r["itl_error"] = abs(r["itl_mean_s"] / srv - 1) if r["itl_mean_s"] else float("nan")
                     rows.setdefault((c, who), []).append(r)
-                    print(f"{c:>5} {who:<13} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
+                    who_shown = f"{who} ({r['event_loop']})" if "event_loop" in r else who
+                    print(f"{c:>5} {who_shown:<20} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
                           f"{1000 * (r['itl_mean_s'] or 0):>8.3f} {1000 * srv:>10.3f} {100 * r['itl_error']:>8.2f}%"
                           + (f"  FAILED {r['failed']}: {r['errors']}" if r["failed"] else ""), flush=True)
         print(f"\nmedians of {a.repeat} runs, ddtree-ops vs bench_serving (ratio below 1: ours costs less):")

@@ -116,6 +116,20 @@ def test_figures_match_the_simulator(spec_sim: Sim, api: str) -> None:
             assert r.spec_verify_ct == K and r.chunks == 1 + K
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "auto"])
+def test_the_event_loop_is_recorded_and_both_give_the_figures(spec_sim: Sim, loop: str, monkeypatch) -> None:
+    """uvloop (the ``bench`` extra, installed by the dev set-up) runs the load generator unless
+    DDTREE_BENCH_LOOP=asyncio; either loop gives the simulator's figures, and the result says which ran."""
+    monkeypatch.setenv("DDTREE_BENCH_LOOP", loop)
+    res = run(BenchOptions(url=spec_sim.base, concurrency=(4,), requests=4, max_new_tokens=TOKENS,
+                           warmup_requests=0), load_prompts(None))
+    assert res.client["event_loop"] == ("asyncio" if loop == "asyncio" else "uvloop")
+    lv = res.levels[0]
+    assert (lv.ok, lv.failed, lv.output_tokens) == (4, 0, 4 * TOKENS)
+    assert lv.accept_length == pytest.approx(TOKENS / K, abs=1e-9)
+    assert STEP / ACCEPT <= lv.itl_s["mean"] <= STEP / ACCEPT * (1 + TIME_TOL)
+
+
 def test_baseline_has_no_acceptance_length_and_compare_gives_the_speedup(spec_sim, base_sim, tmp_path) -> None:
     """Autoregressive: one token a pass, no speculative counters. Speculative over baseline at the
     same pass time: (1 + 32) passes vs (1 + 8) passes a request, a speedup of 33/9 = 3.67."""
