@@ -224,13 +224,94 @@ def job_buildfacts(job):
     }
 
 
+def _unknown_keys(doc, cls, where="") -> list:
+    """Keys of ``doc`` (a JSON object) that pydantic model ``cls`` does not declare, recursively through
+    nested models, lists and optionals (``extra="allow"`` models would accept them silently)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def models_of(ann):
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return [ann]
+        return [m for a in typing.get_args(ann) for m in models_of(a)]
+
+    out = []
+    if not isinstance(doc, dict):
+        return out
+    fields = cls.model_fields
+    by_name = {(f.alias or n): f for n, f in fields.items()}
+    for key, value in doc.items():
+        f = by_name.get(key)
+        if f is None:
+            out.append(where + key)
+            continue
+        subs = models_of(f.annotation)
+        for item in (value if isinstance(value, list) else [value]):
+            if isinstance(item, dict) and subs:
+                out += _unknown_keys(item, subs[0], f"{where}{key}.")
+    return out
+
+
+def job_openai_stream(job):
+    """Each SSE payload validated by the real ``ChatCompletionStreamResponse`` /
+    ``CompletionStreamResponse`` (``sglang/srt/entrypoints/openai/protocol.py``)."""
+    from sglang.srt.entrypoints.openai import protocol
+
+    cls = protocol.ChatCompletionStreamResponse if job["api"] == "chat" else protocol.CompletionStreamResponse
+    results = []
+    for payload in job["payloads"]:
+        doc = json.loads(payload)
+        try:
+            cls.model_validate(doc)
+            error = None
+        except Exception as exc:  # the real model's refusal, quoted
+            error = f"{type(exc).__name__}: {str(exc)[:400]}"
+        results.append({"error": error, "unknown": _unknown_keys(doc, cls)})
+    return {"model": cls.__name__, "results": results}
+
+
+def job_openai_real_chunks(job):
+    """A stream built with the real protocol classes and serialized as ``serving_chat.py`` /
+    ``serving_completions.py`` 0.5.23 do (``data: {chunk.model_dump_json()}``; the completions usage
+    chunk with ``exclude_none=True``): ``n`` content chunks carrying the running usage
+    (``continuous_usage_stats``), a finish chunk, the usage-only chunk (``choices=[]``), ``[DONE]``."""
+    from sglang.srt.entrypoints.openai import protocol as p
+
+    n, chat = int(job["n"]), job["api"] == "chat"
+    usage = lambda k: p.UsageInfo(prompt_tokens=5, completion_tokens=k, total_tokens=5 + k)  # noqa: E731
+    out = []
+    for k in range(1, n + 1):
+        if chat:
+            choice = p.ChatCompletionResponseStreamChoice(index=0, delta=p.DeltaMessage(content=f"t{k}"),
+                                                          finish_reason=None)
+            chunk = p.ChatCompletionStreamResponse(id="r", created=1, model="m", choices=[choice], usage=usage(k))
+        else:
+            choice = p.CompletionResponseStreamChoice(index=0, text=f"t{k}", finish_reason=None)
+            chunk = p.CompletionStreamResponse(id="r", created=1, model="m", choices=[choice], usage=usage(k))
+        out.append(chunk.model_dump_json())
+    if chat:
+        fin = p.ChatCompletionResponseStreamChoice(index=0, delta=p.DeltaMessage(), finish_reason="length")
+        out.append(p.ChatCompletionStreamResponse(id="r", created=1, model="m", choices=[fin]).model_dump_json())
+        out.append(p.ChatCompletionStreamResponse(id="r", created=1, model="m", choices=[], usage=usage(n))
+                   .model_dump_json())
+    else:
+        fin = p.CompletionResponseStreamChoice(index=0, text="", finish_reason="length")
+        out.append(p.CompletionStreamResponse(id="r", created=1, model="m", choices=[fin]).model_dump_json())
+        out.append(p.CompletionStreamResponse(id="r", created=1, model="m", choices=[], usage=usage(n))
+                   .model_dump_json(exclude_none=True))
+    out.append("[DONE]")
+    return {"payloads": out}
+
+
 def main() -> int:
     logging.disable(logging.WARNING)
     jobs = json.loads(Path(sys.argv[1]).read_text())
     results = []
     for job in jobs:
         fn = {"parse": job_parse, "resolve": job_resolve, "introspect": job_introspect,
-              "buildfacts": job_buildfacts}[job["kind"]]
+              "buildfacts": job_buildfacts, "openai_stream": job_openai_stream,
+              "openai_real_chunks": job_openai_real_chunks}[job["kind"]]
         results.append(fn(job))
     sys.stdout.write("\n" + json.dumps({"results": results}) + "\n")
     return 0
