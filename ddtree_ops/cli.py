@@ -745,13 +745,15 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
           max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
           request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
           warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
+          deploy: Annotated[Path | None, typer.Option("--deploy", help="Deploy playbook (deploy.yml): deploy each point without a url to the sweep's host through Ansible before benchmarking it, and the inventory's own settings after the last.")] = None,
+          deploy_timeout: Annotated[float, typer.Option(help="Total seconds for one deploy (its process group is killed after).")] = 3600.0,
           as_json: JsonOpt = False) -> None:
-    """Validate, render and benchmark each point of a grid of deployment settings (points with
-    a url of an endpoint already serving them; redeploying through Ansible is not done here).
-    Invalid points are reported and skipped; a re-run resumes; sweep.md ranks points by tok/s."""
+    """Validate, render, deploy (--deploy) and benchmark each point of a grid of deployment
+    settings, or benchmark endpoints already serving them (url). Invalid points are reported
+    and skipped, never deployed; a re-run resumes; sweep.md ranks points by tok/s."""
     from .config.inventory import load_hostvars
     from .ops.bench import BenchInputError, BenchOptions, load_prompts
-    from .ops.sweep import SweepError, load_sweep, run_sweep
+    from .ops.sweep import Deployer, SweepError, load_sweep, run_sweep
 
     try:
         host, points = load_sweep(spec)
@@ -761,6 +763,15 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
         opts.check()
     except (SweepError, BenchInputError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    deployer = None
+    if deploy is not None:
+        if not deploy.is_file():
+            from .config.errors import shorten
+
+            raise typer.BadParameter(f"--deploy {shorten(str(deploy))!r}: not a file; give the deploy playbook, "
+                                     "e.g. deploy.yml")
+        deployer = Deployer(inventory, deploy, _positive("--deploy-timeout", deploy_timeout),
+                            tuple(vault or ()))
     hostvars = load_hostvars(inventory, host, vault or ())
     if host not in hostvars:
         raise typer.BadParameter(f"sweep host {host!r}: not a server host of inventory {inventory!r}")
@@ -769,7 +780,7 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
         if not as_json:
             say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
 
-    done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point)
+    done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point, deployer)
     checks = [{"name": f"point {p.name}", "ok": p.status != "failed",
                "detail": f"{p.status}: {p.detail}"} for p in done]
     _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})

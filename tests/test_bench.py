@@ -428,3 +428,67 @@ def test_sweep_file_errors(tmp_path: Path) -> None:
     assert apply({"ddtree_a": {"b": 1}}, {"ddtree_a.c.d": 2}) == {"ddtree_a": {"b": 1, "c": {"d": 2}}}
     with pytest.raises(SweepError, match="ddtree_a.b is a int"):
         apply({"ddtree_a": {"b": 1}}, {"ddtree_a.b.c": 2})
+
+
+FAKE_PLAYBOOK = """#!/bin/sh
+# Test double of ansible-playbook: records its argv and the extra-vars file it was given, then
+# behaves as DDTREE_FAKE_DEPLOY says for the point whose vars it got (fail / hang / succeed).
+log="$DDTREE_FAKE_LOG"
+printf '%s\\n' "$*" >>"$log"
+for a in "$@"; do case "$a" in @*) cat "${a#@}" >>"$log"; printf '\\n' >>"$log";; esac; done
+echo "PLAY RECAP token=hf_abcdefghijklmnopqrstuvwxyz0123456789AB"
+case "$*" in *"$DDTREE_FAKE_FAIL"*) echo failing >&2; exit 4;; esac
+case "$*" in *"$DDTREE_FAKE_HANG"*) sleep 60;; esac
+exit 0
+"""
+
+
+def test_sweep_deploys_each_point_through_the_playbook_and_restores(spec_sim: Sim, tmp_path: Path, capsys,
+                                                                    monkeypatch) -> None:
+    """--deploy: each valid point without a url is deployed by ansible-playbook (a test double here;
+    tests/hosts runs the real play) with only the variables it changes, then benchmarked at the
+    host's address; a failed or hung deploy fails that point only; an invalid point is never
+    deployed; the inventory's settings are deployed again at the end."""
+    import yaml
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ansible-playbook"
+    fake.write_text(FAKE_PLAYBOOK)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("DDTREE_FAKE_LOG", str(log))
+    monkeypatch.setenv("DDTREE_FAKE_FAIL", "budget24/deploy-vars.json")
+    monkeypatch.setenv("DDTREE_FAKE_HANG", "budget20/deploy-vars.json")
+    inv = _inventory(tmp_path)
+    hv = yaml.safe_load((inv / "host_vars" / "b300-01.yml").read_text())
+    hv["ansible_host"] = "127.0.0.1"
+    hv.setdefault("ddtree_server", {})["port"] = spec_sim.port
+    (inv / "host_vars" / "b300-01.yml").write_text(yaml.safe_dump(hv))
+    playbook = tmp_path / "deploy.yml"
+    playbook.write_text("- hosts: all\n  tasks: []\n")
+    spec = tmp_path / "sweep.yml"
+    spec.write_text("host: b300-01\ngrid:\n  ddtree_speculative.budget: [16, 0, 24, 20]\n")
+    out = tmp_path / "out"
+    rc = main(["sweep", str(spec), "-i", str(inv), "--out", str(out), "--concurrency", "1", "--requests", "2",
+               "--max-new-tokens", "9", "--warmup", "0", "--deploy", str(playbook), "--deploy-timeout", "3", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    status = {c["name"]: c["detail"] for c in doc["checks"]}
+    assert rc == 1, doc  # two points failed
+    assert status["point budget16"].startswith("done"), status
+    assert status["point budget0"].startswith("invalid"), status
+    assert status["point budget24"] == "failed: deploy failed: ansible-playbook exited 4 (see deploy.log)", status
+    assert "did not finish within 3 s" in status["point budget20"], status
+    calls = log.read_text()
+    # the invalid point never reached Ansible; each other point did with its own vars; then the restore
+    assert "budget0" not in calls and calls.count("-l b300-01") == 4
+    assert calls.rstrip().splitlines()[-1] == f"-i {inv} -l b300-01 {playbook}", calls
+    sent = json.loads((out / "budget16" / "deploy-vars.json").read_text())
+    assert list(sent) == ["ddtree_speculative"] and sent["ddtree_speculative"]["budget"] == 16
+    assert sent["ddtree_speculative"]["block_size"] == hv["ddtree_speculative"]["block_size"]  # whole variable
+    assert (out / "budget16" / "deploy-vars.json").stat().st_mode & 0o077 == 0
+    assert "hf_abcdefghij" not in (out / "budget16" / "deploy.log").read_text()  # scrubbed
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["restore"] == {"ok": True, "detail": "deployed with the inventory's own settings"}
+    assert load_result(out / "budget16")["levels"][0]["ok"] == 2

@@ -230,7 +230,7 @@ def test_an_output_flood_is_killed_and_memory_stays_bounded(tmp_path, stream):
     """attack 4 rs-flood (`exec yes`: 15.7 GB, 29 s before): bounded buffers, killed early."""
     py = _script(tmp_path, "exec yes '{\"a\":1}'" + (" >&2" if stream == "stderr" else ""))
     t0 = time.monotonic()
-    rc, out, err, why = resolve._run_child([py], dict(os.environ), 20)
+    rc, out, err, why = resolve.run_child([py], dict(os.environ), 20)
     assert time.monotonic() - t0 < 10 and rc is None and f"on {stream} (killed)" in why
     assert len(out) <= resolve.STDOUT_MAX_BYTES + 65536 and len(err) <= resolve.STDERR_TAIL_BYTES
     res = run_resolution(py, {"argv": []}, deadline_s=20)

@@ -17,10 +17,13 @@ Each point is, in order: its ``set`` applied to a copy of the host's variables (
 the first part is the inventory variable); **validated** with the same validator as
 ``ddtree-ops validate`` (an invalid point is reported with the validator's findings and
 skipped, never run); **rendered** with the same renderer (its ``plan.json`` document and the
-SGLang argv are recorded); then, if it has a URL, **warmed and benchmarked**
-(:mod:`ddtree_ops.ops.bench`) with its result in ``<out>/<name>/``. A point without a URL is
-validated and rendered only: redeploying each point through Ansible is not implemented here
-(deploy its rendered settings, or start it on a spare port, and give its URL).
+SGLang argv are recorded); then **deployed** when the sweep is given a playbook
+(:class:`Deployer`: ``ansible-playbook -i INVENTORY -l HOST PLAYBOOK -e @<out>/<name>/deploy-vars.json``,
+the same play and renderer as any deploy; the play returns once the unit is warm) and
+**benchmarked** (:mod:`ddtree_ops.ops.bench`) at the deployed server's address, or at the
+point's ``url`` (an endpoint already serving it), with its result in ``<out>/<name>/``. A point
+with neither is validated and rendered only. After a deploying sweep the host is deployed once
+more with the inventory's own settings (``restore``), so the sweep leaves what it found.
 
 Resumable: ``<out>/sweep.json`` is rewritten after each point; a re-run skips every point
 whose key (its settings, URL and the bench options) has a complete result already.
@@ -191,6 +194,86 @@ def apply(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     return hv
 
 
+@dataclass
+class Deployer:
+    """Deploys a point through Ansible: the inventory's play, limited to the sweep's host, with the
+    point's changed inventory variables as extra variables (which take precedence over the inventory).
+
+    Attributes:
+        inventory: the inventory path the sweep read (``-i``).
+        playbook: the deploy playbook (``deploy.yml``); it runs with its directory as the working
+            directory, so that directory's ``ansible.cfg`` applies.
+        deadline_s: total seconds for one ``ansible-playbook`` run; at the deadline its whole process
+            group is killed and the point fails (:func:`ddtree_ops.sglang.resolve.run_child`).
+        vault_password_files: passed as ``--vault-password-file`` (already checked to be files).
+        command: the ``ansible-playbook`` executable.
+    """
+
+    inventory: str
+    playbook: Path
+    deadline_s: float = 3600.0
+    vault_password_files: tuple[str, ...] = ()
+    command: str = "ansible-playbook"
+
+    def deploy(self, host: str, extra_vars: dict[str, Any] | None, log: Path) -> str | None:
+        """Run the play for ``host`` (``extra_vars`` None: the inventory's own settings).
+
+        The extra variables go to ``log``'s directory as ``deploy-vars.json`` (mode 0600); the play's
+        output tail, scrubbed of secrets, to ``log``.
+
+        Returns:
+            None when the play succeeded, else one line saying why (exit status, deadline, not found).
+        """
+        from ddtree_ops.config.errors import scrub
+        from ddtree_ops.sglang.resolve import run_child
+
+        argv = [self.command, "-i", self.inventory, "-l", host, str(self.playbook)]
+        for f in self.vault_password_files:
+            argv += ["--vault-password-file", f]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if extra_vars is not None:
+            vars_file = log.parent / "deploy-vars.json"
+            fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(extra_vars, fh, indent=1, allow_nan=False, default=str)
+            argv += ["-e", f"@{vars_file.resolve()}"]
+        env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+        try:
+            rc, out, err, why = run_child(argv, env, self.deadline_s, cwd=str(self.playbook.resolve().parent))
+        except OSError as exc:
+            return f"could not run {self.command}: {exc.strerror or exc}"
+        text = (out[-256 * 1024:] + b"\n" + err).decode("utf-8", "replace")
+        tmp = log.with_name(f".{log.name}.tmp")
+        tmp.write_text(scrub(text), encoding="utf-8")
+        os.replace(tmp, log)
+        if why:
+            return f"{self.command} {why}"
+        if rc != 0:
+            return f"{self.command} exited {rc} (see {log.name})"
+        return None
+
+
+def deploy_vars(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The inventory variables a point changes, whole (``ddtree_speculative`` with every key, the
+    changed ones set): Ansible's extra variables replace a variable, they do not merge into it."""
+    applied = apply(hostvars, settings)
+    return {top: applied[top] for top in dict.fromkeys(k.split(".", 1)[0] for k in settings)}
+
+
+def served_url(v: Any) -> str | None:
+    """Where the controller reaches a deployed server: ``http://<scrape address>:<port>`` when SGLang
+    listens on every address (``0.0.0.0`` / ``::``), else None (a server bound to one address, e.g.
+    loopback, may not be reachable from here: give the point a ``url``)."""
+    import ipaddress
+
+    from ddtree_ops.render.files import scrape_address
+
+    srv = v.deployment.server
+    if not ipaddress.ip_address(srv.host).is_unspecified:
+        return None
+    return f"http://{scrape_address(v)}:{srv.port}"
+
+
 def _write_json(path: Path, doc: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n", encoding="utf-8")
@@ -198,7 +281,8 @@ def _write_json(path: Path, doc: Any) -> None:
 
 
 def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: BenchOptions, prompts: list[Prompt],
-              out_dir: Path, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+              out_dir: Path, on_point: Callable[[Point], None] | None = None,
+              deployer: Deployer | None = None) -> list[Point]:
     """Validate, render and benchmark each point in turn (see the module docstring).
 
     Args:
@@ -208,11 +292,14 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
         prompts: as :func:`ddtree_ops.ops.bench.run`.
         out_dir: ``sweep.json``, ``sweep.md`` and one directory per benchmarked point.
         on_point: called after each point.
+        deployer: deploy each valid point without a ``url`` before benchmarking it, and the
+            inventory's own settings after the last one (the ``restore`` entry of ``sweep.json``).
 
     Returns:
         The points with ``status``: ``invalid`` (the validator's findings in ``detail``),
-        ``rendered`` (valid, no URL), ``done`` (benchmarked now), ``resumed`` (benchmarked by an
-        earlier run) or ``failed`` (some requests failed; the result is kept).
+        ``rendered`` (valid, no URL, no deployer), ``done`` (benchmarked now), ``resumed``
+        (benchmarked by an earlier run) or ``failed`` (the deploy failed, or some requests failed;
+        a result is kept).
     """
     from ddtree_ops.config import ConfigError, validate_hostvars
     from ddtree_ops.render.argv import build_argv
@@ -226,6 +313,8 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
             previous = {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
         except (ValueError, TypeError, KeyError, AttributeError):
             previous = {}  # a torn or foreign state file: every point runs again
+    deployed_any = False
+    restore: dict[str, Any] | None = None
     for p in points:
         try:
             v = validate_hostvars(host, apply(hostvars, p.set))
@@ -237,21 +326,38 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
         else:
             p.plan = plan_document(v)
             p.argv = build_argv(v.deployment, v.plan)
+            url = p.url
+            if url is None and deployer is not None:
+                url = served_url(v)
             key = p.key(opts)
             prev = previous.get(p.name) or {}
-            if p.url is None:
-                p.status, p.detail = "rendered", "valid; no url: not benchmarked (deploy it and give its url)"
+            if url is None:
+                p.status, p.detail = "rendered", ("valid; not benchmarked: no url, and the server listens on "
+                                                  f"{v.deployment.server.host} only (give the point a url)"
+                                                  if deployer is not None else
+                                                  "valid; no url: not benchmarked (give its url, or --deploy)")
             elif prev.get("key") == key and prev.get("status") in ("done", "resumed") \
                     and (out_dir / p.name / "bench.json").is_file():
                 p.status, p.detail = "resumed", "benchmarked by an earlier run"
             else:
-                res = run(BenchOptions(**{**opts.__dict__, "url": p.url}), prompts, plan=p.plan)
-                write_results(out_dir / p.name, res)
-                p.status = "failed" if res.failed else "done"
-                p.detail = f"{res.failed} requests failed" if res.failed else f"{len(res.requests)} requests"
-        _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points]})
+                failed = None
+                if p.url is None and deployer is not None:
+                    deployed_any = True
+                    failed = deployer.deploy(host, deploy_vars(hostvars, p.set), out_dir / p.name / "deploy.log")
+                if failed:
+                    p.status, p.detail = "failed", f"deploy failed: {failed}"
+                else:
+                    res = run(BenchOptions(**{**opts.__dict__, "url": url}), prompts, plan=p.plan)
+                    write_results(out_dir / p.name, res)
+                    p.status = "failed" if res.failed else "done"
+                    p.detail = f"{res.failed} requests failed" if res.failed else f"{len(res.requests)} requests"
+        _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
         if on_point:
             on_point(p)
+    if deployed_any:
+        why = deployer.deploy(host, None, out_dir / "restore.log")
+        restore = {"ok": why is None, "detail": why or "deployed with the inventory's own settings"}
+        _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
     report = out_dir / "sweep.md"
     tmp = out_dir / ".sweep.md.tmp"
     tmp.write_text(ranking(points, out_dir), encoding="utf-8")

@@ -355,7 +355,8 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _run_child(argv: list[str], env: dict[str, str], deadline_s: float) -> tuple[int | None, bytes, bytes, str]:
+def run_child(argv: list[str], env: dict[str, str], deadline_s: float,
+              cwd: str | None = None) -> tuple[int | None, bytes, bytes, str]:
     """Run ``argv`` in its own session (process group) with a TOTAL deadline and bounded
     output; the whole group is killed at the deadline, on a flood, and once the child exited
     (leftover descendants die with it).
@@ -364,8 +365,13 @@ def _run_child(argv: list[str], env: dict[str, str], deadline_s: float) -> tuple
         ``(exit status or None when killed, stdout (at most STDOUT_MAX_BYTES + 64 KiB),
         stderr tail (at most 2 * STDERR_TAIL_BYTES), why killed or "")``.
 
+    Args:
+        argv, env: the command and its whole environment.
+        deadline_s: total seconds.
+        cwd: its working directory (default: ours).
+
     Raises:
-        OSError: the interpreter could not be started (missing, not executable).
+        OSError: ``argv[0]`` could not be started (missing, not executable).
     """
     import selectors
     import subprocess
@@ -373,7 +379,7 @@ def _run_child(argv: list[str], env: dict[str, str], deadline_s: float) -> tuple
 
     end = time.monotonic() + deadline_s
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True, env=env)
+                         start_new_session=True, env=env, cwd=cwd)
     out, err, err_total, why, exited_at = bytearray(), bytearray(), 0, "", None
     try:
         with selectors.DefaultSelector() as sel:
@@ -462,7 +468,7 @@ def run_resolution(python: str, request: dict[str, Any], deadline_s: float = 180
 
     The child runs in its own session; its output is read bounded (:data:`STDOUT_MAX_BYTES`,
     the last :data:`STDERR_TAIL_BYTES` of stderr); its whole process group is killed at the
-    deadline, on a flood and after it exited (:func:`_run_child`). The request goes in a
+    deadline, on a flood and after it exited (:func:`run_child`). The request goes in a
     private temporary file.
 
     Args:
@@ -484,7 +490,7 @@ def run_resolution(python: str, request: dict[str, Any], deadline_s: float = 180
         with open(req_path, "w", encoding="utf-8") as f:
             json.dump(request, f)
         try:
-            rc, out, err, killed = _run_child([python, "-I", os.path.abspath(__file__), "--request", req_path], env,
+            rc, out, err, killed = run_child([python, "-I", os.path.abspath(__file__), "--request", req_path], env,
                                               deadline_s)
         except FileNotFoundError:
             return _failed(f"{who}: no such interpreter (give the python of a venv holding the pinned SGLang)")
