@@ -213,7 +213,7 @@ class Deployer:
     playbook: Path
     deadline_s: float = 3600.0
     vault_password_files: tuple[str, ...] = ()
-    command: str = "ansible-playbook"
+    command: str = field(default_factory=lambda: _ansible_playbook())
 
     def deploy(self, host: str, extra_vars: dict[str, Any] | None, log: Path) -> str | None:
         """Run the play for ``host`` (``extra_vars`` None: the inventory's own settings).
@@ -251,6 +251,18 @@ class Deployer:
         if rc != 0:
             return f"{self.command} exited {rc} (see {log.name})"
         return None
+
+
+def _ansible_playbook() -> str:
+    """``ansible-playbook`` on PATH, else the one installed beside this Python (the controller venv)."""
+    import shutil
+    import sys
+
+    found = shutil.which("ansible-playbook")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("ansible-playbook")
+    return str(beside) if beside.is_file() else "ansible-playbook"
 
 
 def deploy_vars(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -313,6 +325,7 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
             previous = {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
         except (ValueError, TypeError, KeyError, AttributeError):
             previous = {}  # a torn or foreign state file: every point runs again
+    last_vars: dict[str, Any] | None = None  # what the last deploy sent; {}: the inventory's own settings
     deployed_any = False
     restore: dict[str, Any] | None = None
     for p in points:
@@ -343,7 +356,10 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
                 failed = None
                 if p.url is None and deployer is not None:
                     deployed_any = True
-                    failed = deployer.deploy(host, deploy_vars(hostvars, p.set), out_dir / p.name / "deploy.log")
+                    last_vars = deploy_vars(hostvars, p.set)
+                    failed = deployer.deploy(host, last_vars, out_dir / p.name / "deploy.log")
+                    if failed:
+                        last_vars = None  # unknown state: restore whatever the point was
                 if failed:
                     p.status, p.detail = "failed", f"deploy failed: {failed}"
                 else:
@@ -354,9 +370,12 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
         if on_point:
             on_point(p)
-    if deployed_any:
+    if deployed_any and last_vars == {}:
+        restore = {"ok": True, "detail": "the last deployed point had the inventory's own settings"}
+    elif deployed_any:
         why = deployer.deploy(host, None, out_dir / "restore.log")
         restore = {"ok": why is None, "detail": why or "deployed with the inventory's own settings"}
+    if restore is not None:
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
     report = out_dir / "sweep.md"
     tmp = out_dir / ".sweep.md.tmp"

@@ -1,0 +1,56 @@
+"""``ddtree-ops sweep --deploy`` on the booted test host (issue 13): four points, one refused by
+the validator, two deployed through the real ``deploy.yml`` with their own settings and
+benchmarked at the host's address, the last one with the inventory's own settings (so the host is
+left as the inventory says, without a fourth deploy); the report ranks the three."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, ssh
+
+from ddtree_ops.cli import main
+
+pytestmark = pytest.mark.hosts
+
+
+def _deployed_budget(address: str) -> int:
+    r = ssh(address, "systemctl cat sglang.service")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"--speculative-ddtree-budget[ '\"=]+(\d+)", r.stdout)
+    assert m, r.stdout[-2000:]
+    return int(m.group(1))
+
+
+def test_sweep_deploys_points_through_the_real_play(deployed, tmp_path, capsys):
+    address = deployed["address"]
+    spec = tmp_path / "sweep.yml"
+    spec.write_text(f"""host: {HOST}
+points:
+  - {{name: budget16, set: {{ddtree_speculative.budget: 16}}}}
+  - {{name: budget0, set: {{ddtree_speculative.budget: 0}}}}
+  - {{name: budget24, set: {{ddtree_speculative.budget: 24}}}}
+  - {{name: inventory, set: {{}}}}
+""")
+    out = tmp_path / "out"
+    rc = main(["sweep", str(spec), "-i", str(TEST_INVENTORY), "--out", str(out), "--deploy",
+               str(REPO_ROOT / "deploy.yml"), "--deploy-timeout", "600", "--concurrency", "1,4", "--requests", "4",
+               "--max-new-tokens", "17", "--warmup", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    status = {c["name"]: c["detail"].split(":")[0] for c in doc["checks"]}
+    assert rc == 0 and status == {"point budget16": "done", "point budget0": "invalid", "point budget24": "done",
+                                  "point inventory": "done"}, doc
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["restore"]["ok"] and "last deployed point" in state["restore"]["detail"]
+    assert not (out / "budget0").exists()  # never deployed, never run
+    for name, budget in (("budget16", 16), ("budget24", 24), ("inventory", 32)):
+        res = json.loads((out / name / "bench.json").read_text())
+        assert res["plan"]["deployment"]["speculative"]["budget"] == budget
+        assert res["options"]["url"] == f"http://{address}:30000"
+        assert all(lv["failed"] == 0 and lv["accept_length_server"] for lv in res["levels"]), res["levels"]
+    md = (out / "sweep.md").read_text()
+    assert "## concurrency 4" in md and "| budget0 | invalid |" in md
+    assert len(re.findall(r"^\| [123] \| (budget16|budget24|inventory) \|", md, re.M)) == 6, md
+    assert _deployed_budget(address) == 32  # the host is left with the inventory's settings
