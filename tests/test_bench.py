@@ -483,7 +483,7 @@ def test_sweep_deploys_each_point_through_the_playbook_and_restores(spec_sim: Si
     calls = log.read_text()
     # the invalid point never reached Ansible; each other point did with its own vars; then the restore
     assert "budget0" not in calls and calls.count("-l b300-01") == 4
-    assert calls.rstrip().splitlines()[-1] == f"-i {inv} -l b300-01 {playbook}", calls
+    assert calls.rstrip().splitlines()[-1] == f"-i {inv} -l b300-01 {playbook}", calls  # the restore: no -e
     sent = json.loads((out / "budget16" / "deploy-vars.json").read_text())
     assert list(sent) == ["ddtree_speculative"] and sent["ddtree_speculative"]["budget"] == 16
     assert sent["ddtree_speculative"]["block_size"] == hv["ddtree_speculative"]["block_size"]  # whole variable

@@ -241,15 +241,16 @@ class Deployer:
         try:
             rc, out, err, why = run_child(argv, env, self.deadline_s, cwd=str(self.playbook.resolve().parent))
         except OSError as exc:
-            return f"could not run {self.command}: {exc.strerror or exc}"
+            return f"could not run {Path(self.command).name}: {exc.strerror or exc}"
         text = (out[-256 * 1024:] + b"\n" + err).decode("utf-8", "replace")
         tmp = log.with_name(f".{log.name}.tmp")
         tmp.write_text(scrub(text), encoding="utf-8")
         os.replace(tmp, log)
+        name = Path(self.command).name
         if why:
-            return f"{self.command} {why}"
+            return f"{name} {why}"
         if rc != 0:
-            return f"{self.command} exited {rc} (see {log.name})"
+            return f"{name} exited {rc} (see {log.name})"
         return None
 
 
