@@ -29,8 +29,8 @@ from rich.text import Text
 # `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
 if TYPE_CHECKING:
     from .config import Validated
-    from .config.plandoc_model import PlanDoc
     from .config.errors import Finding
+    from .config.plandoc_model import PlanDoc
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
@@ -643,7 +643,8 @@ def bench(url: UrlArg = None,
     recorded = doc.document if doc is not None else None  # the plan.json as written
     runs = [("requests", target, out_dir, recorded)]
     if baseline is not None:
-        runs = [("requests", target, out_dir / "spec", recorded), ("baseline requests", _url(baseline), out_dir / "baseline", None)]
+        runs = [("requests", target, out_dir / "spec", recorded),
+                ("baseline requests", _url(baseline), out_dir / "baseline", None)]
     checks, extra = [], {"url": target}
     for name, url_, dest, plan_doc in runs:
         o = BenchOptions(**{**opts.__dict__, "url": url_})

@@ -84,7 +84,8 @@ def test_batch_sizes_are_the_capture_list_or_an_eager_ladder():
     assert sizes_of(cuda_graphs=True, capture_bs=[1, 2, 4, 8, 16])[0] == [1, 2, 4, 8, 16]
     sizes, why = sizes_of(cuda_graphs=False, capture_bs=[], max_running_requests=48)
     assert sizes == [1, 2, 4, 8, 16, 32, 48] and "powers of two" in why and "48" in why
-    assert sizes_of(cuda_graphs=False, capture_bs=[], max_running_requests=None, cuda_graph_max_bs=None)[0] == [1, 2, 4, 8]
+    assert sizes_of(cuda_graphs=False, capture_bs=[], max_running_requests=None,
+                    cuda_graph_max_bs=None)[0] == [1, 2, 4, 8]
     v = _validated(vision=False, cuda_graph=False)   # eager deployment: 16 requests
     assert warmup_plan(plan_document(v)).batch_sizes == [1, 2, 4, 8, 16]
 

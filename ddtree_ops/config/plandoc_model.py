@@ -43,8 +43,17 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool,
-                      StrictInt, ValidationError, field_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from ..plandoc import PlanFileError, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
@@ -109,8 +118,8 @@ def _http_base_url(v: Any) -> str:
     except Exception:  # httpx raises several types for malformed URLs
         ok = False
     if not ok:
-        raise ValueError("must be http(s)://HOST:PORT (a string of at most 4096 characters) without user info, query or "
-                         "fragment (Server.local_url, e.g. http://127.0.0.1:30000)")
+        raise ValueError("must be http(s)://HOST:PORT (a string of at most 4096 characters) without user info, "
+                         "query or fragment (Server.local_url, e.g. http://127.0.0.1:30000)")
     return v
 
 
@@ -257,7 +266,8 @@ class PlanDoc(_Doc):
         """
         path = str(path)
         if not isinstance(document, dict) or not isinstance(document.get("plan"), dict):
-            raise PlanDocError(option, path, "no 'plan' object at the top level: not a plan.json rendered by ddtree-ops")
+            raise PlanDocError(option, path,
+                               "no 'plan' object at the top level: not a plan.json rendered by ddtree-ops")
         version = document.get("schema_version", 1)
         if type(version) is int and version > SCHEMA_VERSION:
             problem = (f"plan.json schema_version {version} is newer than this ddtree-ops ({SCHEMA_VERSION}): "

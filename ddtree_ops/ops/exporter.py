@@ -245,7 +245,8 @@ class Exporter:
     STALE_POLLS = 3
     """Poll intervals (plus one poll's bound) after which the last sample counts as none."""
 
-    def __init__(self, plan_doc: PlanDoc | dict[str, Any], registry: CollectorRegistry | None = None, upstream: str | None = None,
+    def __init__(self, plan_doc: PlanDoc | dict[str, Any], registry: CollectorRegistry | None = None,
+                 upstream: str | None = None,
                  poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
                  stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.plan_doc = as_plan_doc(plan_doc)
