@@ -286,7 +286,7 @@ class PlanDoc(_Doc):
             loc = ".".join(str(p) for p in first.get("loc", ())) or "<document>"
             msg = str(first.get("msg", "")).removeprefix("Value error, ")
             if first.get("type") == "missing":
-                msg = "is required"
+                msg = "is absent: it is required"
             more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
             raise PlanDocError(option, path, msg + more, field=loc,
                                value=first.get("input") if first.get("type") != "missing" else None) from None
@@ -324,9 +324,15 @@ def _preflight_fields(document: dict[str, Any], option: str, path: str) -> None:
     try:
         plan_fields(document)
     except PreflightUsageError as exc:
-        field = getattr(exc, "field", "") or "<document>"
-        raise PlanDocError(option, path, getattr(exc, "rule", str(exc)), field=field,
-                           value=getattr(exc, "value", None)) from None
+        field = exc.field or "<document>"
+        cur: Any = document
+        for k in exc.field.split(".") if exc.field else ():
+            cur = cur.get(k, _ABSENT) if isinstance(cur, dict) else None
+        absent = "is absent: " if cur is _ABSENT else ""
+        raise PlanDocError(option, path, absent + (exc.rule or str(exc)), field=field, value=exc.value) from None
+
+
+_ABSENT = object()
 
 
 def load_plan(path: str | os.PathLike[str], option: str = "--plan") -> PlanDoc:
