@@ -30,6 +30,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from .config import Validated
     from .config.errors import Finding
+    from .config.plandoc_model import PlanDoc
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
@@ -424,33 +425,23 @@ def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) 
 
 
 def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
-              vault: list[str] | None = None) -> tuple[dict | None, str | None]:
-    """The deployed plan document and its default URL, from ``--plan`` or ``-i/-l`` (one host).
+              vault: list[str] | None = None) -> tuple[PlanDoc | None, str | None]:
+    """The deployed plan (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`) and its default URL,
+    from ``--plan`` or ``-i/-l`` (one host).
 
-    Returns ``(None, None)`` when neither is given. Raises ``typer.BadParameter`` (exit 2)
-    for an unreadable plan.json or a pattern that does not name exactly one host, and
-    ``ConfigError`` for an invalid inventory.
+    Returns ``(None, None)`` when neither is given. Raises ``PlanDocError`` (exit 2) for a
+    plan.json that cannot be used, ``typer.BadParameter`` (exit 2) for a pattern that does not
+    name exactly one host, and ``ConfigError`` for an invalid inventory.
     """
     if plan_file is not None and inventory is not None:
         raise typer.BadParameter("give --plan or --inventory, not both")
     if plan_file is not None:
-        from .plandoc import PlanFileError, read_plan_doc
+        from .config.plandoc_model import load_plan
 
-        try:
-            doc = read_plan_doc(plan_file)
-        except PlanFileError as exc:
-            raise typer.BadParameter(str(exc)) from None
-        try:
-            if not isinstance(doc.get("deployment"), dict):
-                raise TypeError("no plan and deployment objects")
-            sizes = doc["plan"].get("capture_bs")
-            if not isinstance(sizes, list) or not all(type(x) is int for x in sizes):
-                raise TypeError("plan.capture_bs is not a list of integers")
-        except (OSError, ValueError, TypeError) as exc:
-            raise typer.BadParameter(f"--plan {plan_file}: not a plan.json rendered by ddtree-ops ({exc}); "
-                                     "use the host's /etc/ddtree-ops/<name>/plan.json") from None
-        return doc, str(doc.get("url"))
+        doc = load_plan(plan_file)
+        return doc, doc.url
     if inventory is not None:
+        from .config.plandoc_model import PlanDoc
         from .render.files import plan_document, scrape_address
 
         validated = _require_valid(inventory, limit, vault)
@@ -458,26 +449,8 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
             names = ", ".join(v.deployment.host for v in validated) or "none"
             raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
         d = validated[0].deployment
-        return plan_document(validated[0]), f"http://{scrape_address(validated[0])}:{d.server.port}"
+        return PlanDoc.of(plan_document(validated[0])), f"http://{scrape_address(validated[0])}:{d.server.port}"
     return None, None
-
-
-def _plan_ops(doc: dict | None, key: str, default: float, kind: type = float) -> float:
-    """``deployment.ops.<key>`` of a plan document as ``kind`` (``default`` when absent).
-
-    Raises ``typer.BadParameter`` (exit 2) naming the key and value when it is not a number.
-    """
-    ops = (doc or {}).get("deployment", {}).get("ops") or {}
-    value = ops.get(key, default) if isinstance(ops, dict) else ops
-    try:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
-        where = f"deployment.ops.{key}" if isinstance(ops, dict) else "deployment.ops"
-        what = "a number" if isinstance(ops, dict) else "an object"
-        raise typer.BadParameter(f"--plan: {where} = {value!r} is not {what}. Fix: re-render plan.json "
-                                 "(ddtree-ops render / deploy.yml), or pass the option explicitly") from None
 
 
 def _target(url: str | None, default: str | None) -> str:
@@ -516,8 +489,9 @@ def health(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
-    timeout = _positive("--timeout", timeout if timeout is not None else _plan_ops(doc, "health_timeout_s", 5.0), 300)
-    failures = failures if failures is not None else int(_plan_ops(doc, "health_failures", 3, int))
+    ops = doc.deployment.ops if doc is not None else None
+    timeout = _positive("--timeout", timeout if timeout is not None else ops.health_timeout_s if ops else 5.0, 300)
+    failures = failures if failures is not None else ops.health_failures if ops else 3
     if not 1 <= failures <= 1000:
         raise typer.BadParameter(f"--failures {failures}: must be 1..1000")
     _positive("--interval", interval, 3600, zero_ok=True)
@@ -547,15 +521,13 @@ def warmup(url: UrlArg = None,
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
-    deadline = _positive("--deadline", deadline if deadline is not None else _plan_ops(doc, "warmup_deadline_s", 600.0))
+    deadline = _positive("--deadline", deadline if deadline is not None
+                         else doc.deployment.ops.warmup_deadline_s if doc is not None else 600.0)
     if not 1 <= max_new_tokens <= 1 << 20:
         raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
     if not 1 <= long_prompt_words <= 1 << 20:
         raise typer.BadParameter(f"--long-prompt-words {long_prompt_words}: must be 1..{1 << 20}")
-    try:
-        wp = warmup_plan(doc) if doc else WarmupPlan([1], "default: no plan given")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise typer.BadParameter(f"--plan: not a plan.json rendered by ddtree-ops ({exc})") from None
+    wp = warmup_plan(doc) if doc is not None else WarmupPlan([1], "default: no plan given")
     if batch_sizes is not None:
         try:
             sizes = sorted({int(x) for x in batch_sizes.split(",")})
@@ -668,9 +640,11 @@ def bench(url: UrlArg = None,
                               f"ITL {'-' if itl is None else f'{1000 * itl:.2f}'} ms  "
                               f"accept_length={'-' if acc is None else f'{acc:.3f}'}", highlight=False)
 
-    runs = [("requests", target, out_dir, doc)]
+    recorded = doc.document if doc is not None else None  # the plan.json as written
+    runs = [("requests", target, out_dir, recorded)]
     if baseline is not None:
-        runs = [("requests", target, out_dir / "spec", doc), ("baseline requests", _url(baseline), out_dir / "baseline", None)]
+        runs = [("requests", target, out_dir / "spec", recorded),
+                ("baseline requests", _url(baseline), out_dir / "baseline", None)]
     checks, extra = [], {"url": target}
     for name, url_, dest, plan_doc in runs:
         o = BenchOptions(**{**opts.__dict__, "url": url_})
@@ -798,14 +772,9 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
 
     _positive("--timeout", timeout, 3600)
     if plan_file is not None:
-        from .plandoc import PlanFileError, read_plan_doc
+        from .config.plandoc_model import load_plan
 
-        try:
-            v = validated_from_plan(read_plan_doc(plan_file))
-        except PlanFileError as exc:
-            raise typer.BadParameter(str(exc)) from None
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(f"--plan {plan_file}: {exc}") from None
+        v = validated_from_plan(load_plan(plan_file))
     else:
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
@@ -841,29 +810,19 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     import signal
     import threading
 
-    from .ops.exporter import Exporter, PlanError, load_plan, serve
+    from .config.plandoc_model import load_plan
+    from .ops.exporter import Exporter, serve
 
     _positive("--poll-interval", poll_interval, 3600)
     _positive("--window", window)
     _positive("--timeout", timeout, 300)
     if stuck_after is not None:
         _positive("--stuck-after", stuck_after)
-    try:
-        doc = load_plan(str(plan_file))
-    except PlanError as exc:
-        raise typer.BadParameter(f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered") from None
+    doc = load_plan(plan_file)
     if upstream is not None:
         _url(upstream)
-    else:
-        try:
-            _url(str(doc.get("url")))
-        except typer.BadParameter:
-            raise typer.BadParameter(f"--plan {plan_file}: url = {_shown_url(doc.get('url'))} is not http(s)://HOST:PORT. Fix: "
-                                     "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
     if listen is None:
-        from .config.models import Ops
-
-        listen = f"0.0.0.0:{(doc['deployment'].get('ops') or {}).get('exporter_port', Ops().exporter_port)}"
+        listen = f"0.0.0.0:{doc.deployment.ops.exporter_port}"
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
         raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:19400")

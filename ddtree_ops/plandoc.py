@@ -1,10 +1,10 @@
-"""The one bounded reader of a rendered ``plan.json`` (standard library only: the preflight
-zipapp imports it on the GPU host before ddtree-ops is installed).
+"""The one bounded reader of a rendered ``plan.json``: its byte-level layer (standard library
+only: the preflight zipapp imports it on the GPU host before ddtree-ops is installed).
 
 Every command that takes ``--plan`` (health, warmup, bench, probe-sglang, exporter,
-diagnose, preflight) reads the file through :func:`read_plan_doc`, so a hostile or damaged
-file is one :class:`PlanFileError` line (exit 2), never a hang, a traceback or unbounded
-memory:
+diagnose, preflight) reads the file through :func:`read_plan_doc` (the first five through the
+typed contract on top of it, :func:`ddtree_ops.config.plandoc_model.load_plan`), so a hostile or
+damaged file is one line (exit 2), never a hang, a traceback or unbounded memory:
 
 * only a regular file (a FIFO, device, socket or directory is refused without blocking:
   the file is opened ``O_NONBLOCK`` and checked with ``fstat``; symlinks are followed);

@@ -253,14 +253,17 @@ def test_cli_exporter_bad_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("url", ["garbage", None, "http://[::1"])
 def test_cli_exporter_bad_plan_url_is_refused(url, tmp_path, capsys) -> None:
     """Without --upstream the plan's url is the upstream: a bad one is exit 2 naming it (it used to
-    serve ddtree_up 0 forever, or end in a bare InvalidURL)."""
+    serve ddtree_up 0 forever, or end in a bare InvalidURL). The plan.json contract refuses it
+    with the same line for every reader, --upstream or not (the document is damaged)."""
     doc = plan_document(sim_deployment()[0])
     doc["url"] = url
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     assert main(["exporter", "--plan", str(plan), "--listen", "127.0.0.1:0"]) == 2
     err = capsys.readouterr().err
-    assert f"url = {url!r}" in err and "--upstream" in err and "InvalidURL" not in err, err
+    assert f"url = {url!r}" in err and "must be http(s)://HOST:PORT" in err and "InvalidURL" not in err, err
+    assert main(["exporter", "--plan", str(plan), "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"]) == 2
+    assert capsys.readouterr().err == err
 
 
 def test_cli_exporter_refuses_non_ascii_port_and_list_plan(tmp_path, capsys) -> None:

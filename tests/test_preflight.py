@@ -659,10 +659,14 @@ def test_hostile_plan_fields_are_a_usage_error_naming_the_field(path, value):
     assert path.split(".")[-1] in msg or path.rsplit(".", 1)[0] in msg
 
 
-def test_plan_nulls_for_optional_fields_are_accepted():
+def test_plan_nulls_for_optional_fields_are_accepted_a_null_exporter_port_is_not():
     e = pf.expect_from(None, _mutated("plan.toolchain.ptx_version", None))
     assert e.host_class.name == "b300" and pf.ptxas_check(e.toolchain)["skipped"]
-    assert pf.expect_from(None, _mutated("deployment.ops.exporter_port", None)).ports[1:] == []
+    doc = _mutated("deployment.ops.exporter_port", None)
+    with pytest.raises(pf.PreflightUsageError, match="exporter_port is null"):  # the writer never writes null
+        pf.expect_from(None, doc)
+    del doc["deployment"]["ops"]["exporter_port"]  # absent: no exporter port to check
+    assert pf.expect_from(None, doc).ports[1:] == []
 
 
 @pytest.mark.parametrize("text, words", [

@@ -18,6 +18,7 @@ from test_sim import Sim, http, post_json
 
 from ddtree_ops.cli import main
 from ddtree_ops.config.load import validate_hostvars
+from ddtree_ops.config.plandoc_model import PlanSizes
 from ddtree_ops.ops.health import CHECK_NAMES, HealthOptions, bound_s, check_health
 from ddtree_ops.ops.warmup import (
     WarmupError,
@@ -77,11 +78,14 @@ def sim(deployed):
 
 # ------------------------------------------------------------------ pure parts
 def test_batch_sizes_are_the_capture_list_or_an_eager_ladder():
-    assert warmup_batch_sizes({"cuda_graphs": True, "capture_bs": [1, 2, 4, 8, 16]})[0] == [1, 2, 4, 8, 16]
-    sizes, why = warmup_batch_sizes({"cuda_graphs": False, "capture_bs": [], "max_running_requests": 48})
+    def sizes_of(**plan):
+        return warmup_batch_sizes(PlanSizes(algorithm="none", draft_tokens_per_req=0, verify_tokens_per_req=1, **plan))
+
+    assert sizes_of(cuda_graphs=True, capture_bs=[1, 2, 4, 8, 16])[0] == [1, 2, 4, 8, 16]
+    sizes, why = sizes_of(cuda_graphs=False, capture_bs=[], max_running_requests=48)
     assert sizes == [1, 2, 4, 8, 16, 32, 48] and "powers of two" in why and "48" in why
-    assert warmup_batch_sizes({"cuda_graphs": False, "capture_bs": [], "max_running_requests": None,
-                               "cuda_graph_max_bs": None})[0] == [1, 2, 4, 8]
+    assert sizes_of(cuda_graphs=False, capture_bs=[], max_running_requests=None,
+                    cuda_graph_max_bs=None)[0] == [1, 2, 4, 8]
     v = _validated(vision=False, cuda_graph=False)   # eager deployment: 16 requests
     assert warmup_plan(plan_document(v)).batch_sizes == [1, 2, 4, 8, 16]
 
@@ -339,14 +343,16 @@ def test_warmup_refuses_plan_model_values_before_any_request(model, words, capsy
 @pytest.mark.parametrize("cmd", ["health", "warmup"])
 @pytest.mark.parametrize("url", [None, "garbage"])
 def test_bad_url_in_plan_is_named(cmd, url, capsys, tmp_path):
-    """A plan.json without a usable url: the message says it is the deployment's url (a missing one
-    used to ask for '--plan / --inventory', which were given)."""
+    """A plan.json without a usable url: the message names the file and its url (a missing one
+    used to ask for '--plan / --inventory', which were given); the plan.json contract's one line."""
     doc = plan_document(_validated(vision=False))
     doc["url"] = url
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     assert main([cmd, "--plan", str(plan)]) == 2
-    assert f"the deployment's url = {str(url)!r}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"url = {url!r}: not a plan.json rendered by ddtree-ops: must be http(s)://HOST:PORT" in err, err
+    assert err.startswith(f"error --plan {plan}: ") and err.count("\n") == 1, err
 
 
 class _OddServer:

@@ -1,7 +1,7 @@
 """Config drift: does the running server run what was deployed?
 
-The deployed side is the host's ``plan.json`` (:func:`ddtree_ops.render.files.plan_document`:
-``{"deployment": ..., "plan": ...}``); the running side is SGLang's ``/server_info`` (older
+The deployed side is the host's ``plan.json`` as typed by
+:class:`ddtree_ops.config.plandoc_model.PlanDoc`; the running side is SGLang's ``/server_info`` (older
 builds: ``/get_server_info``), whose top level holds the resolved ``ServerArgs`` fields
 (``sglang/srt/server_args.py``). Field names differ between versions — the decode capture
 list is ``cuda_graph_bs`` up to 0.5.13, ``cuda_graph_bs_decode`` from 0.5.14, and 0.5.20+
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config.plandoc_model import PlanDoc
 
 
 @dataclass(frozen=True)
@@ -74,33 +77,29 @@ def _int_list(value: Any) -> list[int] | None:
 class _Setting:
     name: str
     keys: tuple[str, ...]
-    expected: Callable[[dict, dict], Any]  # (deployment, plan) -> expected value, _MISSING to skip
+    expected: Callable[[PlanDoc], Any]  # the deployed value, None to skip
     normalize: Callable[[Any], Any] = lambda v: v
 
 
 _SETTINGS: tuple[_Setting, ...] = (
-    _Setting("algorithm", ("speculative_algorithm",), lambda d, p: p["algorithm"], _algorithm),
+    _Setting("algorithm", ("speculative_algorithm",), lambda d: d.plan.algorithm, _algorithm),
     _Setting("block_size", ("speculative_dflash_block_size", "speculative_num_draft_tokens"),
-             lambda d, p: p["block_size"] if p.get("block_size") is not None else _MISSING),
-    _Setting("budget", ("speculative_ddtree_budget",),
-             lambda d, p: p["budget"] if p.get("budget") is not None else _MISSING),
-    _Setting("tp_size", ("tp_size",), lambda d, p: d["server"]["tp_size"]),
-    _Setting("max_running_requests", ("max_running_requests",),
-             lambda d, p: p["max_running_requests"] if p.get("max_running_requests") is not None else _MISSING),
-    _Setting("cuda_graphs", ("disable_cuda_graph",), lambda d, p: p["cuda_graphs"],
+             lambda d: d.plan.block_size),
+    _Setting("budget", ("speculative_ddtree_budget",), lambda d: d.plan.budget),
+    _Setting("tp_size", ("tp_size",), lambda d: d.deployment.server.tp_size),
+    _Setting("max_running_requests", ("max_running_requests",), lambda d: d.plan.max_running_requests),
+    _Setting("cuda_graphs", ("disable_cuda_graph",), lambda d: d.plan.cuda_graphs,
              lambda v: not v if isinstance(v, bool) else v),
     _Setting("capture_bs", ("cuda_graph_config.decode.bs", "cuda_graph_bs_decode", "cuda_graph_bs"),
-             lambda d, p: sorted(p["capture_bs"]) if p["cuda_graphs"] and p["capture_bs"] else _MISSING,
+             lambda d: sorted(d.plan.capture_bs) if d.plan.cuda_graphs and d.plan.capture_bs else None,
              lambda v: _int_list(v) if _int_list(v) is not None else v),
     # SGLang may rewrite both during resolution (e.g. 0.5.23 on sm_103: a Qwen3.5 MoE with
     # page_size 16 and no attention backend runs triton with page size 1); /server_info
     # reports the resolved values at its top level (build_server_info -> resolved_dict,
     # sglang/srt/utils/common.py in 0.5.23). Compared only where the plan sets them.
-    _Setting("attention_backend", ("attention_backend",),
-             lambda d, p: p["attention_backend"] if p.get("attention_backend") is not None else _MISSING),
-    _Setting("page_size", ("page_size",),
-             lambda d, p: p["page_size"] if p.get("page_size") is not None else _MISSING),
-    _Setting("model_path", ("model_path",), lambda d, p: d["model"]["path"]),
+    _Setting("attention_backend", ("attention_backend",), lambda d: d.plan.attention_backend),
+    _Setting("page_size", ("page_size",), lambda d: d.plan.page_size),
+    _Setting("model_path", ("model_path",), lambda d: d.deployment.model.path),
 )
 
 
@@ -109,11 +108,12 @@ def compared_settings() -> list[str]:
     return [s.name for s in _SETTINGS]
 
 
-def find_drift(plan_doc: dict[str, Any], server_info: dict[str, Any]) -> tuple[list[Drift], list[str]]:
+def find_drift(plan_doc: PlanDoc | dict[str, Any], server_info: dict[str, Any]) -> tuple[list[Drift], list[str]]:
     """Compare a deployed ``plan.json`` with a running server's ``/server_info``.
 
     Args:
-        plan_doc: the host's plan document (``deployment`` and ``plan`` keys).
+        plan_doc: the host's plan document (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`,
+            or a rendered document, which is checked into one).
         server_info: JSON object from ``/server_info``.
 
     Returns:
@@ -121,14 +121,16 @@ def find_drift(plan_doc: dict[str, Any], server_info: dict[str, Any]) -> tuple[l
         server did not report (older builds, or DDTree-only keys on a release build).
 
     Raises:
-        KeyError: ``plan_doc`` lacks ``deployment`` or ``plan`` (not a plan document).
+        PlanDocError: ``plan_doc`` is a dict that is no plan document.
     """
-    deployment, plan = plan_doc["deployment"], plan_doc["plan"]
+    from ..config.plandoc_model import as_plan_doc
+
+    doc = as_plan_doc(plan_doc)
     drifts: list[Drift] = []
     missing: list[str] = []
     for s in _SETTINGS:
-        expected = s.expected(deployment, plan)
-        if expected is _MISSING:
+        expected = s.expected(doc)
+        if expected is None:
             continue
         key, running = _first(server_info, s.keys)
         if running is _MISSING:

@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..config.plandoc_model import PlanDoc, PlanDocError, as_plan_doc
 from ..sglang.client import (
     LOCAL_WORK_S,
     SERVER_INFO_PATHS,
@@ -94,8 +95,8 @@ VERIFY_CALLS = "sglang:spec_verify_calls_total"
 SGLANG_ACCEPT = "sglang:spec_accept_length"
 
 
-class PlanError(ValueError):
-    """plan.json is unreadable or not a plan document rendered by ddtree-ops."""
+PlanError = PlanDocError
+"""The one error of a plan.json that cannot be used (:class:`~ddtree_ops.config.plandoc_model.PlanDocError`)."""
 
 
 @dataclass(frozen=True)
@@ -119,39 +120,24 @@ class Identity:
     health_timeout_s: float
 
 
-def _sglang_version(pin: dict[str, Any]) -> str:
-    """The release the deployed build is based on (``SGLangPin.base_version``: a DDTree
-    source's base release, else the pinned or default version)."""
-    from ..config.models import SGLangPin
-
-    try:
-        return SGLangPin.model_validate(pin).base_version
-    except ValueError:
-        return str(pin.get("version") or "")
-
-
-def identity_from_plan(doc: dict[str, Any]) -> Identity:
-    """Labels and sizes from a plan document (:func:`ddtree_ops.render.files.plan_document`).
+def identity_from_plan(doc: PlanDoc | dict[str, Any]) -> Identity:
+    """Labels and sizes from a plan document (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`;
+    a rendered document is checked into one).
 
     Raises:
-        PlanError: a required key is missing.
+        PlanError: not a plan document, or a field breaks its rule.
     """
-    try:
-        d, p = doc["deployment"], doc["plan"]
-        model = d["model"].get("served_model_name") or d["model"]["path"]
+    doc = as_plan_doc(doc)
+    d, p = doc.deployment, doc.plan
 
-        def s(v: Any) -> str:
-            return "" if v is None else str(v)
+    def s(v: Any) -> str:
+        return "" if v is None else str(v)
 
-        info = (s(p["algorithm"]), s(p.get("budget")), s(p.get("block_size")), s(p.get("verify_tokens_per_req")),
-                s(p.get("draft_tokens_per_req")), s(d["server"]["tp_size"]), _sglang_version(d["sglang"]))
-        ops = d.get("ops") or {}
-        return Identity(labels=(str(doc["host"]), str(doc["host_class"]), str(model)), info=info,
-                        floor=float(ops.get("accept_length_floor", 1.5)), speculative=p["algorithm"] != "none",
-                        url=str(doc["url"]), health_timeout_s=float(ops.get("health_timeout_s", 5.0)))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise PlanError(f"not a plan.json rendered by ddtree-ops (missing or bad {exc})" if isinstance(exc, KeyError)
-                        else f"not a plan.json rendered by ddtree-ops ({type(exc).__name__}: {exc})") from None
+    info = (p.algorithm, s(p.budget), s(p.block_size), s(p.verify_tokens_per_req), s(p.draft_tokens_per_req),
+            s(d.server.tp_size), doc.sglang_base_version)
+    return Identity(labels=(doc.host, doc.host_class, doc.model_name), info=info,
+                    floor=d.ops.accept_length_floor, speculative=p.algorithm != "none", url=doc.url,
+                    health_timeout_s=d.ops.health_timeout_s)
 
 
 @dataclass
@@ -231,7 +217,8 @@ class Exporter:
     """Polls one SGLang server and exposes the ``ddtree_*`` metrics.
 
     Args:
-        plan_doc: the host's plan.json as a dict (labels, sizes, floor, drift reference).
+        plan_doc: the host's plan.json (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`, or a
+            rendered document checked into one): labels, sizes, floor, drift reference.
         registry: where to register the collector (default: a new ``CollectorRegistry``);
             injectable for tests and embedding.
         upstream: SGLang base URL (default: plan.json's ``url``).
@@ -252,17 +239,18 @@ class Exporter:
             3 poll intervals plus :attr:`poll_bound_s`.
 
     Raises:
-        PlanError: plan_doc is not a plan document.
+        PlanError: plan_doc is not a plan document, or a field breaks its rule.
     """
 
     STALE_POLLS = 3
     """Poll intervals (plus one poll's bound) after which the last sample counts as none."""
 
-    def __init__(self, plan_doc: dict[str, Any], registry: CollectorRegistry | None = None, upstream: str | None = None,
+    def __init__(self, plan_doc: PlanDoc | dict[str, Any], registry: CollectorRegistry | None = None,
+                 upstream: str | None = None,
                  poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
                  stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.plan_doc = plan_doc
-        self.identity = identity_from_plan(plan_doc)
+        self.plan_doc = as_plan_doc(plan_doc)
+        self.identity = identity_from_plan(self.plan_doc)
         self.upstream = (upstream or self.identity.url).rstrip("/")
         self.poll_interval_s = poll_interval_s
         self.window_s = window_s
@@ -499,23 +487,6 @@ class _Collector(Collector):
                     f"1 if requests were running or queued at every poll of the last {e.stuck_after_s:g} s and no "
                     "progress counter moved (absent: upstream down or not enough history).",
                     e.scheduler_stuck() if up else None)
-
-
-def load_plan(path: str) -> dict[str, Any]:
-    """Read plan.json.
-
-    Raises:
-        PlanError: unreadable, not strict bounded JSON (:func:`ddtree_ops.plandoc.read_plan_doc`),
-            or not a plan document.
-    """
-    from ..plandoc import PlanFileError, read_plan_doc
-
-    try:
-        doc = read_plan_doc(path)
-    except PlanFileError as exc:
-        raise PlanError(exc.problem) from None
-    identity_from_plan(doc)
-    return doc
 
 
 def serve(exporter: Exporter, host: str, port: int):

@@ -32,7 +32,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..sglang.client import (
     LOCAL_WORK_S,
@@ -44,6 +44,9 @@ from ..sglang.client import (
     select_samples,
 )
 from .drift import find_drift
+
+if TYPE_CHECKING:
+    from ..config.plandoc_model import PlanDoc
 
 CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")
 """Every check name ``ddtree-ops health`` can report, in report order."""
@@ -123,7 +126,9 @@ class HealthOptions:
         failures: consecutive failed observations before a check fails (>= 1).
         interval_s: seconds between ``/health`` probes.
         progress_window_s: seconds between two ``/metrics`` samples of the progress check.
-        plan_doc: the deployed ``plan.json`` document (enables ``drift``), or None.
+        plan_doc: the deployed ``plan.json`` (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`;
+            a rendered document is checked into one, PlanDocError if it is none) enables
+            ``drift``; None: no drift check.
         warm_marker: path of the unit's warm marker (enables ``warm``), or None.
     """
 
@@ -131,8 +136,14 @@ class HealthOptions:
     failures: int = 3
     interval_s: float = 1.0
     progress_window_s: float = 2.0
-    plan_doc: dict[str, Any] | None = None
+    plan_doc: PlanDoc | None = None
     warm_marker: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan_doc is not None:
+            from ..config.plandoc_model import as_plan_doc  # pydantic: only when a plan is given
+
+            object.__setattr__(self, "plan_doc", as_plan_doc(self.plan_doc))
 
 
 def bound_s(o: HealthOptions) -> float:
@@ -200,11 +211,8 @@ def _warm(o: HealthOptions) -> Check:
                                f"{preview(str(report.get('elapsed_s', '?')), 40)} s")
 
 
-def _drift(info: dict[str, Any], plan_doc: dict[str, Any]) -> Check:
-    try:
-        drifts, missing = find_drift(plan_doc, info)
-    except (KeyError, TypeError) as exc:
-        return Check("drift", False, f"the deployed plan is not a plan.json document ({exc})")
+def _drift(info: dict[str, Any], plan_doc: PlanDoc) -> Check:
+    drifts, missing = find_drift(plan_doc, info)
     if drifts:
         return Check("drift", False, "running server differs from the deployed config: "
                      + "; ".join(preview(str(d)) for d in drifts) + ". Fix: redeploy, or restart the unit")

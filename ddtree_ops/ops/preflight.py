@@ -300,10 +300,14 @@ class PreflightUsageError(Exception):
     """Bad arguments or an unreadable plan (exit 2); the message is :func:`clean`-ed (it quotes
     paths and plan values)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, field: str = "", value: object = None, rule: str = "") -> None:
         super().__init__(clean(message))
+        self.field, self.value, self.rule = field, value, rule
 
 
+PORT_MIN = 1024
+"""Lowest port a plan may name: the units run unprivileged (``ddtree_ops.config.models.Port``,
+Linux ``ip(7)`` ``ip_unprivileged_port_start``); the same bound as the plan.json contract."""
 _UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,240}\.service")
 """A systemd service unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@``), not
 starting with ``-`` (it is passed to ``systemctl show``)."""
@@ -326,12 +330,15 @@ def plan_fields(plan: dict) -> dict:
     Returns:
         ``{host_class, unit, exporter_unit, port, host, exporter_port, model_path, state, cache,
         toolchain}``: ``host_class`` a name of :data:`HOST_CLASSES`; ``unit`` (``exporter_unit``
-        or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints 1..65535
-        (``exporter_port`` or None); ``host`` str or None; ``model_path``, ``state``, ``cache`` str
-        or None (``state``/``cache`` absolute); ``toolchain`` a dict whose ``arch``/``target``
+        or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints
+        :data:`PORT_MIN`..65535 (``exporter_port`` None when absent, refused when null); ``host`` str
+        or None; ``model_path`` str (``deployment.model`` an object); ``state``, ``cache`` absolute
+        paths or None; ``toolchain`` a dict whose ``arch``/``target``
         are ``sm_NN[a|f]``, ``cuda``/``min_driver``/``ptx_version`` dotted numbers, ``ptxas``
         an absolute path, ``package`` a str, ``ptxas_env`` a ``{NAME: absolute path}`` (each
-        may be absent or null).
+        may be absent or null). The typed reader of the same document,
+        :class:`ddtree_ops.config.plandoc_model.PlanDoc`, runs this check first, and
+        ``tests/test_plan_contract.py`` proves the two accept the same documents.
 
     Raises:
         PreflightUsageError: one line naming the first bad field, its value (cut to 200
@@ -341,12 +348,16 @@ def plan_fields(plan: dict) -> dict:
 
     def get(path: str, rule: str, ok) -> object:
         cur: object = plan
-        for k in path.split("."):
+        parts = path.split(".")
+        for i, k in enumerate(parts):
             if not isinstance(cur, dict):
-                raise PreflightUsageError(f"--plan: {path}: its parent is {_shown(cur)}, not an object; {fix}")
+                parent = ".".join(parts[:i])
+                raise PreflightUsageError(f"--plan: {path}: its parent is {_shown(cur)}, not an object; {fix}",
+                                          parent, cur, "must be an object")
             cur = cur.get(k)
         if not ok(cur):
-            raise PreflightUsageError(f"--plan: {path} is {_shown(cur)}: must be {rule}; {fix}")
+            raise PreflightUsageError(f"--plan: {path} is {_shown(cur)}: must be {rule}; {fix}", path, cur,
+                                      f"must be {rule}")
         return cur
 
     def opt(check):
@@ -360,24 +371,26 @@ def plan_fields(plan: dict) -> dict:
         return text()(v) and v.startswith("/")
 
     def port(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535
+        return isinstance(v, int) and not isinstance(v, bool) and PORT_MIN <= v <= 65535
 
     dicts = ("deployment", "deployment.server", "plan", "paths")
     for d in dicts:
         get(d, "an object", lambda v: isinstance(v, dict))
-    for d in ("deployment.ops", "deployment.model", "plan.toolchain"):
+    for d in ("deployment.ops", "plan.toolchain"):
         get(d, "an object or null", opt(lambda v: isinstance(v, dict)))
+    get("deployment.model", "an object", lambda v: isinstance(v, dict))
+    ops = plan["deployment"].get("ops")
     out = {
         "host_class": get("host_class", f"one of {', '.join(sorted(HOST_CLASSES))}",
                           lambda v: isinstance(v, str) and v in HOST_CLASSES),
         "unit": get("unit", "a systemd service name such as ddtree-sglang.service", text(_UNIT, 256)),
         "exporter_unit": get("exporter_unit", "a systemd service name or null", opt(text(_UNIT, 256))),
-        "port": get("deployment.server.port", "an integer 1..65535", port),
+        "port": get("deployment.server.port", f"an integer {PORT_MIN}..65535", port),
         "host": get("deployment.server.host", "a host name or address (string) or null", opt(text(limit=253))),
-        "exporter_port": get("deployment.ops.exporter_port", "an integer 1..65535 or null", opt(port))
-        if isinstance(plan["deployment"].get("ops"), dict) else None,
-        "model_path": get("deployment.model.path", "a string or null", opt(text()))
-        if isinstance(plan["deployment"].get("model"), dict) else None,
+        # absent: the default (Ops.exporter_port); null is no port
+        "exporter_port": get("deployment.ops.exporter_port", f"an integer {PORT_MIN}..65535", port)
+        if isinstance(ops, dict) and "exporter_port" in ops else None,
+        "model_path": get("deployment.model.path", "a string", text()),
         "state": get("paths.state", "an absolute path or null", opt(absolute)),
         "cache": get("paths.cache", "an absolute path or null", opt(absolute)),
     }

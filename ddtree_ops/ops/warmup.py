@@ -40,11 +40,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from ..sglang.client import SGLangError, async_client, fetch, generate_cap, preview
+
+if TYPE_CHECKING:
+    from ..config.plandoc_model import PlanDoc, PlanSizes
 
 SHORT_PROMPT = "Explain speculative decoding in one paragraph."
 LONG_PARAGRAPH = (
@@ -127,43 +130,40 @@ def _powers_up_to(limit: int) -> list[int]:
     return sorted(set(sizes) | {limit})
 
 
-def warmup_batch_sizes(plan: dict[str, Any]) -> tuple[list[int], str]:
-    """Batch sizes to warm for a plan (``plan.json``'s ``plan`` object).
+def warmup_batch_sizes(plan: PlanSizes) -> tuple[list[int], str]:
+    """Batch sizes to warm for a plan (``plan.json``'s ``plan`` object,
+    :class:`~ddtree_ops.config.plandoc_model.PlanSizes`).
 
     Returns:
         ``(sizes, source)``: ``plan.capture_bs`` when graphs are captured; otherwise powers
         of two up to ``max_running_requests`` (or ``cuda_graph_max_bs``) plus that limit,
         or ``[1, 2, 4, 8]`` when SGLang decides the limit from memory.
     """
-    capture = plan.get("capture_bs") or []
-    if plan.get("cuda_graphs") and capture:
+    capture = plan.capture_bs
+    if plan.cuda_graphs and capture:
         return sorted(set(capture)), f"plan.capture_bs: the {len(set(capture))} captured CUDA-graph batch sizes"
-    why = "CUDA graphs off (eager)" if not plan.get("cuda_graphs") else "capture list decided by SGLang"
-    for key in ("max_running_requests", "cuda_graph_max_bs"):
-        limit = plan.get(key)
-        if isinstance(limit, int) and limit >= 1:
-            limit = min(limit, 4096)
+    why = "CUDA graphs off (eager)" if not plan.cuda_graphs else "capture list decided by SGLang"
+    for key, limit in (("max_running_requests", plan.max_running_requests),
+                       ("cuda_graph_max_bs", plan.cuda_graph_max_bs)):
+        if limit is not None:  # 1..4096 (the contract's bound)
             return _powers_up_to(limit), f"{why}: powers of two up to {key}={limit}, plus {limit}"
     return list(EAGER_FALLBACK_BS), f"{why}, no max_running_requests: {EAGER_FALLBACK_BS}"
 
 
-def warmup_plan(plan_doc: dict[str, Any]) -> WarmupPlan:
-    """A :class:`WarmupPlan` from a host's ``plan.json`` document.
+def warmup_plan(plan_doc: PlanDoc | dict[str, Any]) -> WarmupPlan:
+    """A :class:`WarmupPlan` from a host's ``plan.json`` (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`;
+    a rendered document is checked into one). ``context_length`` and ``vision_min_pixels`` are
+    within the model's bounds (the contract checks them before any request).
 
     Raises:
-        KeyError, TypeError: not a plan document (``deployment`` and ``plan`` objects).
-        ValueError: ``context_length`` or ``vision_min_pixels`` out of the model's bounds (checked
-            before any request, not after the text steps).
+        PlanDocError: not a plan document, or a field breaks its rule.
     """
-    plan, model = plan_doc["plan"], plan_doc["deployment"]["model"]
-    sizes, source = warmup_batch_sizes(plan)
-    min_px = model.get("vision_min_pixels") if model.get("vision") else None
-    ctx = model.get("context_length")
-    if ctx is not None and (type(ctx) is not int or ctx < 1):
-        raise ValueError(f"deployment.model.context_length = {ctx!r}: must be a positive number of tokens")
-    if min_px is not None and (type(min_px) is not int or not 1 <= min_px <= 1 << 26):  # ModelSpec's bounds
-        raise ValueError(f"deployment.model.vision_min_pixels = {min_px!r}: must be an integer 1..{1 << 26}")
-    return WarmupPlan(sizes, source, min_px, ctx)
+    from ..config.plandoc_model import as_plan_doc
+
+    doc = as_plan_doc(plan_doc)
+    model = doc.deployment.model
+    sizes, source = warmup_batch_sizes(doc.plan)
+    return WarmupPlan(sizes, source, model.vision_min_pixels if model.vision else None, model.context_length)
 
 
 # ---------------------------------------------------------------- images

@@ -159,9 +159,15 @@ def plan_document(v: Validated) -> dict:
     """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
     left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
     ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
-    ``paths.secrets`` is where the secrets file lives (present or not)."""
+    ``paths.secrets`` is where the secrets file lives (present or not). ``schema_version``,
+    ``url`` and ``sglang_base_version`` are the contract's version and derived values
+    (:class:`ddtree_ops.config.plandoc_model.PlanDoc` reads them)."""
+    from ..config.plandoc_model import SCHEMA_VERSION
+
     d = v.deployment
     return {
+        "schema_version": SCHEMA_VERSION,
+        "sglang_base_version": d.sglang.base_version,
         "host": d.host,
         "host_class": d.host_class,
         "unit": d.service.unit_name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config.load import Validated
+from ..config.plandoc_model import PlanDoc
 from ..config.versions import DDTREE_SOURCES, build_facts, sources_sizing_verify_correctly
 from ..render.argv import build_argv
 
@@ -70,21 +71,19 @@ def _resolution_fields(v: Validated) -> dict[str, Any]:
             "planned": planned_values(v.plan)}
 
 
-def validated_from_plan(doc: dict[str, Any]) -> Validated:
-    """Re-validate the deployment stored in a rendered ``plan.json`` (same rules).
+def validated_from_plan(doc: PlanDoc) -> Validated:
+    """Re-validate the deployment stored in a rendered ``plan.json`` (same rules as the inventory:
+    the whole stored ``deployment`` object, :attr:`PlanDoc.document`, unknown fields refused).
 
     Raises:
         ConfigError: the stored deployment no longer validates.
-        ValueError: not a plan.json rendered by ddtree-ops.
     """
     from ..config import validate_hostvars
     from ..config.models import INVENTORY_VARS
 
-    dep = doc.get("deployment") if isinstance(doc, dict) else None
-    if not isinstance(dep, dict) or "host" not in dep:
-        raise ValueError("not a plan.json rendered by ddtree-ops (no 'deployment' object)")
+    dep = doc.document["deployment"]  # an object with a host: PlanDoc checked it
     hostvars = {INVENTORY_VARS[k]: val for k, val in dep.items() if k in INVENTORY_VARS and val is not None}
-    return validate_hostvars(str(dep["host"]), hostvars)
+    return validate_hostvars(doc.deployment.host, hostvars)
 
 
 def run_probe(python: str, request: dict[str, Any], timeout_s: float = 300.0) -> tuple[int, dict[str, Any]]:
