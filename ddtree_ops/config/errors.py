@@ -343,6 +343,17 @@ class Finding:
         object.__setattr__(self, "_message", (_known_secrets, len(_known_secrets), line))
         return line
 
+    def for_host(self, host: str) -> Finding:
+        """This finding about ``host`` instead: every other field as it is (the value is not redacted
+        again, as ``dataclasses.replace`` would), the message built anew when asked for
+        (:mod:`~.shared`: hosts with the same deployment share one validation)."""
+        other = object.__new__(Finding)
+        fields = dict(self.__dict__)
+        fields.pop("_message", None)
+        fields["host"] = host
+        object.__setattr__(other, "__dict__", fields)
+        return other
+
     def as_dict(self) -> dict[str, Any]:
         """The finding as JSON-safe data (value shortened, secrets scrubbed)."""
         d = asdict(self)
