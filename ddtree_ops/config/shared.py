@@ -171,7 +171,7 @@ NAMES_SHOWN = 5
 def collapsed_lines(findings: list[Finding]) -> list[str]:
     """One line per distinct finding, for the text output of ``validate``: a finding that only one
     host has is its own :meth:`~.errors.Finding.message` (``host: field = value: ...``); one that
-    several hosts have (the same level, field, value, rule, fix and source) is one line
+    several hosts have (the same level, field, value as shown, rule, fix and source) is one line
     ``N hosts (h1, h2, ... and M more; --json lists each): field = value: ...``, with the first
     :data:`NAMES_SHOWN` names (:func:`~.errors.show_host`), at the place of its first host's line.
     A finding without a host is its own line. ``--json`` keeps every finding."""
@@ -179,7 +179,7 @@ def collapsed_lines(findings: list[Finding]) -> list[str]:
 
     groups: dict[tuple, list[Finding]] = {}
     for i, f in enumerate(findings):
-        key = (f.level, f.field, repr(f.value), f.rule, f.fix, f.source) if f.host else (i,)
+        key = (f.level, f.field, f._shown_value(), f.rule, f.fix, f.source) if f.host else (i,)
         groups.setdefault(key, []).append(f)
     lines = []
     for same in groups.values():
