@@ -182,3 +182,16 @@ def test_for_host_keeps_the_value_and_builds_the_message_anew():
     g = f.for_host("h2")
     assert g.value is f.value and g.host == "h2" and g.message().startswith("h2: ") and f.message().startswith("h1: ")
     assert g.as_dict() == {**f.as_dict(), "host": "h2"}
+
+
+def test_a_kept_shown_value_is_built_again_once_a_secret_is_registered(monkeypatch):
+    from ddtree_ops.config import errors
+
+    monkeypatch.setattr(errors, "_known_secrets", set())
+    f = Finding("warning", "ddtree_model.path", "/models/CANARY-later-secret", "a rule", "a fix", host="h1")
+    g = f.for_host("h2")
+    assert "CANARY" in f.message() and "CANARY" in g.message()
+    errors.register_secret("CANARY-later-secret")
+    assert "CANARY" not in f.message() and "CANARY" not in g.message()
+    assert "CANARY" not in f.for_host("h3").message()
+    assert "CANARY" not in shared.collapsed_lines([f, g])[0]
