@@ -160,19 +160,14 @@ def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = N
 def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | None,
                         hub: bool) -> tuple[list[Validated], list[Finding]]:
     from .config import ConfigError, validate_hostvars
-    from .config.checkpoint import CheckpointReader, hub_allowed, validate_with_checkpoints
+    from .config.checkpoint import CheckpointReader, hub_allowed
     from .config.fleet import fleet_findings
     from .config.inventory import load_hostvars
+    from .config.shared import validate_hosts
 
     hostvars = load_hostvars(inventory, limit, vault or ())
-    reader = CheckpointReader(hub=hub_allowed(hub))
-    ok: list[Validated] = []
-    errors: list[Finding] = []
-    for host, hv in sorted(hostvars.items()):
-        try:
-            ok.append(validate_with_checkpoints(host, hv, reader))
-        except ConfigError as exc:
-            errors.extend(exc.findings)
+    # once per distinct deployment, each host bound to its own name and address (config/shared.py)
+    ok, errors = validate_hosts(hostvars, CheckpointReader(hub=hub_allowed(hub)))
     # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
     peers: list[Validated] = []
     if limit:
@@ -213,10 +208,12 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     else:
         for v in ok:
             say(out, "ok  ", "green", v.deployment.host)
-        for w in warnings:
-            say(out, "warn", "yellow", w.message())
-        for i in infos:
-            say(out, "info", "cyan", i.message())
+        from .config.shared import collapsed_lines  # one line per finding many hosts share
+
+        for line in collapsed_lines(warnings):
+            say(out, "warn", "yellow", line)
+        for line in collapsed_lines(infos):
+            say(out, "info", "cyan", line)
         for f in errors:
             say(err, "error", "red", f.message())
     if errors:

@@ -20,8 +20,21 @@ Usage: .venv/bin/python scripts/bench-controller.py [--sizes 1,10,100,1000] [--r
 Prints figures; it is not a test. CPU figures are the ones to trust on a loaded machine.
 ``--tmp`` puts the inventories and the rendered trees on another file system (e.g. ``/dev/shm``,
 a tmpfs): render's system time is almost all the file system's cost of creating ~6000
-directories and ~5000 files at 1000 hosts, which differs by ~40x between this VM's ext4 disk and
-a tmpfs (see the README, "Speed at a thousand hosts").
+directories and ~5000 files at 1000 hosts (see the README, "Speed at a thousand hosts").
+
+Two things the figures depend on that are not the commands' own:
+
+* ``ddtree_ops`` is byte-compiled first (``compileall``, as ``pip install`` does): with
+  ``PYTHONDONTWRITEBYTECODE`` set and no ``__pycache__`` in the checkout, every run would compile
+  the package again (~0.07 s CPU) while Ansible's modules are compiled in site-packages.
+* every render and floor run writes a new tree; the trees are deleted only after the last run of
+  a size. ext4 without a journal (this VM's disk) skips, when it allocates an inode, every inode
+  freed in the last 30 s (5 min while its inode-table block is not yet written back), reading
+  each one's inode-table block (``recently_deleted()`` in ``fs/ext4/ialloc.c``): a tree created
+  right after an 11,000-inode tree was deleted paid that scan for each inode (measured with
+  ``perf record``: 60 % of the system time in ``recently_deleted``; 0.5 s growing to 6 s for the
+  same tree over repeated delete-and-create rounds). Other users deleting files on the same disk
+  still add to it: the floor column shows what the disk costs in that minute.
 """
 
 from __future__ import annotations
@@ -144,6 +157,9 @@ def main() -> int:
     help_wall = start["ddtree-ops --help"][0]
     print(f"  --help {help_wall:.3f} s (target <= 0.3 s: {'met' if help_wall <= 0.3 else 'NOT met'})")
 
+    import compileall
+
+    compileall.compile_dir(str(REPO / "ddtree_ops"), quiet=1)  # as installed: no compile per run
     with tempfile.TemporaryDirectory(prefix="bench-controller-", dir=args.tmp) as tmp:
         base = Path(tmp)
         print(f"\ninventories and rendered trees under {base} ({_fs_type(base)})")
@@ -162,8 +178,17 @@ def main() -> int:
             manifest_of(out, manifest)
             floor_out = base / f"floor-{n}"
             cmds["file-tree floor"] = [sys.executable, "-c", FLOOR, str(floor_out), str(manifest)]
-            res = measure(cmds, args.repeat, {"render": lambda: shutil.rmtree(out, ignore_errors=True),
-                                              "file-tree floor": lambda: shutil.rmtree(floor_out, ignore_errors=True)})
+            # each run into a new directory, none deleted until the size is done (see the docstring)
+            trees = base / f"trees-{n}"
+            trees.mkdir()
+            fresh = {"render": (cmds["render"], -1), "file-tree floor": (cmds["file-tree floor"], -2)}
+
+            def new_tree(name: str) -> None:
+                argv, at = fresh[name]
+                argv[at] = str(trees / f"{name.split()[0]}-{len(list(trees.iterdir()))}")
+
+            res = measure(cmds, args.repeat, {"render": lambda: new_tree("render"),
+                                              "file-tree floor": lambda: new_tree("file-tree floor")})
             ref_wall, ref_cpu = res["ansible-inventory"][:2]
             for name, (wall, cpu, user, sys_s) in res.items():
                 print(f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {user:7.3f} {sys_s:7.3f} {cpu / ref_cpu:6.2f}x "
@@ -179,7 +204,7 @@ def main() -> int:
                      f"{(r_cpu - f_cpu) / v_cpu:.2f}x"]
             print(f"{'':>5}  " + "; ".join(notes))
             shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(floor_out, ignore_errors=True)
+            shutil.rmtree(trees, ignore_errors=True)
     return 0
 
 

@@ -330,9 +330,14 @@ class Finding:
         object.__setattr__(self, "value", value)
 
     def _shown_value(self) -> str:
-        if self.value == REDACTED:
-            return REDACTED
-        return shorten(scrub(repr(self.value)))
+        """The value as messages show it, kept like :meth:`message`'s line (it does not depend on
+        the host, so :meth:`for_host` copies keep it)."""
+        cached = self.__dict__.get("_shown")
+        if cached is not None and cached[0] is _known_secrets and cached[1] == len(_known_secrets):
+            return cached[2]
+        shown = REDACTED if self.value == REDACTED else shorten(scrub(repr(self.value)))
+        object.__setattr__(self, "_shown", (_known_secrets, len(_known_secrets), shown))
+        return shown
 
     def message(self) -> str:
         """One line: ``host: field = value: rule. Fix: fix [source]`` (no newline inside).
@@ -350,6 +355,17 @@ class Finding:
         line = scrub(text).replace("\n", "\\n").replace("\r", "\\r")
         object.__setattr__(self, "_message", (_known_secrets, len(_known_secrets), line))
         return line
+
+    def for_host(self, host: str) -> Finding:
+        """This finding about ``host`` instead: every other field as it is (the value is not redacted
+        again, as ``dataclasses.replace`` would; its shown form kept), the message built anew when asked for
+        (:mod:`~.shared`: hosts with the same deployment share one validation)."""
+        other = object.__new__(Finding)
+        fields = dict(self.__dict__)
+        fields.pop("_message", None)
+        fields["host"] = host
+        object.__setattr__(other, "__dict__", fields)
+        return other
 
     def as_dict(self) -> dict[str, Any]:
         """The finding as JSON-safe data (value shortened, secrets scrubbed)."""
