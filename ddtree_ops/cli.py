@@ -316,7 +316,11 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         t.add_column("value")
         rows: list[tuple[str, Any]] = [
             ("model", d.model.path),
-            ("sglang", f"{d.sglang.base_version} ({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})"),
+            (
+                "sglang",
+                f"{d.sglang.base_version} "
+                f"({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})",
+            ),
             ("algorithm", p.algorithm),
             ("block_size", p.block_size),
             ("budget", f"{p.budget}{' (full tree)' if p.full_tree else ''}" if p.budget is not None else None),
@@ -456,7 +460,9 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
             names = ", ".join(v.deployment.host for v in validated) or "none"
-            raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
+            raise typer.BadParameter(
+                f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host"
+            )
         d = validated[0].deployment
         return plan_document(validated[0]), f"http://{scrape_address(validated[0])}:{d.server.port}"
     return None, None
@@ -487,26 +493,61 @@ def _target(url: str | None, default: str | None) -> str:
         try:
             return _url(default)
         except typer.BadParameter:
-            raise typer.BadParameter(f"the deployment's url = {_shown_url(default)} is not http(s)://HOST:PORT. Fix: re-render "
-                                     "plan.json, or give the server URL") from None
+            raise typer.BadParameter(
+                f"the deployment's url = {_shown_url(default)} is not http(s)://HOST:PORT. Fix: re-render "
+                "plan.json, or give the server URL"
+            ) from None
     return _url(url)
 
 
-PlanOpt = Annotated[Path | None, typer.Option("--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")]
-DeployInvOpt = Annotated[str | None, typer.Option("--inventory", "-i", help="Take the deployment from this inventory (with -l HOST).")]
-UrlArg = Annotated[str | None, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000 (default: from --plan/--inventory).")]
+PlanOpt = Annotated[
+    Path | None, typer.Option("--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")
+]
+DeployInvOpt = Annotated[
+    str | None, typer.Option("--inventory", "-i", help="Take the deployment from this inventory (with -l HOST).")
+]
+UrlArg = Annotated[
+    str | None, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000 (default: from --plan/--inventory).")
+]
 
 
 @app.command()
-def health(url: UrlArg = None,
-           timeout: Annotated[float | None, typer.Option(help="Seconds per probe (>= 3: /health generates a token). Default: ddtree_ops.health_timeout_s, else 5.")] = None,
-           failures: Annotated[int | None, typer.Option(help="Consecutive failed probes before a check fails. Default: ddtree_ops.health_failures, else 3.")] = None,
-           interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
-           progress_window: Annotated[float, typer.Option(help="Seconds between two /metrics samples of the progress check.")] = 2.0,
-           wait: Annotated[float, typer.Option(help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round).")] = 0.0,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-           warm_marker: Annotated[Path | None, typer.Option("--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json).")] = None,
-           as_json: JsonOpt = False) -> None:
+def health(
+    url: UrlArg = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds per probe (>= 3: /health generates a token). Default: ddtree_ops.health_timeout_s, else 5."
+        ),
+    ] = None,
+    failures: Annotated[
+        int | None,
+        typer.Option(
+            help="Consecutive failed probes before a check fails. Default: ddtree_ops.health_failures, else 3."
+        ),
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
+    progress_window: Annotated[
+        float, typer.Option(help="Seconds between two /metrics samples of the progress check.")
+    ] = 2.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round)."
+        ),
+    ] = 0.0,
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    warm_marker: Annotated[
+        Path | None,
+        typer.Option(
+            "--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Liveness, readiness and deep checks (drift from the deployed config, progress).
 
     Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
@@ -530,14 +571,28 @@ def health(url: UrlArg = None,
 
 
 @app.command()
-def warmup(url: UrlArg = None,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-           batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")] = None,
-           deadline: Annotated[float | None, typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600.")] = None,
-           max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
-           long_prompt_words: Annotated[int, typer.Option(help="Words of the long prompt (capped by the context length).")] = 1024,
-           marker: Annotated[Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")] = None,
-           as_json: JsonOpt = False) -> None:
+def warmup(
+    url: UrlArg = None,
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    batch_sizes: Annotated[
+        str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600."),
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
+    long_prompt_words: Annotated[
+        int, typer.Option(help="Words of the long prompt (capped by the context length).")
+    ] = 1024,
+    marker: Annotated[
+        Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Drive the server through every captured batch size (concurrency = batch size),
     short and long prompts, greedy and sampled, and an image for vision models."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -574,8 +629,11 @@ def warmup(url: UrlArg = None,
         what = f"bs={r.batch_size}" if r.kind == "text" else "vision"
         bar.update(task, advance=1, description=f"{what} {r.latency_s:.2f} s")
         if not as_json:
-            bar.console.print(f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
-                              f"accept_length={r.accept_length if r.accept_length is not None else '-'}", highlight=False)
+            bar.console.print(
+                f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
+                f"accept_length={r.accept_length if r.accept_length is not None else '-'}",
+                highlight=False,
+            )
 
     if not as_json:
         say(out, "batch sizes", "bold", f"{wp.batch_sizes} ({wp.source})"
@@ -603,30 +661,64 @@ def _concurrency(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise typer.BadParameter(f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32") from None
+        raise typer.BadParameter(
+            f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32"
+        ) from None
     if not levels or any(not 1 <= x <= 4096 for x in levels) or len(set(levels)) != len(levels):
         raise typer.BadParameter(f"--concurrency {text[:200]!r}: distinct integers 1..4096, e.g. 1,8,32")
     return levels
 
 
 @app.command()
-def bench(url: UrlArg = None,
-          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")] = Path("bench-results"),
-          plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-          api: Annotated[str, typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions).")] = "generate",
-          concurrency: Annotated[str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")] = "1,8,32",
-          requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
-          duration: Annotated[float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")] = None,
-          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
-          temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
-          top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
-          ignore_eos: Annotated[bool, typer.Option("--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS.")] = True,
-          prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL/JSON prompt file ({\"prompt\"} or ShareGPT {\"conversations\"}); default: the shipped set.")] = None,
-          request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
-          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
-          model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
-          baseline: Annotated[str | None, typer.Option("--baseline", help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; --out then gets spec/, baseline/ and report/ (bench-compare).")] = None,
-          as_json: JsonOpt = False) -> None:
+def bench(
+    url: UrlArg = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")
+    ] = Path("bench-results"),
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    api: Annotated[
+        str,
+        typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions)."),
+    ] = "generate",
+    concurrency: Annotated[
+        str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")
+    ] = "1,8,32",
+    requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            "--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS."
+        ),
+    ] = True,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help='JSONL/JSON prompt file ({"prompt"} or ShareGPT {"conversations"}); default: the shipped set.',
+        ),
+    ] = None,
+    request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
+    warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
+    model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; "
+                 "--out then gets spec/, baseline/ and report/ (bench-compare).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Benchmark one server: TTFT, ITL, E2E, tok/s per request and aggregate, acceptance length
     (meta_info and the server's counters) at each concurrency level; writes JSON + CSV.
     With --baseline URL, the baseline too and the speedup report (as bench-compare).
@@ -670,7 +762,10 @@ def bench(url: UrlArg = None,
 
     runs = [("requests", target, out_dir, doc)]
     if baseline is not None:
-        runs = [("requests", target, out_dir / "spec", doc), ("baseline requests", _url(baseline), out_dir / "baseline", None)]
+        runs = [
+            ("requests", target, out_dir / "spec", doc),
+            ("baseline requests", _url(baseline), out_dir / "baseline", None),
+        ]
     checks, extra = [], {"url": target}
     for name, url_, dest, plan_doc in runs:
         o = BenchOptions(**{**opts.__dict__, "url": url_})
@@ -709,10 +804,14 @@ def bench(url: UrlArg = None,
 
 
 @app.command("bench-compare")
-def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
-                  baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
-                  out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path("bench-report"),
-                  as_json: JsonOpt = False) -> None:
+def bench_compare(
+    spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
+    baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path(
+        "bench-report"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
     """Speedup of a speculative run over a baseline run per concurrency level: report.md and
     PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
     from .ops.bench import BenchInputError, load_result
@@ -730,22 +829,32 @@ def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its 
     if not as_json:
         for r in rows:
             sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-            say(out, f"c={r['concurrency']:<5}", "bold", f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)")
+            say(
+                out,
+                f"c={r['concurrency']:<5}",
+                "bold",
+                f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)",
+            )
     _print_checks([{"name": "compare", "ok": True, "detail": f"{len(rows)} levels; report in {path}"}], as_json,
                   {"rows": rows})
 
 
 @app.command()
-def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
-          inventory: InventoryOpt = DEFAULT_INVENTORY, vault: VaultOpt = None,
-          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")] = Path("sweep-results"),
-          api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
-          concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
-          requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
-          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
-          request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
-          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
-          as_json: JsonOpt = False) -> None:
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    vault: VaultOpt = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")
+    ] = Path("sweep-results"),
+    api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
+    requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
+    request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
+    warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
+    as_json: JsonOpt = False,
+) -> None:
     """Validate, render and benchmark each point of a grid of deployment settings (points with
     a url of an endpoint already serving them; redeploying through Ansible is not done here).
     Invalid points are reported and skipped; a re-run resumes; sweep.md ranks points by tok/s."""
@@ -776,11 +885,20 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
 
 
 @app.command("probe-sglang")
-def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
-                 plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,
-                 python: Annotated[str | None, typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python).")] = None,
-                 timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
-                 as_json: JsonOpt = False) -> None:
+def probe_sglang(
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")
+    ] = None,
+    python: Annotated[
+        str | None,
+        typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
+    as_json: JsonOpt = False,
+) -> None:
     """Check an installed SGLang build against one deployment: version, speculative
     algorithms (DDTREE?), our rendered argv with the build's own parser, verify-graph sizing."""
     from .sglang.expect import probe_request, run_probe, validated_from_plan
@@ -818,14 +936,24 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
 
 
 @app.command()
-def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
-             upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
-             listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on "
-                                                        "(default: 0.0.0.0:<ddtree_ops.exporter_port>).")] = None,
-             poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
-             window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
-             timeout: Annotated[float, typer.Option(help="Total seconds per upstream request (deadline, not per read).")] = 3.0,
-             stuck_after: Annotated[float | None, typer.Option("--stuck-after", help="Seconds of busy polls with frozen progress counters before ddtree_scheduler_stuck is 1 (default: --window).")] = None) -> None:
+def exporter(
+    plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
+    upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT to serve /metrics on (default: 0.0.0.0:<ddtree_ops.exporter_port>).")
+    ] = None,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
+    window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
+    timeout: Annotated[float, typer.Option(help="Total seconds per upstream request (deadline, not per read).")] = 3.0,
+    stuck_after: Annotated[
+        float | None,
+        typer.Option(
+            "--stuck-after",
+            help="Seconds of busy polls with frozen progress counters before ddtree_scheduler_stuck is 1 (default: "
+                 "--window).",
+        ),
+    ] = None,
+) -> None:
     """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server."""
     import signal
     import threading
@@ -840,15 +968,19 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     try:
         doc = load_plan(str(plan_file))
     except PlanError as exc:
-        raise typer.BadParameter(f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered") from None
+        raise typer.BadParameter(
+            f"--plan {plan_file}: {exc}. Fix: point it at the plan.json ddtree-ops rendered"
+        ) from None
     if upstream is not None:
         _url(upstream)
     else:
         try:
             _url(str(doc.get("url")))
         except typer.BadParameter:
-            raise typer.BadParameter(f"--plan {plan_file}: url = {_shown_url(doc.get('url'))} is not http(s)://HOST:PORT. Fix: "
-                                     "re-render plan.json, or give --upstream http://127.0.0.1:30000") from None
+            raise typer.BadParameter(
+                f"--plan {plan_file}: url = {_shown_url(doc.get('url'))} is not http(s)://HOST:PORT. Fix: "
+                "re-render plan.json, or give --upstream http://127.0.0.1:30000"
+            ) from None
     if listen is None:
         from .config.models import Ops
 
@@ -873,10 +1005,12 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
 
 
 @app.command("port-check")
-def port_check(port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
-               unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
-               host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
-               as_json: JsonOpt = False) -> None:
+def port_check(
+    port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
+    unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
+    host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
     from .ops.ports import check_port
 
@@ -889,11 +1023,18 @@ def port_check(port: Annotated[int, typer.Option(help="TCP port the service is a
 
 
 @app.command("check-ptxas")
-def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (assembles .target sm_103a).")],
-                ptxas: Annotated[str | None, typer.Option(help="The ptxas binary to check.")] = None,
-                python: Annotated[str | None, typer.Option(help="A venv's python: check the ptxas Triton there would use "
-                                                                "(honours TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH).")] = None,
-                as_json: JsonOpt = False) -> None:
+def check_ptxas(
+    arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (assembles .target sm_103a).")],
+    ptxas: Annotated[str | None, typer.Option(help="The ptxas binary to check.")] = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            help="A venv's python: check the ptxas Triton there would use "
+            "(honours TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Assemble a tiny PTX (.version of the arch, .target sm_XYZa) with one ptxas (exit 1 if it cannot)."""
     from .config.toolchain import ARCHS
     from .ops.ptxas import PtxasUsageError, check
@@ -909,16 +1050,22 @@ def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (a
 
 
 @app.command("diagnose")
-def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
-                 unit: Annotated[str | None, typer.Option("--unit", help="Read this boot's journal of the unit "
-                                                          "(journalctl -u UNIT -b -o cat).")] = None,
-                 file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
-                 plan_file: PlanOpt = None,
-                 lines: Annotated[int | None, typer.Option("--lines", show_default=False, help="Examine the last N "
-                                                           "lines (journalctl -n N). Default: 50000.")] = None,
-                 max_mib: Annotated[int | None, typer.Option("--max-mib", show_default=False, help="Read the last N "
-                                                             "MiB of input. Default: 16.")] = None,
-                 as_json: JsonOpt = False) -> None:
+def diagnose_cmd(
+    stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
+    unit: Annotated[
+        str | None, typer.Option("--unit", help="Read this boot's journal of the unit (journalctl -u UNIT -b -o cat).")
+    ] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
+    plan_file: PlanOpt = None,
+    lines: Annotated[
+        int | None,
+        typer.Option("--lines", show_default=False, help="Examine the last N lines (journalctl -n N). Default: 50000."),
+    ] = None,
+    max_mib: Annotated[
+        int | None, typer.Option("--max-mib", show_default=False, help="Read the last N MiB of input. Default: 16.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Recognise known failures (graph-size mismatch, ptxas arch, illegal memory access at capture or
     replay, capture OOM, health/NCCL timeouts, port in use, missing device nodes) in a log: one line
     of cause and fix each. Exit 0 none found, 1 found, 2 usage."""
@@ -966,15 +1113,37 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
 
 
 @app.command()
-def preflight(host_class: Annotated[str | None, typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches).")] = None,
-              plan_file: Annotated[str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")] = None,
-              nvidia_smi: Annotated[str, typer.Option("--nvidia-smi", help="The nvidia-smi to run.")] = "nvidia-smi",
-              skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
-              nccl_smoke: Annotated[bool, typer.Option("--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without).")] = False,
-              nccl_python: Annotated[str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")] = sys.executable,
-              nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Total seconds for the smoke test (torch probe + all-reduce); past it the check fails.")] = 120.0,
-              disk_min_free_gib: Annotated[float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")] = None,
-              as_json: JsonOpt = False) -> None:
+def preflight(
+    host_class: Annotated[
+        str | None,
+        typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches)."),
+    ] = None,
+    plan_file: Annotated[
+        str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")
+    ] = None,
+    nvidia_smi: Annotated[str, typer.Option("--nvidia-smi", help="The nvidia-smi to run.")] = "nvidia-smi",
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
+    nccl_smoke: Annotated[
+        bool,
+        typer.Option(
+            "--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without)."
+        ),
+    ] = False,
+    nccl_python: Annotated[
+        str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")
+    ] = sys.executable,
+    nccl_deadline: Annotated[
+        float,
+        typer.Option(
+            "--nccl-deadline",
+            help="Total seconds for the smoke test (torch probe + all-reduce); past it the check fails.",
+        ),
+    ] = 120.0,
+    disk_min_free_gib: Annotated[
+        float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,
     limits, disk, ports (run ON the host; exit 0 fit, 1 a check failed, 2 usage)."""
     from .ops.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
@@ -1007,9 +1176,23 @@ def main(argv: list[str] | None = None) -> int:
         from .config.errors import shorten, show_host
 
         if _wants_json(argv):
-            print(json.dumps({"ok": False, "checks": [{"name": f"config:{show_host(f.host) or shorten(f.field)}", "ok": False,
-                                                       "detail": f.message()} for f in exc.findings],
-                              "errors": [f.as_dict() for f in exc.findings]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "checks": [
+                            {
+                                "name": f"config:{show_host(f.host) or shorten(f.field)}",
+                                "ok": False,
+                                "detail": f.message(),
+                            }
+                            for f in exc.findings
+                        ],
+                        "errors": [f.as_dict() for f in exc.findings],
+                    },
+                    indent=2,
+                )
+            )
         for f in exc.findings:
             say(err, "error", "red", f.message())
         return 2

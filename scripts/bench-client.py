@@ -209,9 +209,25 @@ def main() -> int:
     env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_WARMUP_SECONDS": "0.1",
            "SGLANG_SIM_STEP_SECONDS": str(a.step), "SGLANG_SIM_ACCEPT_LENGTH": str(ACCEPT),
            "PYTHONPATH": str(REPO)}
-    sim = subprocess.Popen([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(port),
-                            *SIM_ARGS, "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top)],
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_ops.sim",
+            "--model-path",
+            "models/target",
+            "--port",
+            str(port),
+            *SIM_ARGS,
+            "--max-running-requests",
+            str(top),
+            "--cuda-graph-max-bs-decode",
+            str(top),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             try:
@@ -226,7 +242,7 @@ def main() -> int:
         rows: dict = {}
         for c in levels:
             n = a.requests or max(8, 2 * c)
-            for rep in range(a.repeat):
+            for _rep in range(a.repeat):
                 for who, py in (("ddtree-ops", sys.executable), ("bench_serving", sglang_python)):
                     s0, n0 = server_itl(url)
                     out = subprocess.run([py, __file__, "--worker", "ours" if who == "ddtree-ops" else "sglang",

@@ -147,7 +147,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-controller-", dir=args.tmp) as tmp:
         base = Path(tmp)
         print(f"\ninventories and rendered trees under {base} ({_fs_type(base)})")
-        print(f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'user':>7} {'sys':>7} {'ratio':>7} {'(wall)':>8}")
+        print(
+            f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'user':>7} {'sys':>7} {'ratio':>7} "
+            f"{'(wall)':>8}"
+        )
         for n in sizes:
             inv = make_inventory(base, n)
             out = base / f"out-{n}"
@@ -162,8 +165,14 @@ def main() -> int:
             manifest_of(out, manifest)
             floor_out = base / f"floor-{n}"
             cmds["file-tree floor"] = [sys.executable, "-c", FLOOR, str(floor_out), str(manifest)]
-            res = measure(cmds, args.repeat, {"render": lambda: shutil.rmtree(out, ignore_errors=True),
-                                              "file-tree floor": lambda: shutil.rmtree(floor_out, ignore_errors=True)})
+            res = measure(
+                cmds,
+                args.repeat,
+                {
+                    "render": lambda out=out: shutil.rmtree(out, ignore_errors=True),
+                    "file-tree floor": lambda floor_out=floor_out: shutil.rmtree(floor_out, ignore_errors=True),
+                },
+            )
             ref_wall, ref_cpu = res["ansible-inventory"][:2]
             for name, (wall, cpu, user, sys_s) in res.items():
                 print(f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {user:7.3f} {sys_s:7.3f} {cpu / ref_cpu:6.2f}x "

@@ -70,7 +70,7 @@ def upstream_main(port: int, delay: float) -> None:
     rnd = random.Random(0)
     for r in range(RANKS):
         lab = {"model_name": "kimi-k2.6", "engine_type": "unified", "tp_rank": str(r), "pp_rank": "0"}
-        for n, m in metrics.items():
+        for m in metrics.values():
             if isinstance(m, Histogram):
                 for _ in range(50):
                     m.labels(**lab).observe(rnd.random())
@@ -219,7 +219,9 @@ def run(args) -> None:
                 if not delay:
                     wait_http(f"http://127.0.0.1:{up_port}/metrics")
                     servers["upstream /metrics directly"] = (f"http://127.0.0.1:{up_port}/metrics", up, 0.0)
-                    notes["upstream /metrics directly"] = f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"
+                    notes["upstream /metrics directly"] = (
+                        f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"
+                    )
             ex = start([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan_file(tmp, up_port)),
                         "--upstream", f"http://127.0.0.1:{up_port}", "--listen", f"127.0.0.1:{ex_port}",
                         "--poll-interval", str(args.poll_interval), "--timeout", "3"])
@@ -241,7 +243,9 @@ def run(args) -> None:
         notes["bare prometheus_client"] = f"reference: start_http_server, {ex_series} series like the exporter"
         for _ in range(args.rounds):
             for name, (url, proc, idle) in servers.items():
-                n = args.scrapes if not name.startswith("upstream") else min(args.scrapes, 50)  # context only: ~0.1 s each
+                n = (
+                    args.scrapes if not name.startswith("upstream") else min(args.scrapes, 50)
+                )  # context only: ~0.1 s each
                 samples.setdefault(name, []).append(scrape(url, n, proc.pid, idle))
         for name, (_, _, idle) in servers.items():
             if name.startswith("exporter"):
@@ -267,8 +271,10 @@ def run(args) -> None:
     print(f"{'target':30} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p50 x':>6} {'p99 x':>6} {'CPU ms/scrape':>13} "
           f"{'bytes':>8}  notes")
     for name, r in rows.items():
-        print(f"{name:30} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['max_ms']:7.2f} {r['p50_ms'] / ref['p50_ms']:6.2f} "
-              f"{r['p99_ms'] / ref['p99_ms']:6.2f} {r['cpu_ms_per_scrape']:13.3f} {r['bytes']:8d}  {notes.get(name, '')}")
+        print(
+            f"{name:30} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['max_ms']:7.2f} {r['p50_ms'] / ref['p50_ms']:6.2f} "
+            f"{r['p99_ms'] / ref['p99_ms']:6.2f} {r['cpu_ms_per_scrape']:13.3f} {r['bytes']:8d}  {notes.get(name, '')}"
+        )
     worst = max(r["p99_ms"] / ref["p99_ms"] for n, r in rows.items() if n.startswith("exporter"))
     print(f"exporter p99 / bare prometheus_client p99 (worst of normal/slow/dead upstream): {worst:.2f}x -> "
           f"target <= 1.2: {'met' if worst <= 1.2 else 'NOT met'}")

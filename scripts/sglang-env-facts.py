@@ -55,7 +55,7 @@ def registry(src: str) -> tuple[list[str], dict[str, str | None], dict[str, str]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
             tgt = node.targets[0] if isinstance(node, ast.Assign) else node.target
             if isinstance(tgt, ast.Name) and tgt.id in ("_deprecated_ms_to_s", "_DEPRECATED_ENVS"):
-                for k, v in zip(node.value.keys, node.value.values):
+                for k, v in zip(node.value.keys, node.value.values, strict=True):
                     if isinstance(v, ast.Constant):
                         renamed[k.value] = v.value
                     elif isinstance(v, ast.Call):

@@ -283,8 +283,24 @@ def test_cli_exporter_port_0_prints_the_bound_port(sim, tmp_path) -> None:
 
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(sim.plan_doc))
-    p = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan), "--upstream", sim.base,
-                          "--listen", "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_ops",
+            "exporter",
+            "--plan",
+            str(plan),
+            "--upstream",
+            sim.base,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stderr.readline()
         m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)

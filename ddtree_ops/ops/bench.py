@@ -159,27 +159,52 @@ class BenchOptions:
         """Raises :class:`BenchInputError` naming the first option out of its bounds."""
         rules: list[tuple[str, Any, bool, str]] = [
             ("api", self.api, self.api in APIS, f"one of {', '.join(APIS)}"),
-            ("concurrency", list(self.concurrency),
-             bool(self.concurrency) and all(type(c) is int and 1 <= c <= 4096 for c in self.concurrency),
-             "integers 1..4096, e.g. 1,8,32"),
-            ("requests", self.requests, self.requests is None or type(self.requests) is int and 1 <= self.requests <= 1_000_000,
-             "1..1000000"),
-            ("duration", self.duration_s, self.duration_s is None or _finite(self.duration_s) and 0 < self.duration_s <= 86400,
-             "seconds, > 0 and <= 86400"),
-            ("max-new-tokens", self.max_new_tokens, type(self.max_new_tokens) is int and 1 <= self.max_new_tokens <= 1 << 20,
-             f"1..{1 << 20}"),
+            (
+                "concurrency",
+                list(self.concurrency),
+                bool(self.concurrency) and all(type(c) is int and 1 <= c <= 4096 for c in self.concurrency),
+                "integers 1..4096, e.g. 1,8,32",
+            ),
+            (
+                "requests",
+                self.requests,
+                self.requests is None or type(self.requests) is int and 1 <= self.requests <= 1_000_000,
+                "1..1000000",
+            ),
+            (
+                "duration",
+                self.duration_s,
+                self.duration_s is None or _finite(self.duration_s) and 0 < self.duration_s <= 86400,
+                "seconds, > 0 and <= 86400",
+            ),
+            (
+                "max-new-tokens",
+                self.max_new_tokens,
+                type(self.max_new_tokens) is int and 1 <= self.max_new_tokens <= 1 << 20,
+                f"1..{1 << 20}",
+            ),
             ("temperature", self.temperature, _finite(self.temperature) and 0 <= self.temperature <= 100, "0..100"),
             ("top-p", self.top_p, _finite(self.top_p) and 0 < self.top_p <= 1, "> 0 and <= 1"),
-            ("request-timeout", self.request_timeout_s,
-             _finite(self.request_timeout_s) and 0 < self.request_timeout_s <= 86400, "seconds, > 0 and <= 86400"),
-            ("warmup", self.warmup_requests, type(self.warmup_requests) is int and 0 <= self.warmup_requests <= 10_000,
-             "0..10000"),
+            (
+                "request-timeout",
+                self.request_timeout_s,
+                _finite(self.request_timeout_s) and 0 < self.request_timeout_s <= 86400,
+                "seconds, > 0 and <= 86400",
+            ),
+            (
+                "warmup",
+                self.warmup_requests,
+                type(self.warmup_requests) is int and 0 <= self.warmup_requests <= 10_000,
+                "0..10000",
+            ),
         ]
         for name, value, ok, rule in rules:
             if not ok:
                 raise BenchInputError(f"--{name} {preview(repr(value))}: must be {rule}")
         if (self.requests is None) == (self.duration_s is None):
-            raise BenchInputError("--requests / --duration: give exactly one (requests per level, or seconds per level)")
+            raise BenchInputError(
+                "--requests / --duration: give exactly one (requests per level, or seconds per level)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """The options for the results (``api_key`` replaced by whether one was sent)."""
@@ -209,7 +234,7 @@ def _prompt_of(obj: Any, where: str) -> Prompt:
                                   "{\"from\", \"value\"} turns (ShareGPT)")
         text = next((t.get("value") for t in conv if isinstance(t, dict) and t.get("from") in ("human", "user")), None)
         if text is None:
-            raise BenchInputError(f"{where}: conversations has no turn from \"human\"; skip such entries or fix the file")
+            raise BenchInputError(f'{where}: conversations has no turn from "human"; skip such entries or fix the file')
     else:
         text = obj.get("prompt", obj.get("text"))
     if not isinstance(text, str) or not text.strip():
@@ -248,13 +273,17 @@ def load_prompts(path: Path | None) -> list[Prompt]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BenchInputError(f"--prompts {preview(str(path))}: not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+        raise BenchInputError(
+            f"--prompts {preview(str(path))}: not UTF-8 (byte {exc.start}); save it as UTF-8"
+        ) from None
     prompts: list[Prompt] = []
     if text.lstrip().startswith("["):
         try:
             doc = json.loads(text)
         except (ValueError, RecursionError) as exc:
-            raise BenchInputError(f"--prompts {preview(str(path))}: malformed JSON ({preview(str(exc), 120)})") from None
+            raise BenchInputError(
+                f"--prompts {preview(str(path))}: malformed JSON ({preview(str(exc), 120)})"
+            ) from None
         if len(doc) > MAX_PROMPTS:
             doc = doc[:MAX_PROMPTS]
         prompts = [_prompt_of(o, f"--prompts {preview(str(path))} entry {i}") for i, o in enumerate(doc)]
@@ -266,7 +295,9 @@ def load_prompts(path: Path | None) -> list[Prompt]:
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                raise BenchInputError(f"{where}: malformed JSON ({preview(str(exc), 120)}); one JSON object a line") from None
+                raise BenchInputError(
+                    f"{where}: malformed JSON ({preview(str(exc), 120)}); one JSON object a line"
+                ) from None
             prompts.append(_prompt_of(obj, where))
             if len(prompts) >= MAX_PROMPTS:
                 break
@@ -408,7 +439,9 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         al = meta.get("spec_accept_length")
         if al is not None:
             if not _finite(al) or not 0 <= al <= MAX_COUNT:
-                raise _StreamError(f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}")
+                raise _StreamError(
+                    f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}"
+                )
             res.accept_length = float(al)
         return False
     usage = obj.get("usage")
@@ -788,5 +821,7 @@ def load_result(path: Path) -> dict[str, Any]:
         raise BenchInputError(f"{preview(str(p))}: not a bench.json written by ddtree-ops bench (kind, levels)")
     for lv in doc["levels"]:
         if not isinstance(lv, dict) or type(lv.get("concurrency")) is not int or not _finite(lv.get("output_tok_s")):
-            raise BenchInputError(f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench")
+            raise BenchInputError(
+                f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench"
+            )
     return doc

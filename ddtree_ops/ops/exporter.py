@@ -454,8 +454,11 @@ class _Collector(Collector):
         yield gauge("ddtree_upstream_staleness_seconds",
                     "Seconds since the last good upstream sample (since exporter start when none yet).",
                     max(0.0, now - (last_good if last_good is not None else e.started)))
-        yield gauge("ddtree_accept_length_floor", "Configured acceptance-length floor (ddtree_ops.accept_length_floor).",
-                    ident.floor)
+        yield gauge(
+            "ddtree_accept_length_floor",
+            "Configured acceptance-length floor (ddtree_ops.accept_length_floor).",
+            ident.floor,
+        )
         info = GaugeMetricFamily("ddtree_deployment_info", "Deployed speculative-decoding configuration (value 1).",
                                  labels=[*LABELS, *INFO_LABELS])
         info.add_metric([*lv, *ident.info], 1.0)

@@ -140,7 +140,7 @@ def load_sweep(path: Path) -> tuple[str, list[Point]]:
         keys = list(grid)
         combos = itertools.product(*(grid[k] for k in keys))
         for values in itertools.islice(combos, MAX_POINTS + 1):
-            combo = dict(zip(keys, values))
+            combo = dict(zip(keys, values, strict=True))
             name = _point_name(combo)
             points.append(Point(name, combo, urls.get(name)))
     if len(points) > MAX_POINTS:

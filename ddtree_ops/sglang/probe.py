@@ -193,9 +193,18 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
 
     version = getattr(sglang, "__version__", "unknown")
     want = req.get("version")
-    checks.append(_check("sglang-version", not want or version == want,
-                         f"SGLang {version}" + ("" if not want or version == want else
-                                                f", but the pin says {want}. Fix: {fix.get('version', 're-run the sglang role')}")))
+    checks.append(
+        _check(
+            "sglang-version",
+            not want or version == want,
+            f"SGLang {version}"
+            + (
+                ""
+                if not want or version == want
+                else f", but the pin says {want}. Fix: {fix.get('version', 're-run the sglang role')}"
+            ),
+        )
+    )
 
     algorithm = req.get("algorithm") or "none"
     has_ddtree = "DDTREE" in algos
@@ -207,7 +216,8 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         ok, detail = True, "DDTREE absent (a release build; this host serves through the simulator)"
     else:
         ok = False
-        detail = f"this build does not know {algorithm}. Fix: {fix.get('ddtree' if algorithm == 'DDTREE' else 'algorithm', 'pin a build that has it')}"
+        detail = (f"this build does not know {algorithm}. Fix: "
+                  f"{fix.get('ddtree' if algorithm == 'DDTREE' else 'algorithm', 'pin a build that has it')}")
     checks.append(_check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
                          algorithms=algos, ddtree=has_ddtree))
 
@@ -250,12 +260,18 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
     elif sizing:
         ok, detail = True, "the pinned DDTree source sizes target-verify graphs at budget + 1 (versions table)"
     elif plugin.get("installed") and plugin.get("active") is not False:
-        ok, detail = True, f"the build sizes from block_size; the ddtree-ops plugin resizes them ({plugin.get('detail')})"
+        ok, detail = (
+            True,
+            f"the build sizes from block_size; the ddtree-ops plugin resizes them ({plugin.get('detail')})",
+        )
     else:
         ok = False
-        detail = ("this build sizes DDTree target-verify graphs from block_size, not budget + 1 (the "
-                  "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
-                  f"plugin is not active ({plugin.get('detail')}). Fix: {fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}")
+        detail = (
+            "this build sizes DDTree target-verify graphs from block_size, not budget + 1 (the "
+            "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
+            f"plugin is not active ({plugin.get('detail')}). Fix: "
+            f"{fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}"
+        )
     checks.append(_check("verify-graph-sizing", ok, detail))
     plugin["summary"] = (("installed" if plugin.get("installed") else "not installed")
                          + (f", active={plugin.get('active')}" if plugin.get("installed") else "")

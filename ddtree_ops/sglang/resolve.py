@@ -231,7 +231,9 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
             return out
         except Exception as exc:  # noqa: BLE001 - SGLang raises anything
             msg = f"{type(exc).__name__}: {exc}"
-            if staged and not isinstance(exc, ImportError):  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
+            if staged and not isinstance(
+                exc, ImportError
+            ):  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
                 out.update(state="refused", detail=msg)
             elif not staged:  # 0.5.13.post1 resolves in post-init and needs an accelerator for it
                 out.update(detail=f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}",

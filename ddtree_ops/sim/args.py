@@ -636,7 +636,11 @@ def parse_args(
     else:
         sa["cuda_graph_max_bs_decode"] = max_bs
         prefill_max = sa["cuda_graph_max_bs_prefill"] or sa["chunked_prefill_size"]
-        prefill_bs = sorted(set(sa["cuda_graph_bs_prefill"])) if sa["cuda_graph_bs_prefill"] else prefill_capture_tokens(prefill_max)
+        prefill_bs = (
+            sorted(set(sa["cuda_graph_bs_prefill"]))
+            if sa["cuda_graph_bs_prefill"]
+            else prefill_capture_tokens(prefill_max)
+        )
         sa.setdefault("disable_decode_cuda_graph", False)
         sa.setdefault("disable_prefill_cuda_graph", False)
         sa["cuda_graph_config"] = {

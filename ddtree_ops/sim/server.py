@@ -607,8 +607,12 @@ def main(argv: list[str] | None = None) -> int:
             rendezvous.bind(("127.0.0.1", int(sa["nccl_port"])))
             rendezvous.listen(8)
         except OSError as exc:
-            logger.error("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                         "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)", sa["nccl_port"], exc)
+            logger.error(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)",
+                sa["nccl_port"],
+                exc,
+            )
             rendezvous.close()
             return 1
     multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
