@@ -36,6 +36,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -50,8 +51,10 @@ def _fixture() -> Path:
 
 
 # --------------------------------------------------------------------------- upstream process
-def upstream_main(port: int, delay: float) -> None:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+def _upstream_metrics() -> tuple[Any, dict[str, Any]]:
+    """``(registry, metrics by name)``: SGLang 0.5.23's metric names (the fixture) for
+    :data:`RANKS` TP ranks, with fixed pseudo-random values."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     prom = __import__("prometheus_client")
     prom.disable_created_metrics()
@@ -78,6 +81,13 @@ def upstream_main(port: int, delay: float) -> None:
                 m.labels(**lab).inc(rnd.randint(1, 1000))
             else:
                 m.labels(**lab).set(rnd.random() * 10)
+    return reg, metrics
+
+
+def upstream_main(port: int, delay: float) -> None:
+    from prometheus_client import generate_latest
+
+    reg, metrics = _upstream_metrics()
     lock = threading.Lock()
 
     def advance() -> None:  # traffic: tokens and verify passes keep moving (accept length ~6)

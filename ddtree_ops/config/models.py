@@ -1205,19 +1205,24 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
                     plain.add(text)
         if not vaulted and memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
             _memo_put(memo, "unvaulted", value, (_nodes(value), start - budget))
-    if not holders:
-        return plain, holders
+    if holders:
+        _add_jinja_holders(all_vars, holders)
+    return plain, holders
+
+
+def _add_jinja_holders(all_vars: dict[str, Any], holders: set[str]) -> None:
+    """Add to ``holders`` (names of variables holding a vaulted value) every variable whose Jinja
+    refers to one, transitively (a variable whose Jinja names a holder holds the secret too)."""
     jinja_of = {str(n): " ".join(_JINJA.findall(" ".join(x for _, x in _strings(v) if isinstance(x, str))))
                 for n, v in all_vars.items() if n not in SKIP_VARS and str(n) not in holders}
     changed = True
-    while changed and holders:  # a variable whose Jinja names a holder holds the secret too
+    while changed and holders:
         pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
         changed = False
         for n, expr in jinja_of.items():
             if n not in holders and expr and pattern.search(expr):
                 holders.add(n)
                 changed = True
-    return plain, holders
 
 
 def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], plain: set[str],

@@ -427,23 +427,34 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         msg = e.get("message") if isinstance(e, dict) else e
         raise _StreamError(f"the server reported an error: {preview(str(msg), 160)}")
     if api == "generate":
-        meta = obj.get("meta_info")
-        if not isinstance(meta, dict):
-            raise _StreamError("a /generate stream event without a meta_info object (not SGLang's /generate)")
-        tok.at(now, _count(meta.get("completion_tokens"), "meta_info.completion_tokens"))
-        res.completion_tokens = tok.count
-        if "prompt_tokens" in meta:
-            res.prompt_tokens = _count(meta["prompt_tokens"], "meta_info.prompt_tokens")
-        if "spec_verify_ct" in meta:
-            res.spec_verify_ct = _count(meta["spec_verify_ct"], "meta_info.spec_verify_ct")
-        al = meta.get("spec_accept_length")
-        if al is not None:
-            if not _finite(al) or not 0 <= al <= MAX_COUNT:
-                raise _StreamError(
-                    f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}"
-                )
-            res.accept_length = float(al)
-        return False
+        _generate_event(obj, tok, res, now)
+    else:
+        _openai_event(obj, api, tok, res, now)
+    return False
+
+
+def _generate_event(obj: dict[str, Any], tok: _Tokens, res: RequestResult, now: float) -> None:
+    """One event of SGLang's ``/generate`` stream: counts and accept length from ``meta_info``."""
+    meta = obj.get("meta_info")
+    if not isinstance(meta, dict):
+        raise _StreamError("a /generate stream event without a meta_info object (not SGLang's /generate)")
+    tok.at(now, _count(meta.get("completion_tokens"), "meta_info.completion_tokens"))
+    res.completion_tokens = tok.count
+    if "prompt_tokens" in meta:
+        res.prompt_tokens = _count(meta["prompt_tokens"], "meta_info.prompt_tokens")
+    if "spec_verify_ct" in meta:
+        res.spec_verify_ct = _count(meta["spec_verify_ct"], "meta_info.spec_verify_ct")
+    al = meta.get("spec_accept_length")
+    if al is not None:
+        if not _finite(al) or not 0 <= al <= MAX_COUNT:
+            raise _StreamError(
+                f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}"
+            )
+        res.accept_length = float(al)
+
+
+def _openai_event(obj: dict[str, Any], api: str, tok: _Tokens, res: RequestResult, now: float) -> None:
+    """One event of an OpenAI-style stream (``chat`` or completions): choices and usage."""
     usage = obj.get("usage")
     choices = obj.get("choices")
     if not isinstance(choices, list):
@@ -461,7 +472,6 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         tok.at(now, None)  # no running count: one token a content chunk
     # a usage-only chunk (choices []: include_usage's last one) gives the total, not a token time
     res.completion_tokens = max(tok.count, running or 0)
-    return False
 
 
 def _piece(obj: Any, key: str) -> Any:
@@ -477,7 +487,6 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
                headers: dict[str, str]) -> None:
     """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError)."""
     n = prompt.output_len or opts.max_new_tokens
-    cap, limit = event_cap(n), max_events(n)
     path = APIS[opts.api]
     t0 = time.perf_counter()
     tok = _Tokens(res, t0)
@@ -492,27 +501,7 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
                         if len(body) > 4096:
                             break
                     raise _StreamError(f"HTTP {r.status_code}: {preview(body, 160)}")
-                buf = bytearray()
-                events = 0
-                async for raw in r.aiter_raw():
-                    buf += raw
-                    while True:
-                        i = buf.find(b"\n")
-                        if i < 0:
-                            break
-                        line = bytes(buf[:i]).rstrip(b"\r")
-                        del buf[:i + 1]
-                        if not line.startswith(b"data:"):
-                            continue  # blank separators, comments (": ping"), event: lines
-                        events += 1
-                        if events > limit:
-                            raise _StreamError(f"more than {limit} stream events for {n} tokens; stopped reading")
-                        if _handle_event(line[5:].strip(), opts.api, tok, res, time.perf_counter()):
-                            done = True
-                    if len(buf) > cap:
-                        raise _StreamError(f"a stream event exceeds the {cap} byte cap; stopped reading")
-                    if done:
-                        break
+                done = await _read_events(r, opts.api, tok, res, n)
         if not done:
             raise _StreamError("the stream ended without data: [DONE]")
         res.e2e_s = time.perf_counter() - t0
@@ -530,6 +519,36 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
         res.error = f"unexpected answer ({type(exc).__name__}: {preview(str(exc), 120)})"
     if not res.ok:
         res.itl_s.clear()
+
+
+async def _read_events(r: httpx.Response, api: str, tok: _Tokens, res: RequestResult, n: int) -> bool:
+    """Read the SSE stream of a request for ``n`` tokens, handing each ``data:`` payload to
+    :func:`_handle_event`; True once ``[DONE]`` came. At most :func:`max_events` events and
+    :func:`event_cap` bytes per event (:class:`_StreamError` beyond)."""
+    cap, limit = event_cap(n), max_events(n)
+    done = False
+    buf = bytearray()
+    events = 0
+    async for raw in r.aiter_raw():
+        buf += raw
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            line = bytes(buf[:i]).rstrip(b"\r")
+            del buf[:i + 1]
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments (": ping"), event: lines
+            events += 1
+            if events > limit:
+                raise _StreamError(f"more than {limit} stream events for {n} tokens; stopped reading")
+            if _handle_event(line[5:].strip(), api, tok, res, time.perf_counter()):
+                done = True
+        if len(buf) > cap:
+            raise _StreamError(f"a stream event exceeds the {cap} byte cap; stopped reading")
+        if done:
+            break
+    return done
 
 
 # ------------------------------------------------------------------ server side
