@@ -600,12 +600,12 @@ def test_local_url_used_everywhere(host, url):
 def test_roles_use_the_action_result_urls():
     svc = (REPO / "roles/ddtree_service/tasks/main.yml").read_text()
     exp = (REPO / "roles/ddtree_exporter/tasks/main.yml").read_text()
-    assert '"{{ _ddtree_render.url }}/health"' in svc and "127.0.0.1" not in svc
+    assert '"{{ _ddtree_service_render.url }}/health"' in svc and "127.0.0.1" not in svc
     assert '"{{ _ddtree_exporter_render.exporter_url }}/metrics"' in exp
     tasks = yaml.safe_load(svc)
     [rm] = [t for t in tasks if t.get("name", "").startswith("Remove the secrets file")]
-    assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_render.paths.secrets }}", "state": "absent"}
-    assert rm["when"] == "_ddtree_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
+    assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_service_render.paths.secrets }}", "state": "absent"}
+    assert rm["when"] == "_ddtree_service_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
 
 
 def test_corpus_summary():
