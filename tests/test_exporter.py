@@ -340,3 +340,13 @@ def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=10)
     assert p.returncode == 0, err
+
+
+def test_module_docstring_lists_exactly_the_metrics_table():
+    """The prose table of the module docstring names every metric of ``METRICS`` and no other."""
+    import re
+
+    import ddtree_ops.ops.exporter as exporter
+
+    documented = set(re.findall(r"^``(ddtree_[a-z_]+)", exporter.__doc__, flags=re.M))
+    assert documented == set(exporter.METRICS) == set(METRIC_NAMES)
