@@ -1,9 +1,13 @@
 # Entry points for people and CI (.ci/run -> scripts/test.sh, which includes the peer tier).
-.PHONY: test peer peer-venvs bench
+.PHONY: test lint peer peer-venvs bench
 
 # Everything: set up, boot the systemd test host, run all tests (unit, hosts, peer tier).
 test:
 	bash scripts/test.sh $(PYTEST_ARGS)
+
+# The linters alone (ruff, yamllint, ansible-lint production profile; also a phase of `test`, after setup).
+lint:
+	bash scripts/lint.sh
 
 # The peer tier alone: build/reuse the cached real-SGLang venvs, run tests/peer.
 peer:

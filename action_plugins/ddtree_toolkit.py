@@ -58,9 +58,12 @@ class ActionModule(ActionBase):
 
             wheels = sorted(Path(str(a.get("wheelhouse", ""))).glob("sglang-*.whl"))
             if len(wheels) != 1:
-                return {**result, "failed": True,
-                        "msg": f"ddtree_toolkit: want one sglang-*.whl in the wheelhouse {str(a.get('wheelhouse'))[:200]}, "
-                               f"found {len(wheels)}. Fix: rebuild the wheelhouse (delete it; the sglang role rebuilds it)"}
+                return {
+                    **result,
+                    "failed": True,
+                    "msg": f"ddtree_toolkit: want one sglang-*.whl in the wheelhouse {str(a.get('wheelhouse'))[:200]}, "
+                    f"found {len(wheels)}. Fix: rebuild the wheelhouse (delete it; the sglang role rebuilds it)",
+                }
             try:
                 result["msg"] = check_build_driver(str(a.get("driver_version", "")), wheels[0])
             except DriverCheckError as exc:
@@ -72,6 +75,9 @@ class ActionModule(ActionBase):
                                              boolean(a.get("reboot_required", False)), boolean(a.get("allowed", False)))
             result.update(reboot=reboot, reason=reason, msg=reason)
         else:
-            return {**result, "failed": True, "msg": f"ddtree_toolkit: check must be repo, driver, build_driver or reboot, "
-                                                     f"not {str(check)[:40]!r}"}
+            return {
+                **result,
+                "failed": True,
+                "msg": f"ddtree_toolkit: check must be repo, driver, build_driver or reboot, not {str(check)[:40]!r}",
+            }
         return result

@@ -314,7 +314,11 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         t.add_column("value")
         rows: list[tuple[str, Any]] = [
             ("model", d.model.path),
-            ("sglang", f"{d.sglang.base_version} ({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})"),
+            (
+                "sglang",
+                f"{d.sglang.base_version} "
+                f"({d.sglang.source}{', ' + d.sglang.ddtree_source if d.sglang.ddtree_source else ''})",
+            ),
             ("algorithm", p.algorithm),
             ("block_size", p.block_size),
             ("budget", f"{p.budget}{' (full tree)' if p.full_tree else ''}" if p.budget is not None else None),
@@ -444,7 +448,9 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
             names = ", ".join(v.deployment.host for v in validated) or "none"
-            raise typer.BadParameter(f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host")
+            raise typer.BadParameter(
+                f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host"
+            )
         d = validated[0].deployment
         return PlanDoc.of(plan_document(validated[0])), f"http://{scrape_address(validated[0])}:{d.server.port}"
     return None, None
@@ -457,26 +463,61 @@ def _target(url: str | None, default: str | None) -> str:
         try:
             return _url(default)
         except typer.BadParameter:
-            raise typer.BadParameter(f"the deployment's url = {_shown_url(default)} is not http(s)://HOST:PORT. Fix: re-render "
-                                     "plan.json, or give the server URL") from None
+            raise typer.BadParameter(
+                f"the deployment's url = {_shown_url(default)} is not http(s)://HOST:PORT. Fix: re-render "
+                "plan.json, or give the server URL"
+            ) from None
     return _url(url)
 
 
-PlanOpt = Annotated[Path | None, typer.Option("--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")]
-DeployInvOpt = Annotated[str | None, typer.Option("--inventory", "-i", help="Take the deployment from this inventory (with -l HOST).")]
-UrlArg = Annotated[str | None, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000 (default: from --plan/--inventory).")]
+PlanOpt = Annotated[
+    Path | None, typer.Option("--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")
+]
+DeployInvOpt = Annotated[
+    str | None, typer.Option("--inventory", "-i", help="Take the deployment from this inventory (with -l HOST).")
+]
+UrlArg = Annotated[
+    str | None, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:30000 (default: from --plan/--inventory).")
+]
 
 
 @app.command()
-def health(url: UrlArg = None,
-           timeout: Annotated[float | None, typer.Option(help="Seconds per probe (>= 3: /health generates a token). Default: ddtree_ops.health_timeout_s, else 5.")] = None,
-           failures: Annotated[int | None, typer.Option(help="Consecutive failed probes before a check fails. Default: ddtree_ops.health_failures, else 3.")] = None,
-           interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
-           progress_window: Annotated[float, typer.Option(help="Seconds between two /metrics samples of the progress check.")] = 2.0,
-           wait: Annotated[float, typer.Option(help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round).")] = 0.0,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-           warm_marker: Annotated[Path | None, typer.Option("--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json).")] = None,
-           as_json: JsonOpt = False) -> None:
+def health(
+    url: UrlArg = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds per probe (>= 3: /health generates a token). Default: ddtree_ops.health_timeout_s, else 5."
+        ),
+    ] = None,
+    failures: Annotated[
+        int | None,
+        typer.Option(
+            help="Consecutive failed probes before a check fails. Default: ddtree_ops.health_failures, else 3."
+        ),
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between /health probes.")] = 1.0,
+    progress_window: Annotated[
+        float, typer.Option(help="Seconds between two /metrics samples of the progress check.")
+    ] = 2.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="Poll until ready for up to this many seconds, then run the deep checks once (0: one round)."
+        ),
+    ] = 0.0,
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    warm_marker: Annotated[
+        Path | None,
+        typer.Option(
+            "--warm-marker", help="Check the unit's warm marker (on the host: /run/ddtree-ops/<name>/warm.json)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Liveness, readiness and deep checks (drift from the deployed config, progress).
 
     Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
@@ -501,14 +542,28 @@ def health(url: UrlArg = None,
 
 
 @app.command()
-def warmup(url: UrlArg = None,
-           plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-           batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")] = None,
-           deadline: Annotated[float | None, typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600.")] = None,
-           max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
-           long_prompt_words: Annotated[int, typer.Option(help="Words of the long prompt (capped by the context length).")] = 1024,
-           marker: Annotated[Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")] = None,
-           as_json: JsonOpt = False) -> None:
+def warmup(
+    url: UrlArg = None,
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    batch_sizes: Annotated[
+        str | None, typer.Option("--batch-sizes", help="Comma-separated batch sizes instead of the plan's.")
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(help="Seconds for the whole warmup. Default: ddtree_ops.warmup_deadline_s, else 600."),
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
+    long_prompt_words: Annotated[
+        int, typer.Option(help="Words of the long prompt (capped by the context length).")
+    ] = 1024,
+    marker: Annotated[
+        Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Drive the server through every captured batch size (concurrency = batch size),
     short and long prompts, greedy and sampled, and an image for vision models."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -543,8 +598,11 @@ def warmup(url: UrlArg = None,
         what = f"bs={r.batch_size}" if r.kind == "text" else "vision"
         bar.update(task, advance=1, description=f"{what} {r.latency_s:.2f} s")
         if not as_json:
-            bar.console.print(f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
-                              f"accept_length={r.accept_length if r.accept_length is not None else '-'}", highlight=False)
+            bar.console.print(
+                f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
+                f"accept_length={r.accept_length if r.accept_length is not None else '-'}",
+                highlight=False,
+            )
 
     if not as_json:
         say(out, "batch sizes", "bold", f"{wp.batch_sizes} ({wp.source})"
@@ -572,30 +630,64 @@ def _concurrency(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise typer.BadParameter(f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32") from None
+        raise typer.BadParameter(
+            f"--concurrency {text[:200]!r}: comma-separated integers 1..4096, e.g. 1,8,32"
+        ) from None
     if not levels or any(not 1 <= x <= 4096 for x in levels) or len(set(levels)) != len(levels):
         raise typer.BadParameter(f"--concurrency {text[:200]!r}: distinct integers 1..4096, e.g. 1,8,32")
     return levels
 
 
 @app.command()
-def bench(url: UrlArg = None,
-          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")] = Path("bench-results"),
-          plan_file: PlanOpt = None, inventory: DeployInvOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
-          api: Annotated[str, typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions).")] = "generate",
-          concurrency: Annotated[str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")] = "1,8,32",
-          requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
-          duration: Annotated[float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")] = None,
-          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
-          temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
-          top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
-          ignore_eos: Annotated[bool, typer.Option("--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS.")] = True,
-          prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL/JSON prompt file ({\"prompt\"} or ShareGPT {\"conversations\"}); default: the shipped set.")] = None,
-          request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
-          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
-          model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
-          baseline: Annotated[str | None, typer.Option("--baseline", help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; --out then gets spec/, baseline/ and report/ (bench-compare).")] = None,
-          as_json: JsonOpt = False) -> None:
+def bench(
+    url: UrlArg = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for bench.json, levels.csv, requests.csv.")
+    ] = Path("bench-results"),
+    plan_file: PlanOpt = None,
+    inventory: DeployInvOpt = None,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    api: Annotated[
+        str,
+        typer.Option(help="generate (SGLang /generate), chat (/v1/chat/completions) or completions (/v1/completions)."),
+    ] = "generate",
+    concurrency: Annotated[
+        str, typer.Option(help="Concurrency levels (requests in flight), comma-separated.")
+    ] = "1,8,32",
+    requests: Annotated[int | None, typer.Option(help="Requests per level (default 32 unless --duration).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds per level during which requests start (instead of --requests).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (a prompt file's output_len wins).")] = 256,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Sampling top_p.")] = 1.0,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            "--fixed-output/--stop-at-eos", help="Generate exactly --max-new-tokens (ignore_eos), or stop at EOS."
+        ),
+    ] = True,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help='JSONL/JSON prompt file ({"prompt"} or ShareGPT {"conversations"}); default: the shipped set.',
+        ),
+    ] = None,
+    request_timeout: Annotated[float, typer.Option(help="Total seconds per request (deadline, not per read).")] = 600.0,
+    warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before the first level.")] = 2,
+    model: Annotated[str | None, typer.Option(help="model field of OpenAI requests (default: the server's).")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="URL of an autoregressive baseline of the same model: benchmarked after URL with the same options; "
+                 "--out then gets spec/, baseline/ and report/ (bench-compare).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Benchmark one server: TTFT, ITL, E2E, tok/s per request and aggregate, acceptance length
     (meta_info and the server's counters) at each concurrency level; writes JSON + CSV.
     With --baseline URL, the baseline too and the speedup report (as bench-compare).
@@ -680,10 +772,14 @@ def bench(url: UrlArg = None,
 
 
 @app.command("bench-compare")
-def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
-                  baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
-                  out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path("bench-report"),
-                  as_json: JsonOpt = False) -> None:
+def bench_compare(
+    spec: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the speculative deployment.")],
+    baseline: Annotated[Path, typer.Argument(help="bench.json (or its directory) of the autoregressive baseline.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")] = Path(
+        "bench-report"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
     """Speedup of a speculative run over a baseline run per concurrency level: report.md and
     PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
     from .ops.bench import BenchInputError, load_result
@@ -701,24 +797,43 @@ def bench_compare(spec: Annotated[Path, typer.Argument(help="bench.json (or its 
     if not as_json:
         for r in rows:
             sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-            say(out, f"c={r['concurrency']:<5}", "bold", f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)")
+            say(
+                out,
+                f"c={r['concurrency']:<5}",
+                "bold",
+                f"speedup {sp}  ({r['spec_tok_s']:.1f} vs {r['base_tok_s']:.1f} tok/s)",
+            )
     _print_checks([{"name": "compare", "ok": True, "detail": f"{len(rows)} levels; report in {path}"}], as_json,
                   {"rows": rows})
 
 
 @app.command()
-def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
-          inventory: InventoryOpt = DEFAULT_INVENTORY, vault: VaultOpt = None,
-          out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")] = Path("sweep-results"),
-          api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
-          concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
-          requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
-          max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
-          request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
-          warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
-          deploy: Annotated[Path | None, typer.Option("--deploy", help="Deploy playbook (deploy.yml): deploy each point without a url to the sweep's host through Ansible before benchmarking it, and the inventory's own settings after the last.")] = None,
-          deploy_timeout: Annotated[float, typer.Option(help="Total seconds for one deploy (its process group is killed after).")] = 3600.0,
-          as_json: JsonOpt = False) -> None:
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, points and/or grid, urls).")],
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    vault: VaultOpt = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for sweep.json, sweep.md and one result directory per point.")
+    ] = Path("sweep-results"),
+    api: Annotated[str, typer.Option(help="generate, chat or completions.")] = "generate",
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
+    requests: Annotated[int, typer.Option(help="Requests per level and point.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 256,
+    request_timeout: Annotated[float, typer.Option(help="Total seconds per request.")] = 600.0,
+    warmup_requests: Annotated[int, typer.Option("--warmup", help="Unmeasured requests before each point.")] = 4,
+    deploy: Annotated[
+        Path | None,
+        typer.Option(
+            "--deploy",
+            help="Deploy playbook (deploy.yml): deploy each point without a url to the sweep's host through "
+            "Ansible before benchmarking it, and the inventory's own settings after the last.",
+        ),
+    ] = None,
+    deploy_timeout: Annotated[
+        float, typer.Option(help="Total seconds for one deploy (its process group is killed after).")
+    ] = 3600.0,
+    as_json: JsonOpt = False,
+) -> None:
     """Validate, render, deploy (--deploy) and benchmark each point of a grid of deployment
     settings, or benchmark endpoints already serving them (url). Invalid points are reported
     and skipped, never deployed; a re-run resumes; sweep.md ranks points by tok/s."""
@@ -728,9 +843,16 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
 
     try:
         host, points = load_sweep(spec)
-        opts = BenchOptions(url="http://127.0.0.1:1", api=api, concurrency=_concurrency(concurrency), requests=requests,
-                            max_new_tokens=max_new_tokens, request_timeout_s=request_timeout,
-                            warmup_requests=warmup_requests, api_key=os.environ.get("DDTREE_API_KEY") or None)
+        opts = BenchOptions(
+            url="http://127.0.0.1:1",
+            api=api,
+            concurrency=_concurrency(concurrency),
+            requests=requests,
+            max_new_tokens=max_new_tokens,
+            request_timeout_s=request_timeout,
+            warmup_requests=warmup_requests,
+            api_key=os.environ.get("DDTREE_API_KEY") or None,
+        )
         opts.check()
     except (SweepError, BenchInputError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -739,10 +861,10 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
         if not deploy.is_file():
             from .config.errors import shorten
 
-            raise typer.BadParameter(f"--deploy {shorten(str(deploy))!r}: not a file; give the deploy playbook, "
-                                     "e.g. deploy.yml")
-        deployer = Deployer(inventory, deploy, _positive("--deploy-timeout", deploy_timeout),
-                            tuple(vault or ()))
+            raise typer.BadParameter(
+                f"--deploy {shorten(str(deploy))!r}: not a file; give the deploy playbook, e.g. deploy.yml"
+            )
+        deployer = Deployer(inventory, deploy, _positive("--deploy-timeout", deploy_timeout), tuple(vault or ()))
     hostvars = load_hostvars(inventory, host, vault or ())
     if host not in hostvars:
         raise typer.BadParameter(f"sweep host {host!r}: not a server host of inventory {inventory!r}")
@@ -752,17 +874,27 @@ def sweep(spec: Annotated[Path, typer.Argument(help="Sweep file (YAML: host, poi
             say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
 
     done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point, deployer)
-    checks = [{"name": f"point {p.name}", "ok": p.status != "failed",
-               "detail": f"{p.status}: {p.detail}"} for p in done]
+    checks = [
+        {"name": f"point {p.name}", "ok": p.status != "failed", "detail": f"{p.status}: {p.detail}"} for p in done
+    ]
     _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})
 
 
 @app.command("probe-sglang")
-def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, vault: VaultOpt = None,
-                 plan_file: Annotated[Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")] = None,
-                 python: Annotated[str | None, typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python).")] = None,
-                 timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
-                 as_json: JsonOpt = False) -> None:
+def probe_sglang(
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    limit: LimitOpt = None,
+    vault: VaultOpt = None,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="plan.json rendered for the host (instead of -i/-l).")
+    ] = None,
+    python: Annotated[
+        str | None,
+        typer.Option("--python", help="The SGLang venv's python (default: the deployment's sglang_venv/bin/python)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the probe.")] = 300.0,
+    as_json: JsonOpt = False,
+) -> None:
     """Check an installed SGLang build against one deployment: version, speculative
     algorithms (DDTREE?), our rendered argv with the build's own parser, verify-graph sizing."""
     from .sglang.expect import probe_request, run_probe, validated_from_plan
@@ -776,8 +908,10 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
             names = ", ".join(x.deployment.host for x in validated) or "none"
-            raise typer.BadParameter(f"-l {limit!r} selects {len(validated)} hosts ({names}); the probe checks one "
-                                     "deployment: limit to one host, e.g. -l b300-01")
+            raise typer.BadParameter(
+                f"-l {limit!r} selects {len(validated)} hosts ({names}); the probe checks one "
+                "deployment: limit to one host, e.g. -l b300-01"
+            )
         v = validated[0]
     interpreter = python or f"{v.deployment.service.sglang_venv_path}/bin/python"
     rc, result = run_probe(interpreter, probe_request(v), timeout)
@@ -790,19 +924,32 @@ def probe_sglang(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = 
         raise typer.Exit(2)
     if not as_json:
         say(err, "info:", "cyan", f"plugin: {result.get('plugin', {}).get('summary', 'unknown')}")
-    _print_checks(result["checks"], as_json, {k: val for k, val in result.items() if k not in ("ok", "checks")}
-                  | {"host": v.deployment.host})
+    _print_checks(
+        result["checks"],
+        as_json,
+        {k: val for k, val in result.items() if k not in ("ok", "checks")} | {"host": v.deployment.host},
+    )
 
 
 @app.command()
-def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
-             upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
-             listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on "
-                                                        "(default: 0.0.0.0:<ddtree_ops.exporter_port>).")] = None,
-             poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
-             window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
-             timeout: Annotated[float, typer.Option(help="Total seconds per upstream request (deadline, not per read).")] = 3.0,
-             stuck_after: Annotated[float | None, typer.Option("--stuck-after", help="Seconds of busy polls with frozen progress counters before ddtree_scheduler_stuck is 1 (default: --window).")] = None) -> None:
+def exporter(
+    plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
+    upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT to serve /metrics on (default: 0.0.0.0:<ddtree_ops.exporter_port>).")
+    ] = None,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between upstream polls.")] = 5.0,
+    window: Annotated[float, typer.Option(help="Seconds of the acceptance-length window.")] = 60.0,
+    timeout: Annotated[float, typer.Option(help="Total seconds per upstream request (deadline, not per read).")] = 3.0,
+    stuck_after: Annotated[
+        float | None,
+        typer.Option(
+            "--stuck-after",
+            help="Seconds of busy polls with frozen progress counters before ddtree_scheduler_stuck is 1 (default: "
+            "--window).",
+        ),
+    ] = None,
+) -> None:
     """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server."""
     import signal
     import threading
@@ -823,8 +970,14 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:
         raise typer.BadParameter(f"--listen {listen!r}: give HOST:PORT, e.g. 0.0.0.0:19400")
-    exp = Exporter(doc, upstream=upstream, poll_interval_s=poll_interval, window_s=window, timeout_s=timeout,
-                   stuck_after_s=stuck_after)
+    exp = Exporter(
+        doc,
+        upstream=upstream,
+        poll_interval_s=poll_interval,
+        window_s=window,
+        timeout_s=timeout,
+        stuck_after_s=stuck_after,
+    )
     try:
         server, _thread = serve(exp, host.strip("[]"), int(port_s))
     except OSError as exc:
@@ -840,10 +993,12 @@ def exporter(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
 
 
 @app.command("port-check")
-def port_check(port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
-               unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
-               host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
-               as_json: JsonOpt = False) -> None:
+def port_check(
+    port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
+    unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
+    host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
     from .ops.ports import check_port
 
@@ -851,16 +1006,26 @@ def port_check(port: Annotated[int, typer.Option(help="TCP port the service is a
         result = check_port(port, unit, host=host)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    _print_checks([{"name": "port", "ok": result.ok, "detail": result.detail}], as_json,
-                  {"holders": [h.__dict__ for h in result.holders]})
+    _print_checks(
+        [{"name": "port", "ok": result.ok, "detail": result.detail}],
+        as_json,
+        {"holders": [h.__dict__ for h in result.holders]},
+    )
 
 
 @app.command("check-ptxas")
-def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (assembles .target sm_103a).")],
-                ptxas: Annotated[str | None, typer.Option(help="The ptxas binary to check.")] = None,
-                python: Annotated[str | None, typer.Option(help="A venv's python: check the ptxas Triton there would use "
-                                                                "(honours TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH).")] = None,
-                as_json: JsonOpt = False) -> None:
+def check_ptxas(
+    arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (assembles .target sm_103a).")],
+    ptxas: Annotated[str | None, typer.Option(help="The ptxas binary to check.")] = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            help="A venv's python: check the ptxas Triton there would use "
+            "(honours TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Assemble a tiny PTX (.version of the arch, .target sm_XYZa) with one ptxas (exit 1 if it cannot)."""
     from .config.toolchain import ARCHS
     from .ops.ptxas import PtxasUsageError, check
@@ -876,16 +1041,22 @@ def check_ptxas(arch: Annotated[str, typer.Option(help="GPU arch, e.g. sm_103 (a
 
 
 @app.command("diagnose")
-def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
-                 unit: Annotated[str | None, typer.Option("--unit", help="Read this boot's journal of the unit "
-                                                          "(journalctl -u UNIT -b -o cat).")] = None,
-                 file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
-                 plan_file: PlanOpt = None,
-                 lines: Annotated[int | None, typer.Option("--lines", show_default=False, help="Examine the last N "
-                                                           "lines (journalctl -n N). Default: 50000.")] = None,
-                 max_mib: Annotated[int | None, typer.Option("--max-mib", show_default=False, help="Read the last N "
-                                                             "MiB of input. Default: 16.")] = None,
-                 as_json: JsonOpt = False) -> None:
+def diagnose_cmd(
+    stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
+    unit: Annotated[
+        str | None, typer.Option("--unit", help="Read this boot's journal of the unit (journalctl -u UNIT -b -o cat).")
+    ] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
+    plan_file: PlanOpt = None,
+    lines: Annotated[
+        int | None,
+        typer.Option("--lines", show_default=False, help="Examine the last N lines (journalctl -n N). Default: 50000."),
+    ] = None,
+    max_mib: Annotated[
+        int | None, typer.Option("--max-mib", show_default=False, help="Read the last N MiB of input. Default: 16.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Recognise known failures (graph-size mismatch, ptxas arch, illegal memory access at capture or
     replay, capture OOM, health/NCCL timeouts, port in use, missing device nodes) in a log: one line
     of cause and fix each. Exit 0 none found, 1 found, 2 usage."""
@@ -899,8 +1070,9 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
     if stdin is not None and stdin != "-":
         from .config.errors import scrub, shorten
 
-        raise typer.BadParameter(f"argument {shorten(repr(scrub(stdin)))}: only '-' (stdin) is an argument; "
-                                 "use --file PATH")
+        raise typer.BadParameter(
+            f"argument {shorten(repr(scrub(stdin)))}: only '-' (stdin) is an argument; use --file PATH"
+        )
     if not 1 <= lines <= 10_000_000:
         raise typer.BadParameter(f"--lines {lines}: must be 1..10000000")
     if not 1 <= max_mib <= 1024:
@@ -919,8 +1091,9 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
     findings = dg.diagnose(text, plan)
     doc = dg.report(findings, len(text), what)
     if not text and unit is not None:  # journalctl answers nothing, and exit 0, for an unknown unit or a non-root user
-        doc["checks"][0]["detail"] += (f"; journalctl had no entries of {unit} in this boot (unit name? run as root or "
-                                       "in group systemd-journal)")
+        doc["checks"][0]["detail"] += (
+            f"; journalctl had no entries of {unit} in this boot (unit name? run as root or in group systemd-journal)"
+        )
     if as_json:
         print(json.dumps(doc, indent=2))
     elif findings:
@@ -933,15 +1106,37 @@ def diagnose_cmd(stdin: Annotated[str | None, typer.Argument(metavar="[-]", help
 
 
 @app.command()
-def preflight(host_class: Annotated[str | None, typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches).")] = None,
-              plan_file: Annotated[str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")] = None,
-              nvidia_smi: Annotated[str, typer.Option("--nvidia-smi", help="The nvidia-smi to run.")] = "nvidia-smi",
-              skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
-              nccl_smoke: Annotated[bool, typer.Option("--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without).")] = False,
-              nccl_python: Annotated[str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")] = sys.executable,
-              nccl_deadline: Annotated[float, typer.Option("--nccl-deadline", help="Total seconds for the smoke test (torch probe + all-reduce); past it the check fails.")] = 120.0,
-              disk_min_free_gib: Annotated[float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")] = None,
-              as_json: JsonOpt = False) -> None:
+def preflight(
+    host_class: Annotated[
+        str | None,
+        typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches)."),
+    ] = None,
+    plan_file: Annotated[
+        str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")
+    ] = None,
+    nvidia_smi: Annotated[str, typer.Option("--nvidia-smi", help="The nvidia-smi to run.")] = "nvidia-smi",
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Report this check as skipped (repeatable).")] = None,
+    nccl_smoke: Annotated[
+        bool,
+        typer.Option(
+            "--nccl-smoke", help="Run an NCCL all-reduce over the visible GPUs (torch needed; skipped without)."
+        ),
+    ] = False,
+    nccl_python: Annotated[
+        str, typer.Option("--nccl-python", help="Interpreter with torch for --nccl-smoke.")
+    ] = sys.executable,
+    nccl_deadline: Annotated[
+        float,
+        typer.Option(
+            "--nccl-deadline",
+            help="Total seconds for the smoke test (torch probe + all-reduce); past it the check fails.",
+        ),
+    ] = 120.0,
+    disk_min_free_gib: Annotated[
+        float | None, typer.Option("--disk-min-free-gib", help="GiB the disk check needs free (default 20).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,
     limits, disk, ports (run ON the host; exit 0 fit, 1 a check failed, 2 usage)."""
     from .ops.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
@@ -950,8 +1145,14 @@ def preflight(host_class: Annotated[str | None, typer.Option("--host-class", hel
     _positive("--nccl-deadline", nccl_deadline, 3600)
     try:
         exp = expect_from(host_class, load_plan(plan_file) if plan_file else None)
-        result = run_preflight(exp, nvidia_smi, parse_skip(skip or []), nccl_python if nccl_smoke else None,
-                               nccl_deadline, disk_min_free=disk_bytes(disk_min_free_gib))
+        result = run_preflight(
+            exp,
+            nvidia_smi,
+            parse_skip(skip or []),
+            nccl_python if nccl_smoke else None,
+            nccl_deadline,
+            disk_min_free=disk_bytes(disk_min_free_gib),
+        )
     except PreflightUsageError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not as_json:
@@ -974,9 +1175,23 @@ def main(argv: list[str] | None = None) -> int:
         from .config.errors import shorten, show_host
 
         if _wants_json(argv):
-            print(json.dumps({"ok": False, "checks": [{"name": f"config:{show_host(f.host) or shorten(f.field)}", "ok": False,
-                                                       "detail": f.message()} for f in exc.findings],
-                              "errors": [f.as_dict() for f in exc.findings]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "checks": [
+                            {
+                                "name": f"config:{show_host(f.host) or shorten(f.field)}",
+                                "ok": False,
+                                "detail": f.message(),
+                            }
+                            for f in exc.findings
+                        ],
+                        "errors": [f.as_dict() for f in exc.findings],
+                    },
+                    indent=2,
+                )
+            )
         for f in exc.findings:
             say(err, "error", "red", f.message())
         return 2
@@ -1000,11 +1215,14 @@ def main(argv: list[str] | None = None) -> int:
 EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
+
 def _missing_module(exc: BaseException) -> str | None:
     name = (getattr(exc, "name", None) or "").split(".")[0]
     if name == "ansible":
-        return ("this command reads Ansible inventory and needs ansible-core on the controller: "
-                "pip install 'ddtree-ops[controller]'")
+        return (
+            "this command reads Ansible inventory and needs ansible-core on the controller: "
+            "pip install 'ddtree-ops[controller]'"
+        )
     return f"a dependency is missing: {name or exc}; reinstall ddtree-ops (pip install 'ddtree-ops[controller]')"
 
 

@@ -210,13 +210,34 @@ def main() -> int:
     top = max(levels)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_WARMUP_SECONDS": "0.1",
-           "SGLANG_SIM_STEP_SECONDS": str(a.step), "SGLANG_SIM_ACCEPT_LENGTH": str(ACCEPT),
-           "PYTHONPATH": str(REPO)}
-    sim = subprocess.Popen([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(port),
-                            *SIM_ARGS, "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top)],
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if a.pin else None)
+    env = {
+        **os.environ,
+        "SGLANG_SIM_LOAD_SECONDS": "0.2",
+        "SGLANG_SIM_WARMUP_SECONDS": "0.1",
+        "SGLANG_SIM_STEP_SECONDS": str(a.step),
+        "SGLANG_SIM_ACCEPT_LENGTH": str(ACCEPT),
+        "PYTHONPATH": str(REPO),
+    }
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_ops.sim",
+            "--model-path",
+            "models/target",
+            "--port",
+            str(port),
+            *SIM_ARGS,
+            "--max-running-requests",
+            str(top),
+            "--cuda-graph-max-bs-decode",
+            str(top),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if a.pin else None,
+    )
     try:
         for _ in range(200):
             try:
@@ -224,22 +245,42 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.05)
-        print(("pinned: simulator on CPU 0, clients on CPU 1\n" if a.pin else "")
-              + f"simulator: DDTree 8/32, accept length {ACCEPT}, {a.step * 1000:g} ms a pass, "
-              f"{a.max_new_tokens} tokens a request; bench_serving from {sglang_python}")
-        print(f"{'conc':>5} {'client':<20} {'reqs':>5} {'tokens':>7} {'CPU us/token':>12} {'ITL ms':>8} "
-              f"{'server ITL':>10} {'ITL error':>9}")
+        print(
+            ("pinned: simulator on CPU 0, clients on CPU 1\n" if a.pin else "")
+            + f"simulator: DDTree 8/32, accept length {ACCEPT}, {a.step * 1000:g} ms a pass, "
+            f"{a.max_new_tokens} tokens a request; bench_serving from {sglang_python}"
+        )
+        print(
+            f"{'conc':>5} {'client':<20} {'reqs':>5} {'tokens':>7} {'CPU us/token':>12} {'ITL ms':>8} "
+            f"{'server ITL':>10} {'ITL error':>9}"
+        )
         rows: dict = {}
         for c in levels:
             n = a.requests or max(8, 2 * c)
-            for rep in range(a.repeat):
+            for _ in range(a.repeat):
                 for who, py in (("ddtree-ops", sys.executable), ("bench_serving", sglang_python)):
                     s0, n0 = server_itl(url)
-                    out = subprocess.run([py, __file__, "--worker", "ours" if who == "ddtree-ops" else "sglang",
-                                          "--url", url, "--concurrency", str(c), "--requests", str(n),
-                                          "--max-new-tokens", str(a.max_new_tokens)],
-                                         capture_output=True, text=True, timeout=1800, cwd="/tmp",
-                                         preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if a.pin else None)
+                    out = subprocess.run(
+                        [
+                            py,
+                            __file__,
+                            "--worker",
+                            "ours" if who == "ddtree-ops" else "sglang",
+                            "--url",
+                            url,
+                            "--concurrency",
+                            str(c),
+                            "--requests",
+                            str(n),
+                            "--max-new-tokens",
+                            str(a.max_new_tokens),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        timeout=1800,
+                        cwd="/tmp",
+                        preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if a.pin else None,
+                    )
                     s1, n1 = server_itl(url)
                     if out.returncode != 0:
                         sys.exit(f"bench-client: the {who} worker failed:\n{out.stderr[-3000:]}")
@@ -250,17 +291,24 @@ def main() -> int:
                     r["itl_error"] = abs(r["itl_mean_s"] / srv - 1) if r["itl_mean_s"] else float("nan")
                     rows.setdefault((c, who), []).append(r)
                     who_shown = f"{who} ({r['event_loop']})" if "event_loop" in r else who
-                    print(f"{c:>5} {who_shown:<20} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
-                          f"{1000 * (r['itl_mean_s'] or 0):>8.3f} {1000 * srv:>10.3f} {100 * r['itl_error']:>8.2f}%"
-                          + (f"  FAILED {r['failed']}: {r['errors']}" if r["failed"] else ""), flush=True)
+                    print(
+                        f"{c:>5} {who_shown:<20} {r['ok']:>5} {r['tokens']:>7} {r['cpu_us_per_token']:>12.1f} "
+                        f"{1000 * (r['itl_mean_s'] or 0):>8.3f} {1000 * srv:>10.3f} {100 * r['itl_error']:>8.2f}%"
+                        + (f"  FAILED {r['failed']}: {r['errors']}" if r["failed"] else ""),
+                        flush=True,
+                    )
         print(f"\nmedians of {a.repeat} runs, ddtree-ops vs bench_serving (ratio below 1: ours costs less):")
         for c in levels:
-            med = {who: {k: statistics.median(r[k] for r in rows[(c, who)]) for k in ("cpu_us_per_token", "itl_error")}
-                   for who in ("ddtree-ops", "bench_serving")}
+            med = {
+                who: {k: statistics.median(r[k] for r in rows[(c, who)]) for k in ("cpu_us_per_token", "itl_error")}
+                for who in ("ddtree-ops", "bench_serving")
+            }
             o, b = med["ddtree-ops"], med["bench_serving"]
-            print(f"  concurrency {c:>4}: CPU per token {o['cpu_us_per_token']:.1f} vs {b['cpu_us_per_token']:.1f} us "
-                  f"({o['cpu_us_per_token'] / b['cpu_us_per_token']:.2f}x); ITL error {100 * o['itl_error']:.2f} % vs "
-                  f"{100 * b['itl_error']:.2f} %")
+            print(
+                f"  concurrency {c:>4}: CPU per token {o['cpu_us_per_token']:.1f} vs {b['cpu_us_per_token']:.1f} us "
+                f"({o['cpu_us_per_token'] / b['cpu_us_per_token']:.2f}x); ITL error {100 * o['itl_error']:.2f} % vs "
+                f"{100 * b['itl_error']:.2f} %"
+            )
     finally:
         sim.terminate()
         sim.wait(10)

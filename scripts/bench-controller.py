@@ -163,7 +163,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-controller-", dir=args.tmp) as tmp:
         base = Path(tmp)
         print(f"\ninventories and rendered trees under {base} ({_fs_type(base)})")
-        print(f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'user':>7} {'sys':>7} {'ratio':>7} {'(wall)':>8}")
+        print(f"\n{'hosts':>5}  {'command':<22} {'wall s':>8} {'CPU s':>8} {'user':>7} {'sys':>7} "
+              f"{'ratio':>7} {'(wall)':>8}")
         for n in sizes:
             inv = make_inventory(base, n)
             out = base / f"out-{n}"
@@ -183,25 +184,32 @@ def main() -> int:
             trees.mkdir()
             fresh = {"render": (cmds["render"], -1), "file-tree floor": (cmds["file-tree floor"], -2)}
 
-            def new_tree(name: str) -> None:
+            def new_tree(name: str, fresh: dict = fresh, trees: Path = trees) -> None:
                 argv, at = fresh[name]
                 argv[at] = str(trees / f"{name.split()[0]}-{len(list(trees.iterdir()))}")
 
-            res = measure(cmds, args.repeat, {"render": lambda: new_tree("render"),
-                                              "file-tree floor": lambda: new_tree("file-tree floor")})
+            res = measure(
+                cmds,
+                args.repeat,
+                {"render": lambda: new_tree("render"), "file-tree floor": lambda: new_tree("file-tree floor")},
+            )
             ref_wall, ref_cpu = res["ansible-inventory"][:2]
             for name, (wall, cpu, user, sys_s) in res.items():
-                print(f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {user:7.3f} {sys_s:7.3f} {cpu / ref_cpu:6.2f}x "
-                      f"{wall / ref_wall:7.2f}x")
+                print(
+                    f"{n:>5}  {name:<22} {wall:8.3f} {cpu:8.3f} {user:7.3f} {sys_s:7.3f} {cpu / ref_cpu:6.2f}x "
+                    f"{wall / ref_wall:7.2f}x"
+                )
             v_cpu, v_user = res["validate"][1:3]
             r_cpu, r_user = res["render"][1:3]
             f_cpu = res["file-tree floor"][1]
-            notes = [f"validate/ansible-inventory {v_cpu / ref_cpu:.2f}x"
-                     + (f" (target <= 1.1: {'met' if v_cpu / ref_cpu <= 1.1 else 'NOT met'})" if n >= 100 else ""),
-                     f"render/validate {r_cpu / v_cpu:.2f}x"
-                     + (f" (target <= 2: {'met' if r_cpu / v_cpu <= 2 else 'NOT met'})" if n >= 1000 else "")
-                     + f"; user CPU only {r_user / v_user:.2f}x; (render - file-tree floor) / validate "
-                     f"{(r_cpu - f_cpu) / v_cpu:.2f}x"]
+            notes = [
+                f"validate/ansible-inventory {v_cpu / ref_cpu:.2f}x"
+                + (f" (target <= 1.1: {'met' if v_cpu / ref_cpu <= 1.1 else 'NOT met'})" if n >= 100 else ""),
+                f"render/validate {r_cpu / v_cpu:.2f}x"
+                + (f" (target <= 2: {'met' if r_cpu / v_cpu <= 2 else 'NOT met'})" if n >= 1000 else "")
+                + f"; user CPU only {r_user / v_user:.2f}x; (render - file-tree floor) / validate "
+                f"{(r_cpu - f_cpu) / v_cpu:.2f}x",
+            ]
             print(f"{'':>5}  " + "; ".join(notes))
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(trees, ignore_errors=True)

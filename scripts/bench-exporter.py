@@ -36,6 +36,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -50,8 +51,10 @@ def _fixture() -> Path:
 
 
 # --------------------------------------------------------------------------- upstream process
-def upstream_main(port: int, delay: float) -> None:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+def _upstream_metrics() -> tuple[Any, dict[str, Any]]:
+    """``(registry, metrics by name)``: SGLang 0.5.23's metric names (the fixture) for
+    :data:`RANKS` TP ranks, with fixed pseudo-random values."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     prom = __import__("prometheus_client")
     prom.disable_created_metrics()
@@ -70,7 +73,7 @@ def upstream_main(port: int, delay: float) -> None:
     rnd = random.Random(0)
     for r in range(RANKS):
         lab = {"model_name": "kimi-k2.6", "engine_type": "unified", "tp_rank": str(r), "pp_rank": "0"}
-        for n, m in metrics.items():
+        for m in metrics.values():
             if isinstance(m, Histogram):
                 for _ in range(50):
                     m.labels(**lab).observe(rnd.random())
@@ -78,6 +81,13 @@ def upstream_main(port: int, delay: float) -> None:
                 m.labels(**lab).inc(rnd.randint(1, 1000))
             else:
                 m.labels(**lab).set(rnd.random() * 10)
+    return reg, metrics
+
+
+def upstream_main(port: int, delay: float) -> None:
+    from prometheus_client import generate_latest
+
+    reg, metrics = _upstream_metrics()
     lock = threading.Lock()
 
     def advance() -> None:  # traffic: tokens and verify passes keep moving (accept length ~6)
@@ -219,7 +229,9 @@ def run(args) -> None:
                 if not delay:
                     wait_http(f"http://127.0.0.1:{up_port}/metrics")
                     servers["upstream /metrics directly"] = (f"http://127.0.0.1:{up_port}/metrics", up, 0.0)
-                    notes["upstream /metrics directly"] = f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"
+                    notes["upstream /metrics directly"] = (
+                        f"{RANKS} TP ranks x {len(_fixture().read_text().split())} families"
+                    )
             ex = start([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan_file(tmp, up_port)),
                         "--upstream", f"http://127.0.0.1:{up_port}", "--listen", f"127.0.0.1:{ex_port}",
                         "--poll-interval", str(args.poll_interval), "--timeout", "3"])
@@ -241,7 +253,9 @@ def run(args) -> None:
         notes["bare prometheus_client"] = f"reference: start_http_server, {ex_series} series like the exporter"
         for _ in range(args.rounds):
             for name, (url, proc, idle) in servers.items():
-                n = args.scrapes if not name.startswith("upstream") else min(args.scrapes, 50)  # context only: ~0.1 s each
+                n = (
+                    args.scrapes if not name.startswith("upstream") else min(args.scrapes, 50)
+                )  # context only: ~0.1 s each
                 samples.setdefault(name, []).append(scrape(url, n, proc.pid, idle))
         for name, (_, _, idle) in servers.items():
             if name.startswith("exporter"):
@@ -267,8 +281,10 @@ def run(args) -> None:
     print(f"{'target':30} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p50 x':>6} {'p99 x':>6} {'CPU ms/scrape':>13} "
           f"{'bytes':>8}  notes")
     for name, r in rows.items():
-        print(f"{name:30} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['max_ms']:7.2f} {r['p50_ms'] / ref['p50_ms']:6.2f} "
-              f"{r['p99_ms'] / ref['p99_ms']:6.2f} {r['cpu_ms_per_scrape']:13.3f} {r['bytes']:8d}  {notes.get(name, '')}")
+        print(
+            f"{name:30} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['max_ms']:7.2f} {r['p50_ms'] / ref['p50_ms']:6.2f} "
+            f"{r['p99_ms'] / ref['p99_ms']:6.2f} {r['cpu_ms_per_scrape']:13.3f} {r['bytes']:8d}  {notes.get(name, '')}"
+        )
     worst = max(r["p99_ms"] / ref["p99_ms"] for n, r in rows.items() if n.startswith("exporter"))
     print(f"exporter p99 / bare prometheus_client p99 (worst of normal/slow/dead upstream): {worst:.2f}x -> "
           f"target <= 1.2: {'met' if worst <= 1.2 else 'NOT met'}")

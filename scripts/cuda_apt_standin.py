@@ -96,9 +96,11 @@ def build_deb(root: Path, name: str, version: str, arch: str, description: str, 
     (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024
     (root / "DEBIAN" / "control").write_text(
-        f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: ddtree-ops tests <cuda-standin@ddtree-ops.invalid>\n"
+        f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: ddtree-ops tests "
+        f"<cuda-standin@ddtree-ops.invalid>\n"
         f"Installed-Size: {size}\nSection: devel\nPriority: optional\nDescription: {description}\n"
-        " STAND-IN built by ddtree-ops scripts/cuda_apt_standin.py for tests; not an NVIDIA package.\n")
+        " STAND-IN built by ddtree-ops scripts/cuda_apt_standin.py for tests; not an NVIDIA package.\n"
+    )
     deb = out / f"{name}_{version}_{arch}.deb"
     run("dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root), str(deb), capture_output=True)
     return deb

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 / Ubuntu 22.04+ machine (as root) for ddtree-ops development,
 # the demo and the tests: apt packages, the project venv (.venv) with pinned Python deps
-# (ansible-core included: no Galaxy collections are needed), and the test-host rootfs.
+# (ansible-core included: no Galaxy collections are needed; the dev and lint extras: pytest,
+# ruff, yamllint, ansible-lint), and the test-host rootfs.
 # Idempotent: re-running only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.ddtree-setup-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  .venv/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[dev,lint]'
   rm -f .venv/.ddtree-setup-*
   touch "$stamp"
 fi

@@ -35,38 +35,56 @@ def registry(src: str) -> tuple[list[str], dict[str, str | None], dict[str, str]
     notes: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "Envs":
-            for st in node.body:
-                if (isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
-                        and isinstance(st.value.func, ast.Name) and st.value.func.id.startswith("Env")):
-                    for t in st.targets:
-                        if isinstance(t, ast.Name):
-                            names.add(t.id)
-                            for kw in st.value.keywords:
-                                if kw.arg == "deprecated_name":
-                                    renamed[kw.value.value] = t.id
+            _envs_class(node, names, renamed)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
-            if node.func.id == "_print_deprecated_env" and args:
-                renamed[args[0]] = args[1] if len(args) > 1 else None
-            elif node.func.id == "_warn_deprecated_env_to_cli_flag" and args:
-                renamed[args[0]] = None
-                if len(args) > 1:
-                    notes[args[0]] = args[1]
+            _deprecation_call(node, renamed, notes)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
-            tgt = node.targets[0] if isinstance(node, ast.Assign) else node.target
-            if isinstance(tgt, ast.Name) and tgt.id in ("_deprecated_ms_to_s", "_DEPRECATED_ENVS"):
-                for k, v in zip(node.value.keys, node.value.values):
-                    if isinstance(v, ast.Constant):
-                        renamed[k.value] = v.value
-                    elif isinstance(v, ast.Call):
-                        rep = v.args[0].value if v.args and isinstance(v.args[0], ast.Constant) else None
-                        for kw in v.keywords:
-                            if kw.arg == "replacement":
-                                rep = kw.value.value
-                            elif kw.arg == "note" and isinstance(kw.value, ast.Constant):
-                                notes[k.value] = kw.value.value
-                        renamed[k.value] = rep
+            _deprecation_table(node, renamed, notes)
     return sorted(names), dict(sorted(renamed.items())), dict(sorted(notes.items()))
+
+
+def _envs_class(node: ast.ClassDef, names: set[str], renamed: dict[str, str | None]) -> None:
+    """``class Envs``: each ``NAME = Env...(...)``, and its ``deprecated_name=`` if any."""
+    for st in node.body:
+        if (isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
+                and isinstance(st.value.func, ast.Name) and st.value.func.id.startswith("Env")):
+            for t in st.targets:
+                if isinstance(t, ast.Name):
+                    names.add(t.id)
+                    for kw in st.value.keywords:
+                        if kw.arg == "deprecated_name":
+                            renamed[kw.value.value] = t.id
+
+
+def _deprecation_call(node: ast.Call, renamed: dict[str, str | None], notes: dict[str, str]) -> None:
+    """``_print_deprecated_env(OLD, NEW)`` and ``_warn_deprecated_env_to_cli_flag(OLD, NOTE)``."""
+    args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+    if node.func.id == "_print_deprecated_env" and args:
+        renamed[args[0]] = args[1] if len(args) > 1 else None
+    elif node.func.id == "_warn_deprecated_env_to_cli_flag" and args:
+        renamed[args[0]] = None
+        if len(args) > 1:
+            notes[args[0]] = args[1]
+
+
+def _deprecation_table(node: ast.Assign | ast.AnnAssign, renamed: dict[str, str | None],
+                       notes: dict[str, str]) -> None:
+    """The ``_deprecated_ms_to_s`` / ``_DEPRECATED_ENVS`` dicts: OLD -> NEW or a call with
+    ``replacement=`` / ``note=``."""
+    tgt = node.targets[0] if isinstance(node, ast.Assign) else node.target
+    if not (isinstance(tgt, ast.Name) and tgt.id in ("_deprecated_ms_to_s", "_DEPRECATED_ENVS")):
+        return
+    for k, v in zip(node.value.keys, node.value.values, strict=True):
+        if isinstance(v, ast.Constant):
+            renamed[k.value] = v.value
+        elif isinstance(v, ast.Call):
+            rep = v.args[0].value if v.args and isinstance(v.args[0], ast.Constant) else None
+            for kw in v.keywords:
+                if kw.arg == "replacement":
+                    rep = kw.value.value
+                elif kw.arg == "note" and isinstance(kw.value, ast.Constant):
+                    notes[k.value] = kw.value.value
+            renamed[k.value] = rep
 
 
 def direct_reads(srt: Path) -> list[str]:

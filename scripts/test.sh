@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The test command: set up, boot the systemd test host, run every test (pytest), and
-# stop the test host again. Extra arguments go to pytest.
+# The test command: set up, lint (scripts/lint.sh: a finding fails the run before any test),
+# boot the systemd test host, run every test (pytest), and stop the test host again. Extra
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/phase.sh
 phase "set up (apt packages, .venv, test-host rootfs)"
 bash scripts/setup.sh
+phase "lint (ruff, yamllint, ansible-lint)"
+bash scripts/lint.sh
 # The SGLang wheelhouse is content-keyed: share it across checkouts (~540 MiB download once).
 export DDTREE_SGLANG_WHEELHOUSE=${DDTREE_SGLANG_WHEELHOUSE:-/var/cache/ddtree-ops/sglang-wheelhouse}
 # Peer tier (tests/peer, real released SGLang): build/reuse its cached venvs and make a

@@ -196,7 +196,9 @@ def test_cli_bench_exit_codes(spec_sim: Sim, tmp_path: Path, capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and [c["name"] for c in doc["checks"]] == ["requests", "baseline requests", "compare"]
     assert [c["ok"] for c in doc["checks"]] == [True, False, True] and "ConnectError" in doc["checks"][1]["detail"]
-    assert (tmp_path / "both" / "spec" / "bench.json").is_file() and (tmp_path / "both" / "report" / "report.md").is_file()
+    assert (tmp_path / "both" / "spec" / "bench.json").is_file() and (
+        tmp_path / "both" / "report" / "report.md"
+    ).is_file()
 
 
 def _free_port() -> int:
@@ -359,7 +361,9 @@ def _inventory(tmp: Path) -> Path:
 
     inv = tmp / "inv"
     (inv / "host_vars").mkdir(parents=True)
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": {"b300-01": {}}}}}}))
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": {"b300-01": {}}}}}})
+    )
     (inv / "host_vars" / "b300-01.yml").write_text(yaml.safe_dump(base_hostvars()))
     return inv
 
@@ -390,7 +394,10 @@ urls: {{budget16: "{spec_sim.base}"}}
     assert "ddtree_speculative.budget" in bad["detail"] and bad["argv"] == []
     assert not (out / "budget0").exists() and not (out / "budget24").exists()
     b16 = next(p for p in state["points"] if p["name"] == "budget16")
-    assert "--speculative-ddtree-budget" in b16["argv"] and b16["argv"][b16["argv"].index("--speculative-ddtree-budget") + 1] == "16"
+    assert (
+        "--speculative-ddtree-budget" in b16["argv"]
+        and b16["argv"][b16["argv"].index("--speculative-ddtree-budget") + 1] == "16"
+    )
     assert load_result(out / "budget16")["plan"]["deployment"]["speculative"]["budget"] == 16
     md = (out / "sweep.md").read_text()
     assert "## concurrency 2" in md and "| 1 | budget" in md and "| budget0 | invalid |" in md

@@ -211,7 +211,10 @@ def test_dflash_block_size_is_derived_from_the_draft_when_unset():
                                      ddtree_sglang={"ddtree_source": "sglang-pr-29907"}, spec={"budget": 7}))
     assert not any("needs block_size" in m for m in rules_of(findings))  # rule_draft_model sees the derived value
     assert d.speculative.block_size == 8 and plan.block_size == 8 and plan.verify_tokens_per_req == 8
-    assert plan.checkpoint["derived"]["ddtree_speculative.block_size"] == {"value": 8, "source": "draft config.json (local)"}
+    assert plan.checkpoint["derived"]["ddtree_speculative.block_size"] == {
+        "value": 8,
+        "source": "draft config.json (local)",
+    }
     argv = build_argv(d, plan)
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"
 
@@ -228,7 +231,9 @@ def test_vocab_must_match_target():
 def test_eagle3_hot_vocab_larger_than_vocab_is_refused(tmp_path):
     head = _copy(EAGLE3_HEAD, tmp_path / "head", draft_vocab_size=200000)
     _, _, findings = run(hostvars(LLAMA31, head, algorithm="EAGLE3", model={"context_length": 2048}))
-    assert ["draft_vocab_size (200000) exceeds the draft's vocab_size (128256)" in m for m in rules_of(findings)] == [True]
+    assert ["draft_vocab_size (200000) exceeds the draft's vocab_size (128256)" in m for m in rules_of(findings)] == [
+        True
+    ]
 
 
 @pytest.mark.parametrize("algorithm, draft, fits", [
@@ -284,8 +289,9 @@ def test_param_and_kv_estimates_of_llama31_8b():
     assert kv_bytes_per_token(cfg, tp=8) == 32 * 1 * 128 * 2 * 2
     assert kv_bytes_per_token(cfg, tp=16) == 32 * 1 * 128 * 2 * 2  # 8 KV heads on 16 ranks: replicated, not halved
     head = json.loads((EAGLE3_HEAD / CONFIG).read_text())
-    assert estimate_params(head) == (128256 * 4096 + 32000 * 4096 + (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
-                                     + 3 * 4096)  # one layer's two norms and the final norm
+    assert estimate_params(head) == (
+        128256 * 4096 + 32000 * 4096 + (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 3 * 4096
+    )  # one layer's two norms and the final norm
 
 
 def test_plan_memory_numbers_and_warnings():
@@ -293,7 +299,9 @@ def test_plan_memory_numbers_and_warnings():
                   model={"context_length": 2048}, server={"tp_size": 1, "mem_fraction_static": 0.5})
     _, plan, findings = run(hv)
     mem = plan.checkpoint["memory"]
-    weights = 8_030_261_248 * 2 + (128256 * 4096 + 32000 * 4096 + 218_103_808 + 3 * 4096) * 2  # bf16 target, fp16 head (+ its norms)
+    weights = (
+        8_030_261_248 * 2 + (128256 * 4096 + 32000 * 4096 + 218_103_808 + 3 * 4096) * 2
+    )  # bf16 target, fp16 head (+ its norms)
     assert mem["weights_per_gpu"] == weights and mem["weights_source"] == "target: config, draft: config"
     assert mem["kv_per_token"] == 131072 + 1 * 8 * 128 * 2 * 2
     assert mem["kv_needed"] == mem["kv_per_token"] * 16 * 2048 and mem["kv_for"] == "16 requests x 2048 tokens"
@@ -614,12 +622,21 @@ def test_draft_block_size_of_the_wrong_type_is_a_finding_not_ok(tmp_path):
     assert any("has dflash_config.block_size = [16] (list)" in m for m in rules_of(findings)), rules_of(findings)
 
 
-@pytest.mark.parametrize("index, why", [
-    ('{"metadata": {"total_size": 1e400}, "weight_map": {}}', "holds the number 1e400"),
-    ('{"metadata": {"total_size": "16381470720"}, "weight_map": {}}', "metadata.total_size = '16381470720' (string)"),
-    ('{"metadata": {"total_size": %d}, "weight_map": {}}' % 2**60, "metadata.total_size = 1152921504606846976: out of range"),
-    ('{"metadata": 3, "weight_map": {}}', "has metadata = 3 (int): an object expected"),
-])
+@pytest.mark.parametrize(
+    "index, why",
+    [
+        ('{"metadata": {"total_size": 1e400}, "weight_map": {}}', "holds the number 1e400"),
+        (
+            '{"metadata": {"total_size": "16381470720"}, "weight_map": {}}',
+            "metadata.total_size = '16381470720' (string)",
+        ),
+        (
+            '{"metadata": {"total_size": ' + str(2**60) + '}, "weight_map": {}}',
+            "metadata.total_size = 1152921504606846976: out of range",
+        ),
+        ('{"metadata": 3, "weight_map": {}}', "has metadata = 3 (int): an object expected"),
+    ],
+)
 def test_index_total_size_of_the_wrong_type_or_range_is_a_finding(tmp_path, index, why):
     d = _copy(QWEN3_8B, tmp_path / "m")
     (d / INDEX).write_text(index)

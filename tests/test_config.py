@@ -228,7 +228,10 @@ def test_health_timeout_ceiling_matches_the_cli(hostvars):
 def test_service_env_cannot_override_the_plugin_sizes(hostvars):
     """ddtree_service.env wins over the rendered env; DDTREE_OPS_VERIFY_TOKENS_PER_REQ=8 there would
     make the plugin size DDTree verify graphs at 8 (the tensor 8 vs 33 crash) — refused."""
-    hostvars["ddtree_service"] = {**hostvars.get("ddtree_service", {}), "env": {"DDTREE_OPS_VERIFY_TOKENS_PER_REQ": "8"}}
+    hostvars["ddtree_service"] = {
+        **hostvars.get("ddtree_service", {}),
+        "env": {"DDTREE_OPS_VERIFY_TOKENS_PER_REQ": "8"},
+    }
     [f] = errors_of(hostvars)
     assert f.field == "ddtree_service.env" and "derived from the validated config" in f.rule
 

@@ -52,20 +52,27 @@ def plan_file(tmp_path: Path, plan_doc: dict) -> Path:
 # ------------------------------------------------------------------ every signature, real-shaped
 
 
-@pytest.mark.parametrize("log, name, values", [
-    ("graph-size-mismatch-ddtree.log", "graph-size-mismatch", {"a": 8, "b": 33, "dim": "1"}),
-    ("graph-batch-overflow-dflash-sglang-37531.log", "graph-batch-overflow", {"a": 8, "b": 9}),
-    ("ptxas-sm103a-triton-bundled.log", "ptxas-unknown-arch", {"arch": "sm_103a", "need": "CUDA >= 12.9"}),
-    ("ima-capture-sglang-5029.log", "illegal-memory-access-capture", {}),
-    ("ima-replay-eagle-sglang-6309.log", "illegal-memory-access-replay", {}),
-    ("capture-oom-sglang-5285.log", "capture-oom", {"tried": "448.00 MiB"}),
-    ("nccl-timeout-sglang-1693.log", "nccl-timeout", {"what": "_ALLGATHER_BASE after 600 s"}),
-    ("port-in-use-uvicorn-vllm-8204.log", "port-in-use", {"portnum": "44319"}),
-    ("device-uvm-missing-nvidia-docker-139.log", "device-nodes-missing", {}),
-    ("health-timeout-sglang-10856.log", "health-timeout", {}),
-    ("own-unit-start-post-timeout.log", "health-timeout", {"what": "the unit's readiness checks and warmup (ExecStartPost) ran past TimeoutStartSec"}),
-    ("own-unit-warmup-failed.log", "warmup-failed", {}),
-])
+@pytest.mark.parametrize(
+    "log, name, values",
+    [
+        ("graph-size-mismatch-ddtree.log", "graph-size-mismatch", {"a": 8, "b": 33, "dim": "1"}),
+        ("graph-batch-overflow-dflash-sglang-37531.log", "graph-batch-overflow", {"a": 8, "b": 9}),
+        ("ptxas-sm103a-triton-bundled.log", "ptxas-unknown-arch", {"arch": "sm_103a", "need": "CUDA >= 12.9"}),
+        ("ima-capture-sglang-5029.log", "illegal-memory-access-capture", {}),
+        ("ima-replay-eagle-sglang-6309.log", "illegal-memory-access-replay", {}),
+        ("capture-oom-sglang-5285.log", "capture-oom", {"tried": "448.00 MiB"}),
+        ("nccl-timeout-sglang-1693.log", "nccl-timeout", {"what": "_ALLGATHER_BASE after 600 s"}),
+        ("port-in-use-uvicorn-vllm-8204.log", "port-in-use", {"portnum": "44319"}),
+        ("device-uvm-missing-nvidia-docker-139.log", "device-nodes-missing", {}),
+        ("health-timeout-sglang-10856.log", "health-timeout", {}),
+        (
+            "own-unit-start-post-timeout.log",
+            "health-timeout",
+            {"what": "the unit's readiness checks and warmup (ExecStartPost) ran past TimeoutStartSec"},
+        ),
+        ("own-unit-warmup-failed.log", "warmup-failed", {}),
+    ],
+)
 def test_each_signature_in_a_real_shaped_log(log: str, name: str, values: dict) -> None:
     found = fixture_findings(log)
     assert list(found) == [name], f"{log}: {[f.message() for f in found.values()]}"
@@ -162,10 +169,30 @@ def test_the_simulator_process_log_end_to_end(tmp_path: Path, plan_file: Path, c
            "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_WARMUP_SECONDS": "0.2",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with open(log, "w") as out:
-        rc = subprocess.run([sys.executable, "-m", "ddtree_ops.sim", "--model-path", "models/target", "--port", str(port),
-                             "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",
-                             "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32"],
-                            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=60).returncode
+        rc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddtree_ops.sim",
+                "--model-path",
+                "models/target",
+                "--port",
+                str(port),
+                "--speculative-algorithm",
+                "DDTREE",
+                "--speculative-draft-model-path",
+                "models/draft",
+                "--speculative-dflash-block-size",
+                "8",
+                "--speculative-ddtree-budget",
+                "32",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            timeout=60,
+        ).returncode
     assert rc == 1
     rc, out, _ = cli(capsys, ["--file", str(log), "--plan", str(plan_file)])
     assert rc == 1
@@ -210,7 +237,10 @@ def test_illegal_access_capture_and_replay_are_told_apart_by_context() -> None:
     assert list(run(capture)) == ["illegal-memory-access-capture"]
     found = run(replay)
     assert list(found) == ["illegal-memory-access-replay"]
-    assert "eager" in found["illegal-memory-access-replay"].fix and "cuda_graph: false" in found["illegal-memory-access-replay"].fix
+    assert (
+        "eager" in found["illegal-memory-access-replay"].fix
+        and "cuda_graph: false" in found["illegal-memory-access-replay"].fix
+    )
 
 
 def test_a_restart_ends_an_unfinished_capture() -> None:
@@ -259,21 +289,38 @@ def test_oom_outside_capture_is_its_own_signature() -> None:
     assert run(lines)["cuda-oom"].values["tried"] == "2.00 GiB"
 
 
-@pytest.mark.parametrize("line, name", [
-    # sglang/srt/utils/watchdog.py (0.5.23): f"{self.debug_name} watchdog timeout ({self.watchdog_timeout=}, {self.soft=})"
-    ("[2026-01-01 00:00:00] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)", "scheduler-watchdog"),
-    ("RuntimeError: No CUDA GPUs are available", "device-nodes-missing"),
-    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "device-nodes-missing"),
-    ("CUDA Error CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected while calling init (cuInit)", "device-nodes-missing"),
-    ("RuntimeError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: 0, "
-     "code: -98, name: EADDRINUSE, message: address already in use", "port-in-use"),
-    ("OSError: [Errno 98] Address already in use", "port-in-use"),
-    ("FAIL port: port 30000 is held by python3 (pid 4242, unit other.service). Fix: stop it", "port-in-use"),
-    ("FAIL ready: /health failed 3 consecutive probe(s), 1 s apart: answered 503 (starting)", "health-timeout"),
-    ("[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
-     "timeout: WorkNCCL(SeqNum=7753, OpType=_REDUCE_SCATTER_BASE, NumelIn=544997376, NumelOut=68124672, "
-     "Timeout(ms)=600000) ran for 600061 milliseconds before timing out.", "nccl-timeout"),
-])
+@pytest.mark.parametrize(
+    "line, name",
+    [
+        # sglang/srt/utils/watchdog.py (0.5.23):
+        #   f"{self.debug_name} watchdog timeout ({self.watchdog_timeout=}, {self.soft=})"
+        (
+            "[2026-01-01 00:00:00] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)",
+            "scheduler-watchdog",
+        ),
+        ("RuntimeError: No CUDA GPUs are available", "device-nodes-missing"),
+        ("RuntimeError: CUDA error: no CUDA-capable device is detected", "device-nodes-missing"),
+        (
+            "CUDA Error CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected while calling init (cuInit)",
+            "device-nodes-missing",
+        ),
+        (
+            "RuntimeError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: "
+            "0, "
+            "code: -98, name: EADDRINUSE, message: address already in use",
+            "port-in-use",
+        ),
+        ("OSError: [Errno 98] Address already in use", "port-in-use"),
+        ("FAIL port: port 30000 is held by python3 (pid 4242, unit other.service). Fix: stop it", "port-in-use"),
+        ("FAIL ready: /health failed 3 consecutive probe(s), 1 s apart: answered 503 (starting)", "health-timeout"),
+        (
+            "[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=7753, OpType=_REDUCE_SCATTER_BASE, NumelIn=544997376, NumelOut=68124672, "
+            "Timeout(ms)=600000) ran for 600061 milliseconds before timing out.",
+            "nccl-timeout",
+        ),
+    ],
+)
 def test_other_shapes_of_each_signature(line: str, name: str) -> None:
     assert list(run([line])) == [name]
 
@@ -521,7 +568,9 @@ def test_cli_bad_plan_json_exit_2(capsys, tmp_path: Path) -> None:
 def test_cli_stdin(capsys, monkeypatch) -> None:
     import io
 
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((LOGS / "nccl-timeout-sglang-1693.log").read_bytes())))
+    monkeypatch.setattr(
+        sys, "stdin", io.TextIOWrapper(io.BytesIO((LOGS / "nccl-timeout-sglang-1693.log").read_bytes()))
+    )
     rc, out, _ = cli(capsys, ["-"])
     assert rc == 1 and out.startswith("FAIL nccl-timeout (line 7)")
 

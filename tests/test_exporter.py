@@ -286,8 +286,24 @@ def test_cli_exporter_port_0_prints_the_bound_port(sim, tmp_path) -> None:
 
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(sim.plan_doc))
-    p = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "exporter", "--plan", str(plan), "--upstream", sim.base,
-                          "--listen", "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_ops",
+            "exporter",
+            "--plan",
+            str(plan),
+            "--upstream",
+            sim.base,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stderr.readline()
         m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
@@ -327,3 +343,13 @@ def test_cli_exporter_serves_until_sigterm(sim, tmp_path) -> None:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=10)
     assert p.returncode == 0, err
+
+
+def test_module_docstring_lists_exactly_the_metrics_table():
+    """The prose table of the module docstring names every metric of ``METRICS`` and no other."""
+    import re
+
+    import ddtree_ops.ops.exporter as exporter
+
+    documented = set(re.findall(r"^``(ddtree_[a-z_]+)", exporter.__doc__, flags=re.M))
+    assert documented == set(exporter.METRICS) == set(METRIC_NAMES)

@@ -63,17 +63,35 @@ def test_instances_on_one_machine_with_their_own_ports_and_units_pass(tmp_path, 
     assert main(["validate", "-i", str(inv)]) == 0, capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("a", "b", "field"), [
-    ({"ansible_host": "10.0.0.5"}, {"ansible_host": "10.0.0.6", "ops": {"scrape_host": "10.0.0.5"}}, "ddtree_server.port"),
-    ({"ansible_host": "fd00::5"}, {"ansible_host": "fd00:0:0::5"}, "ddtree_server.port"),  # one IPv6 address
-    ({"ansible_host": "B300-01.example"}, {"ansible_host": "b300-01.EXAMPLE"}, "ddtree_server.port"),  # RFC 4343
-    ({}, {"ansible_host": "h1"}, "ddtree_server.port"),  # h1 without ansible_host is reached as h1
-    # h2's SGLang port is h1's exporter port, units differ: still one port twice on one machine
-    ({"ansible_host": "10.0.0.5"}, {"ansible_host": "10.0.0.5", "server": {"port": 19400},
-                                    "ops": {"exporter_port": 19401}, "service": {"name": "two"}}, "ddtree_server.port"),
-    ({"ansible_host": "10.0.0.5"}, {"ansible_host": "10.0.0.5", "server": {"port": 30001},
-                                    "ops": {"exporter_port": 19401}}, "ddtree_service.name"),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "field"),
+    [
+        (
+            {"ansible_host": "10.0.0.5"},
+            {"ansible_host": "10.0.0.6", "ops": {"scrape_host": "10.0.0.5"}},
+            "ddtree_server.port",
+        ),
+        ({"ansible_host": "fd00::5"}, {"ansible_host": "fd00:0:0::5"}, "ddtree_server.port"),  # one IPv6 address
+        ({"ansible_host": "B300-01.example"}, {"ansible_host": "b300-01.EXAMPLE"}, "ddtree_server.port"),  # RFC 4343
+        ({}, {"ansible_host": "h1"}, "ddtree_server.port"),  # h1 without ansible_host is reached as h1
+        # h2's SGLang port is h1's exporter port, units differ: still one port twice on one machine
+        (
+            {"ansible_host": "10.0.0.5"},
+            {
+                "ansible_host": "10.0.0.5",
+                "server": {"port": 19400},
+                "ops": {"exporter_port": 19401},
+                "service": {"name": "two"},
+            },
+            "ddtree_server.port",
+        ),
+        (
+            {"ansible_host": "10.0.0.5"},
+            {"ansible_host": "10.0.0.5", "server": {"port": 30001}, "ops": {"exporter_port": 19401}},
+            "ddtree_service.name",
+        ),
+    ],
+)
 def test_clash_detected(a, b, field):
     findings = fleet_findings([_v("h1", **a), _v("h2", **b)])
     assert [f.field for f in findings][:1] == [field]

@@ -137,7 +137,9 @@ class Hostile:
                 head, _, body = data.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path = lines[0].split(" ")[:2]
-                length = next((int(x.split(":", 1)[1]) for x in lines[1:] if x.lower().startswith("content-length:")), 0)
+                length = next(
+                    (int(x.split(":", 1)[1]) for x in lines[1:] if x.lower().startswith("content-length:")), 0
+                )
                 while len(body) < length:
                     more = c.recv(65536)
                     if not more:
@@ -251,38 +253,115 @@ CASES = [
     ("gzip-bomb", gzip_bomb, ALL, "byte cap", "byte cap", True),
     ("gzip-bomb-metrics", gzip_bomb, METRICS, "exceeds the 8388608 byte cap", None, True),
     ("trickle-metrics", trickle_body, METRICS, "no complete answer within 1 s", None, True),
-    ("inf-gauge", metrics_with(b"sglang:num_queue_reqs{tp_rank=\"0\"} +Inf"), METRICS, "not finite", None, True),
+    ("inf-gauge", metrics_with(b'sglang:num_queue_reqs{tp_rank="0"} +Inf'), METRICS, "not finite", None, True),
     ("nan-counter", metrics_with(b"sglang:generation_tokens_total NaN"), METRICS, "not finite", None, True),
     ("1e999-counter", metrics_with(b"sglang:spec_verify_calls_total 1e999"), METRICS, "not finite", None, True),
-    ("negative-load", fixed(200, "text/plain", b"sglang:num_running_reqs -3\nsglang:num_queue_reqs 0\n"), METRICS,
-     "negative request counts", None, True),
+    (
+        "negative-load",
+        fixed(200, "text/plain", b"sglang:num_running_reqs -3\nsglang:num_queue_reqs 0\n"),
+        METRICS,
+        "negative request counts",
+        None,
+        True,
+    ),
     ("words-as-value", metrics_with(b"sglang:num_requests_total many"), METRICS, "not a number", None, True),
-    ("not-prometheus", fixed(200, "text/html", b"<html><body>hello</body></html>"), METRICS,
-     "not SGLang's metrics", None, True),
-    ("too-many-samples", fixed(200, "text/plain", b"".join(b'sglang:num_running_reqs{i="%d"} 0\n' % i
-                                                          for i in range(10_001))), METRICS,
-     "more than 10000 samples", None, True),
-    ("unterminated-label-8mib", fixed(200, "text/plain", b'sglang:num_running_reqs{a="' + b"x" * ((8 << 20) - 100) + b"\n"),
-     METRICS, "not SGLang's metrics", None, True),
+    (
+        "not-prometheus",
+        fixed(200, "text/html", b"<html><body>hello</body></html>"),
+        METRICS,
+        "not SGLang's metrics",
+        None,
+        True,
+    ),
+    (
+        "too-many-samples",
+        fixed(200, "text/plain", b"".join(b'sglang:num_running_reqs{i="%d"} 0\n' % i for i in range(10_001))),
+        METRICS,
+        "more than 10000 samples",
+        None,
+        True,
+    ),
+    (
+        "unterminated-label-8mib",
+        fixed(200, "text/plain", b'sglang:num_running_reqs{a="' + b"x" * ((8 << 20) - 100) + b"\n"),
+        METRICS,
+        "not SGLang's metrics",
+        None,
+        True,
+    ),
     ("json-list", fixed(200, "application/json", b"[1, 2]"), INFO | GEN, "not an object", "no meta_info object", False),
-    ("json-string", fixed(200, "application/json", b'"hello"'), INFO | GEN, "not an object", "no meta_info object",
-     False),
-    ("json-deep", fixed(200, "application/json", DEEP_JSON), INFO | GEN, "nested too deeply", "byte cap",  # 200k deep: over /generate's 64 KiB cap
-     False),
-    ("json-33-deep", fixed(200, "application/json", b"[" * 33 + b"]" * 33), INFO | GEN, "deeper than 32",
-     "deeper than 32", False),
-    ("json-nan", fixed(200, "application/json", b'{"model_path": NaN, "tp_size": 1}'), INFO, "malformed JSON", None,
-     False),
-    ("meta-nan", fixed(200, "application/json", b'{"meta_info": {"completion_tokens": NaN}}'), GEN, None,
-     "non-finite number NaN", False),
-    ("meta-1e999", fixed(200, "application/json", b'{"meta_info": {"spec_accept_length": 1e999}}'), GEN, None,
-     "out of range", False),
-    ("meta-negative", fixed(200, "application/json", b'{"meta_info": {"completion_tokens": -5}}'), GEN, None,
-     "a token count must be an integer", False),
-    ("meta-huge-int", fixed(200, "application/json", b'{"meta_info": {"prompt_tokens": 1' + b"0" * 400 + b"}}"), GEN,
-     None, "out of range", False),
-    ("wrong-content-type", fixed(200, "text/html", b"<html>I am a login page</html>"), INFO | METRICS | GEN,
-     "malformed JSON", "malformed JSON", True),
+    (
+        "json-string",
+        fixed(200, "application/json", b'"hello"'),
+        INFO | GEN,
+        "not an object",
+        "no meta_info object",
+        False,
+    ),
+    (
+        "json-deep",
+        fixed(200, "application/json", DEEP_JSON),
+        INFO | GEN,
+        "nested too deeply",
+        "byte cap",  # 200k deep: over /generate's 64 KiB cap
+        False,
+    ),
+    (
+        "json-33-deep",
+        fixed(200, "application/json", b"[" * 33 + b"]" * 33),
+        INFO | GEN,
+        "deeper than 32",
+        "deeper than 32",
+        False,
+    ),
+    (
+        "json-nan",
+        fixed(200, "application/json", b'{"model_path": NaN, "tp_size": 1}'),
+        INFO,
+        "malformed JSON",
+        None,
+        False,
+    ),
+    (
+        "meta-nan",
+        fixed(200, "application/json", b'{"meta_info": {"completion_tokens": NaN}}'),
+        GEN,
+        None,
+        "non-finite number NaN",
+        False,
+    ),
+    (
+        "meta-1e999",
+        fixed(200, "application/json", b'{"meta_info": {"spec_accept_length": 1e999}}'),
+        GEN,
+        None,
+        "out of range",
+        False,
+    ),
+    (
+        "meta-negative",
+        fixed(200, "application/json", b'{"meta_info": {"completion_tokens": -5}}'),
+        GEN,
+        None,
+        "a token count must be an integer",
+        False,
+    ),
+    (
+        "meta-huge-int",
+        fixed(200, "application/json", b'{"meta_info": {"prompt_tokens": 1' + b"0" * 400 + b"}}"),
+        GEN,
+        None,
+        "out of range",
+        False,
+    ),
+    (
+        "wrong-content-type",
+        fixed(200, "text/html", b"<html>I am a login page</html>"),
+        INFO | METRICS | GEN,
+        "malformed JSON",
+        "malformed JSON",
+        True,
+    ),
     ("http09-garbage", http09, ALL, "RemoteProtocolError", "RemoteProtocolError", True),
     ("redirect-loop", redirect_loop, ALL, "answered 302", "HTTP 302", True),
     ("503-forever", fixed(503, "text/plain", b"Service Unavailable"), ALL, "answered 503", "HTTP 503", True),
@@ -313,7 +392,9 @@ def test_hostile_server(case, plan_doc, capsys) -> None:
             wall = time.monotonic() - t0
             doc = _check_output(capsys.readouterr().out)
             assert rc == 1, doc
-            assert [c["name"] for c in doc["checks"]] == [n for n in CHECK_NAMES if n in {c["name"] for c in doc["checks"]}]
+            assert [c["name"] for c in doc["checks"]] == [
+                n for n in CHECK_NAMES if n in {c["name"] for c in doc["checks"]}
+            ]
             failed = [c for c in doc["checks"] if not c["ok"]]
             assert failed and any(health_words in c["detail"] for c in failed), doc
             assert wall <= doc["bound_s"] + SLACK_S, (wall, doc["bound_s"])
@@ -332,7 +413,9 @@ def test_hostile_server(case, plan_doc, capsys) -> None:
             sample = exp.poll_once()
             wall = time.monotonic() - t0
             assert wall <= exp.poll_bound_s + SLACK_S, (wall, exp.poll_bound_s)
-            up = reg.get_sample_value("ddtree_up", dict(zip(("host", "host_class", "model"), exp.identity.labels)))
+            up = reg.get_sample_value(
+                "ddtree_up", dict(zip(("host", "host_class", "model"), exp.identity.labels, strict=True))
+            )
             assert up == (0.0 if exporter_down else 1.0), sample
             if exporter_down:
                 assert sample.error and "\x1b" not in sample.error
@@ -426,7 +509,7 @@ class Switchable:
 
 
 def _labels(exp: Exporter) -> dict[str, str]:
-    return dict(zip(("host", "host_class", "model"), exp.identity.labels))
+    return dict(zip(("host", "host_class", "model"), exp.identity.labels, strict=True))
 
 
 def test_scheduler_stuck_flips_to_1_on_frozen_counters_and_back(plan_doc) -> None:

@@ -79,7 +79,7 @@ CASES = {
             "h2": ("5.5x30", "1.5x30", "1x30"),  # healthy
             "h3": ("1.0x30", "1.5x30", "0x30"),  # speculation off: accept length means nothing
           }.items() for n, v in zip(("ddtree_accept_length", "ddtree_accept_length_floor",
-                                     "ddtree_speculative_enabled"), vals)],
+                                     "ddtree_speculative_enabled"), vals, strict=True)],
          # h4: dips below the floor for 5 minutes only
          _series("ddtree_accept_length", _host("h4"), "5x5 1x5 5x20"),
          _series("ddtree_accept_length_floor", _host("h4"), "1.5x30"),

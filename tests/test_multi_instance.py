@@ -129,7 +129,9 @@ def test_rendezvous_port_rendered_per_instance():
     assert a1[a1.index("--nccl-port") + 1] == "30100" and "--base-gpu-id" not in a1
     assert a2[a2.index("--nccl-port") + 1] == "31000" and a2[a2.index("--base-gpu-id") + 1] == "4"
     errs = _errors("h1", _hv(server={"nccl_port": 19400}))
-    assert [e.field for e in errs] == ["ddtree_server.nccl_port"] and "also ddtree_ops.exporter_port" in errs[0].message()
+    assert [e.field for e in errs] == ["ddtree_server.nccl_port"] and "also ddtree_ops.exporter_port" in errs[
+        0
+    ].message()
     high = validate_hostvars("h1", _hv(server={"port": 65500}))
     assert high.deployment.server.rendezvous_port == 65400
 
@@ -207,5 +209,8 @@ def test_cuda_visible_devices_in_secret_env_is_refused_without_its_value():
     hv = _hv()
     hv["ddtree_secret_env"] = {"CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1,2,3"}
     [e] = [e for e in _errors("h1", hv) if "CUDA_VISIBLE_DEVICES" in e.field]
-    assert e.field == "ddtree_secret_env.CUDA_VISIBLE_DEVICES" and "move CUDA_VISIBLE_DEVICES to ddtree_service.env" in e.message()
+    assert (
+        e.field == "ddtree_secret_env.CUDA_VISIBLE_DEVICES"
+        and "move CUDA_VISIBLE_DEVICES to ddtree_service.env" in e.message()
+    )
     assert "4,5,6,7" not in e.message()

@@ -127,9 +127,12 @@ def test_say_on_a_terminal_goes_through_rich():
 
 def test_help_and_light_commands_do_not_import_the_config_models_or_httpx():
     """``--help`` loads neither pydantic, the config models, httpx nor Ansible (issue 15: 0.87 s -> < 0.3 s)."""
-    code = ("import sys\nfrom ddtree_ops.cli import main\nrc = main(['--help'])\n"
-            "heavy = [m for m in ('pydantic', 'ddtree_ops.config.models', 'httpx', 'ansible', 'jinja2') if m in sys.modules]\n"
-            "print('HEAVY', heavy)\nsys.exit(rc)")
+    code = (
+        "import sys\nfrom ddtree_ops.cli import main\nrc = main(['--help'])\n"
+        "heavy = [m for m in ('pydantic', 'ddtree_ops.config.models', 'httpx', 'ansible', 'jinja2') if m in "
+        "sys.modules]\n"
+        "print('HEAVY', heavy)\nsys.exit(rc)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout, r.stdout[-500:]
@@ -138,6 +141,7 @@ def test_help_and_light_commands_do_not_import_the_config_models_or_httpx():
 def test_lazy_config_package_keeps_its_names():
     import ddtree_ops.config as config
 
+    assert config.__all__ == sorted(config._WHERE)
     for name in config.__all__:
         assert getattr(config, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -225,13 +229,39 @@ def _reference_scrub(text: str) -> str:
 
 SCRUB_CASES = [
     "b300-01: ddtree_sglang.commit = None: source git needs repo and commit. Fix: set repo (git rev-parse HEAD)",
-    "https://tok123@github.com/x", "socks5://u:p4ss@proxy:1080", "Authorization: Bearer abcd.efgh", "BASIC QWxhZGRpbg==",
-    "Token\tsecretvalue1", "\u212aey token: x", "to\u212aen abcdef", "ba\u017fic QWxhZGRpbg==", "digeſt AAAA1234",
-    "x?token=abc&sig=def", "HF_TOKEN=hf_abc WANDB_API_KEY=k1 draft_tokens_per_req=4", "9token=v", "_key=v", "a.b-c: v",
-    "api-key=X,auth: y", "(redacted)", "name=(redacted)", "X_API_KEY: 'q'", "é_token=é", "tokens: 5", "API_TOKENS=a",
-    "CANARY-registered-secret in text", "", "x hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123 y", "--api-key SEK1 --port 1",
-    "export OPENAI_API_KEY=\"q1\"", "ServerArgs(api_key='k1', port=1)", '{"hf_token": "v1"}', "HF_TOKEN = v1",
-    "token: SEKRIT1", "a secret: it", '\\"hf_token\\": \\"v1\\"', "sk-proj-abcdefghijklmnopqrstu1",
+    "https://tok123@github.com/x",
+    "socks5://u:p4ss@proxy:1080",
+    "Authorization: Bearer abcd.efgh",
+    "BASIC QWxhZGRpbg==",
+    "Token\tsecretvalue1",
+    "\u212aey token: x",
+    "to\u212aen abcdef",
+    "ba\u017fic QWxhZGRpbg==",
+    "digeſt AAAA1234",
+    "x?token=abc&sig=def",
+    "HF_TOKEN=hf_abc WANDB_API_KEY=k1 draft_tokens_per_req=4",
+    "9token=v",
+    "_key=v",
+    "a.b-c: v",
+    "api-key=X,auth: y",
+    "(redacted)",
+    "name=(redacted)",
+    "X_API_KEY: 'q'",
+    "é_token=é",
+    "tokens: 5",
+    "API_TOKENS=a",
+    "CANARY-registered-secret in text",
+    "",
+    "x hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123 y",
+    "--api-key SEK1 --port 1",
+    'export OPENAI_API_KEY="q1"',
+    "ServerArgs(api_key='k1', port=1)",
+    '{"hf_token": "v1"}',
+    "HF_TOKEN = v1",
+    "token: SEKRIT1",
+    "a secret: it",
+    '\\"hf_token\\": \\"v1\\"',
+    "sk-proj-abcdefghijklmnopqrstu1",
 ]
 
 
@@ -252,7 +282,13 @@ def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
     for text in SCRUB_CASES + randoms:
         assert errors.scrub(text) == _reference_scrub(text), repr(text)
     assert "hf_abc" not in errors.scrub(SCRUB_CASES[11]) and "QWxhZGRpbg" not in errors.scrub(SCRUB_CASES[8])
-    leaks = dict(zip(SCRUB_CASES[-10:], ("hf_AbCd", "SEK1", "q1", "k1", "v1", "v1", "SEKRIT1", None, "v1", "sk-proj")))
+    leaks = dict(
+        zip(
+            SCRUB_CASES[-10:],
+            ("hf_AbCd", "SEK1", "q1", "k1", "v1", "v1", "SEKRIT1", None, "v1", "sk-proj"),
+            strict=True,
+        )
+    )
     assert all(errors.scrub(t) == t if v is None else v not in errors.scrub(t) for t, v in leaks.items())
 
 
@@ -292,7 +328,9 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
     for i in range(3):
         hv = _host_vars(i, shared)
         with pytest.raises(ConfigError) as exc:
-            deployment_vars(hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo)
+            deployment_vars(
+                hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo
+            )
         assert [f.field for f in exc.value.findings] == ["ddtree_service.env.FOO"], i
         assert "CANARY" not in str(exc.value)
         assert "CANARY-shared-vault-value" in errors._known_secrets  # registered by this host's load
@@ -303,11 +341,17 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
     for i, own in enumerate([None, {"ddtree_model": {"path": list(range(6000))}}, None]):
         hv = _host_vars(i, big, own)
         try:
-            deployment_vars(hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo)
+            deployment_vars(
+                hv, inventory_mod._template_if_marked(Templar(loader=loader, variables=hv), memo), f"h{i}", memo
+            )
             outcomes.append("ok")
         except ConfigError as exc:
             outcomes.append(exc.findings[0].rule.split(" (")[0])
-    assert outcomes == ["ok", f"the host's deployment variables exceed {MAX_VAR_NODES} values or 1024 KiB of text", "ok"]
+    assert outcomes == [
+        "ok",
+        f"the host's deployment variables exceed {MAX_VAR_NODES} values or 1024 KiB of text",
+        "ok",
+    ]
 
 
 @pytest.mark.parametrize("inv", SHIPPED)
@@ -375,7 +419,9 @@ def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch)
         write_under(out, rel, "x\n", 0o644)
     opened = []
     real = write_mod._open_nofollow
-    monkeypatch.setattr(write_mod, "_open_nofollow", lambda name, fd, shown: (opened.append(shown), real(name, fd, shown))[1])
+    monkeypatch.setattr(
+        write_mod, "_open_nofollow", lambda name, fd, shown: (opened.append(shown), real(name, fd, shown))[1]
+    )
     write_mod.check_targets(out, rels + ["h9/new/f", "prometheus/p.yml"])
     existing = {str(p) for p in [out, *out.rglob("*")] if p.is_dir()}
     assert sorted(opened) == sorted(existing | {str(out / "h9"), str(out / "prometheus")})  # + the missing ones tried

@@ -283,7 +283,9 @@ def test_limits_below_the_units_fail():
     assert not c["ok"] and "fs.nr_open is 65536" in c["detail"] and "sysctl -w fs.nr_open=1048576" in c["remediation"]
     unit = "ddtree-sglang.service"
     low = pf.limits_check(1048576, {"LimitNOFILE": "4096", "LimitMEMLOCK": "8388608"}, unit)
-    assert not low["ok"] and "LimitNOFILE=4096" in low["detail"] and "LimitMEMLOCK=8388608, not infinity" in low["detail"]
+    assert (
+        not low["ok"] and "LimitNOFILE=4096" in low["detail"] and "LimitMEMLOCK=8388608, not infinity" in low["detail"]
+    )
     assert pf.limits_check(1048576, {"LimitNOFILE": "1048576", "LimitMEMLOCK": "infinity"}, unit)["ok"]
     assert pf.limits_check(1048576, None, unit)["ok"]  # not loaded yet: the unit file sets both
 
@@ -410,7 +412,9 @@ def test_deploy_play_stops_an_unfit_host_before_anything_changes(tmp_path):
     plays = yaml.safe_load((REPO / "deploy.yml").read_text())
     pre = next(p for p in plays if p.get("name") == "Preflight")
     assert pre["any_errors_fatal"] is False  # one unfit host never stops the fleet
-    assert plays.index(pre) < next(i for i, p in enumerate(plays) if "service.yml" in str(p.get("ansible.builtin.import_playbook")))
+    assert plays.index(pre) < next(
+        i for i, p in enumerate(plays) if "service.yml" in str(p.get("ansible.builtin.import_playbook"))
+    )
     hv = base_hostvars()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -590,8 +594,10 @@ def test_nccl_result_of_the_wrong_shape_is_a_failed_check(tmp_path, line):
 
 def test_nccl_result_of_the_right_shape_passes(tmp_path):
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 2; exit 0;; esac\necho '{\"world\": 2, \"bytes\": 67108864, "
-                    "\"seconds\": 0.001, \"correct\": true, \"busbw_gbps\": 67.1, \"nccl\": \"2.27.3\", \"torch\": \"2.9\"}'\n")
+    fake.write_text(
+        '#!/bin/sh\ncase "$1" in -c) echo 2; exit 0;; esac\necho \'{"world": 2, "bytes": 67108864, '
+        '"seconds": 0.001, "correct": true, "busbw_gbps": 67.1, "nccl": "2.27.3", "torch": "2.9"}\'\n'
+    )
     fake.chmod(0o755)
     c = pf.nccl_check(str(fake), 2, 10)
     assert c["ok"] and "64 MiB over 2 GPU(s)" in c["detail"] and "67.1 GB/s" in c["detail"]
@@ -704,7 +710,9 @@ def test_cli_and_zipapp_exit_2_on_a_hostile_plan_and_json_on_a_bug(tmp_path, cap
 def test_gpu_facts_quoted_from_nvidia_smi_are_cleaned(tmp_path):
     xml = (DERIVED / "b300x8_nvidia_smi_q.xml").read_text()
     name = re.search(r"<product_name>([^<]*)</product_name>", xml)[1]
-    (tmp_path / "q.xml").write_text(xml.replace(name, name + " &#x9b;2J&#x9d;52;c;eA==&#x9c;&#x202e; token: SEKRITname"))  # XML 1.0 admits C1, not ESC
+    (tmp_path / "q.xml").write_text(
+        xml.replace(name, name + " &#x9b;2J&#x9d;52;c;eA==&#x9c;&#x202e; token: SEKRITname")
+    )  # XML 1.0 admits C1, not ESC
     smi = standin_smi(tmp_path, tmp_path / "q.xml", DERIVED / "b300x8_topo.txt",
                       (DERIVED / "b300x8_query_gpu.csv").read_text())
     r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path, 8))

@@ -60,7 +60,7 @@ def test_service_account_guard_on_this_machine(tmp_path, user, ok):
         "tasks": [{"ansible.builtin.import_tasks": str(role / "tasks" / "account_check.yml")}]}]))
     render = {"deployment": {"service": {"user": user}}, "paths": {"state": "/var/lib/ddtree-ops/sglang"}}
     r = subprocess.run([playbook, "-i", "localhost,", str(tmp_path / "pb.yml"), "-e",
-                        json.dumps({"_ddtree_render": render, "ansible_python_interpreter": sys.executable})],
+                        json.dumps({"_ddtree_service_render": render, "ansible_python_interpreter": sys.executable})],
                        capture_output=True, text=True, timeout=120,
                        cwd=tmp_path)
     text = " ".join(r.stdout.split())

@@ -95,7 +95,11 @@ def test_release_has_no_ddtree(sglang_python, version, source):
     assert rc == 1
     algos = checks["speculative-algorithms"]
     assert not algos["ok"] and algos["ddtree"] is False
-    assert "does not know DDTREE" in algos["detail"] and "source: git" in algos["detail"] and source[-5:] in algos["detail"]
+    assert (
+        "does not know DDTREE" in algos["detail"]
+        and "source: git" in algos["detail"]
+        and source[-5:] in algos["detail"]
+    )
     assert checks["argv-parses"]["ok"], checks["argv-parses"]
     assert "--speculative-ddtree-budget checked against the versions table" in checks["argv-parses"]["detail"]
 
@@ -187,7 +191,9 @@ def test_cli_probe_sglang_bad_python(tmp_path):
                            "--python", str(tmp_path / "nope"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert json.loads(proc.stdout)["checks"][0]["detail"].startswith(f"--python {tmp_path / 'nope'}: no such interpreter")
+    assert json.loads(proc.stdout)["checks"][0]["detail"].startswith(
+        f"--python {tmp_path / 'nope'}: no such interpreter"
+    )
 
 
 def test_cli_probe_sglang_from_plan(sglang_python, tmp_path):

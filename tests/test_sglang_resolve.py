@@ -72,14 +72,20 @@ def test_diff_is_empty_when_sglang_keeps_the_plan():
     assert diff_plan(planned_values(v.plan), resolved(v)) == []
 
 
-@pytest.mark.parametrize(("field", "value", "expect"), [
-    ("decode_capture_bs", [1, 2, 4, 8, 16, 32], "capture list (decode bs) [1 2 3 4 5 6 7 8 10 12 14 16 18 20 22 24 26 28 "
-                                                "30 32] → [1 2 4 8 16 32]"),
-    ("max_running_requests", 48, "max_running_requests 32 → 48"),
-    ("speculative_num_draft_tokens", 8, "speculative_num_draft_tokens 4 → 8"),
-    ("speculative_eagle_topk", 4, "speculative_eagle_topk 1 → 4"),
-    ("disable_overlap_schedule", True, "disable_overlap_schedule (overlap scheduling off) False → True"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "expect"),
+    [
+        (
+            "decode_capture_bs",
+            [1, 2, 4, 8, 16, 32],
+            "capture list (decode bs) [1 2 3 4 5 6 7 8 10 12 14 16 18 20 22 24 26 28 30 32] → [1 2 4 8 16 32]",
+        ),
+        ("max_running_requests", 48, "max_running_requests 32 → 48"),
+        ("speculative_num_draft_tokens", 8, "speculative_num_draft_tokens 4 → 8"),
+        ("speculative_eagle_topk", 4, "speculative_eagle_topk 1 → 4"),
+        ("disable_overlap_schedule", True, "disable_overlap_schedule (overlap scheduling off) False → True"),
+    ],
+)
 def test_diff_covers_capture_list_limits_speculation_and_overlap(field, value, expect):
     v = validate_hostvars("q1", qwen35_eagle(attention_backend="trtllm_mha"))
     lines = diff_plan(planned_values(v.plan), resolved(v, **{field: value}))

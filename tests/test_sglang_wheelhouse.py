@@ -65,7 +65,9 @@ def test_patch_series_refused_whole(built, src):
     out, pin, _ = built
     before = listing(out)
     bad = {**pin, "patches": [*pin["patches"], {"path": str(src.bad_patch), "sha256": src.sha(src.bad_patch)}]}
-    with pytest.raises(WheelhouseError, match=r"ddtree_sglang.patches = .*does not apply to .*none was applied. Fix: rebase"):
+    with pytest.raises(
+        WheelhouseError, match=r"ddtree_sglang.patches = .*does not apply to .*none was applied. Fix: rebase"
+    ):
         build(bad, out)
     assert listing(out) == before
 
@@ -96,7 +98,9 @@ def test_wheel_source_sha256(built, tmp_path):
     good = {"source": "wheel", "path": str(wheel), "sha256": GitSource.sha(wheel), "version": "0.5.23"}
     assert build(good, out)["requirement"] == "sglang==0.5.23"
     before = listing(out)
-    with pytest.raises(WheelhouseError, match=r"ddtree_sglang.path = .*: SHA-256 is [0-9a-f]{64}, but ddtree_sglang.sha256 = f{64}"):
+    with pytest.raises(
+        WheelhouseError, match=r"ddtree_sglang.path = .*: SHA-256 is [0-9a-f]{64}, but ddtree_sglang.sha256 = f{64}"
+    ):
         build({**good, "sha256": "f" * 64}, out)
     with pytest.raises(WheelhouseError, match=r"version = '0.5.22': the wheel is sglang 0.5.23"):
         build({**good, "version": "0.5.22"}, out)
@@ -175,14 +179,18 @@ def test_wheel_needs_sha256_and_one_location():
 
 def test_fields_of_another_source_refused():
     msgs = errors(pin_vars(source="pypi", version="0.5.23", commit="a" * 40))
-    assert msgs == ["h1: ddtree_sglang.commit = '" + "a" * 40 + "': does not apply to source pypi (a PyPI release: "
-                    "version (+ optional requirements)). Fix: remove it, or set source to the kind of pin it belongs to"]
+    assert msgs == [
+        "h1: ddtree_sglang.commit = '" + "a" * 40 + "': does not apply to source pypi (a PyPI release: "
+        "version (+ optional requirements)). Fix: remove it, or set source to the kind of pin it belongs to"
+    ]
 
 
 def test_simulated_build_only_with_the_simulator():
     """An inventory copied from a test host and switched to git keeps simulated_build: refused, not
     silently ignored."""
-    msgs = errors(pin_vars(source="git", repo="https://example.org/sglang.git", commit="a" * 40, simulated_build="ddtree"))
+    msgs = errors(
+        pin_vars(source="git", repo="https://example.org/sglang.git", commit="a" * 40, simulated_build="ddtree")
+    )
     assert any(m.startswith("h1: ddtree_sglang.simulated_build = 'ddtree': does not apply to source git") for m in msgs)
 
 

@@ -39,9 +39,11 @@ def _mixed_inventory(tmp_path: Path, n: int = 40, errors: bool = True) -> Path:
     hosts["b300"]["10.1.2.3"] = {"ansible_host": "10.1.2.3"}
     (hv_dir / "b300-07.yml").write_text("ddtree_server:\n  port: 31000\n  tp_size: 8\n  cuda_graph: false\n")
     (hv_dir / "ct200-08.yml").write_text(yaml.safe_dump({"ddtree_hf_token": "hf_" + "A1b2C3d4" * 4}))
-    (hv_dir / "b300-09.yml").write_text(yaml.safe_dump({"ddtree_model": {"path": "/models/not-here", "revision": "a" * 40}}))
-    (hv_dir / "b300-11.yml").write_text("ddtree_speculative:\n  algorithm: DDTREE\n  draft_model_path: z-lab/Kimi-K2.6-DFlash\n"
-                                        "  block_size: 8\n  budget: 16\n")
+    (hv_dir / "b300-09.yml").write_text(
+        yaml.safe_dump({"ddtree_model": {"path": "/models/not-here", "revision": "a" * 40}}))
+    (hv_dir / "b300-11.yml").write_text(
+        "ddtree_speculative:\n  algorithm: DDTREE\n  draft_model_path: z-lab/Kimi-K2.6-DFlash\n"
+        "  block_size: 8\n  budget: 16\n")
     if errors:
         hosts["b300"]["b300-13"] = {"ansible_host": "bad host!"}
         hosts["ct200"]["Bad_Name"] = {"ansible_host": "10.0.0.99"}
@@ -141,7 +143,8 @@ def test_share_key_tells_a_vaulted_string_from_a_plain_one(tmp_path):
 
     _, enc = _vaulted(tmp_path, "CANARY-vaulted-token-1234")
     assert _is_vaulted(enc)
-    assert shared.share_key({"ddtree_hf_token": enc}) != shared.share_key({"ddtree_hf_token": "CANARY-vaulted-token-1234"})
+    plain = {"ddtree_hf_token": "CANARY-vaulted-token-1234"}
+    assert shared.share_key({"ddtree_hf_token": enc}) != shared.share_key(plain)
 
 
 def _f(host: str, field: str = "ddtree_x", level: str = "warning") -> Finding:

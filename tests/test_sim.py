@@ -27,7 +27,9 @@ DDTREE_8_32 = [
     "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "models/draft",
     "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32",
 ]
-SIZE_MISMATCH = "RuntimeError: The size of tensor a (8) must match the size of tensor b (33) at non-singleton dimension 0"
+SIZE_MISMATCH = (
+    "RuntimeError: The size of tensor a (8) must match the size of tensor b (33) at non-singleton dimension 0"
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -363,7 +365,9 @@ def test_unpatched_ddtree_large_batch_eager_then_crash(tmp_path: Path) -> None:
     try:
         sim.wait_ready()
         # 4 requests in one batch: larger than the largest captured bs (2) -> eager, no crash
-        outs = post_json(sim.base + "/generate", {"text": ["a", "b", "c", "d"], "sampling_params": {"max_new_tokens": 9}})
+        outs = post_json(
+            sim.base + "/generate", {"text": ["a", "b", "c", "d"], "sampling_params": {"max_new_tokens": 9}}
+        )
         assert [o["meta_info"]["completion_tokens"] for o in outs] == [9, 9, 9, 9]
         state = get_json(sim.base + "/_sim/state")
         assert state["eager_passes"] > 0 and state["graph_passes"] == 0 and state["captured_bs"] == [1, 2]

@@ -70,7 +70,10 @@ def test_arch_minimums_and_default():
     assert (ARCHS["sm_103"].target, ARCHS["sm_103"].min_cuda, ARCHS["sm_103"].ptx_version) == ("sm_103a", "12.9", "8.8")
     assert (ARCHS["sm_120"].target, ARCHS["sm_120"].min_cuda, ARCHS["sm_120"].ptx_version) == ("sm_120a", "12.8", "8.7")
     assert default_cuda("sm_103") == default_cuda("sm_120") == "13.0"
-    assert CUDA_TOOLKITS["13.0"].package == "cuda-toolkit-13-0" and CUDA_TOOLKITS["13.0"].ptxas == "/usr/local/cuda-13.0/bin/ptxas"
+    assert (
+        CUDA_TOOLKITS["13.0"].package == "cuda-toolkit-13-0"
+        and CUDA_TOOLKITS["13.0"].ptxas == "/usr/local/cuda-13.0/bin/ptxas"
+    )
 
 
 @pytest.mark.parametrize("arch,triton,env", [
@@ -173,7 +176,9 @@ def test_nvidia_repo_paths(facts, path):
     assert repo.url("http://mirror/cuda/") == f"http://mirror/cuda/{path}/"
 
 
-@pytest.mark.parametrize("facts", [("CentOS", "9", "x86_64"), ("Ubuntu", "20.04", "x86_64"), ("Debian", "12", "ppc64le")])
+@pytest.mark.parametrize(
+    "facts", [("CentOS", "9", "x86_64"), ("Ubuntu", "20.04", "x86_64"), ("Debian", "12", "ppc64le")]
+)
 def test_nvidia_repo_unsupported(facts):
     with pytest.raises(ValueError, match="no NVIDIA CUDA repository"):
         nvidia_repo(*facts)

@@ -155,8 +155,14 @@ def corpus() -> list[Case]:
         cases.append(Case("wrong type", section, section, group_vars=_with(section, None, value)))
     for section, key, value in NUMERIC:
         # dp_size 4 (x tp_size 8 > 8 GPUs) is reported by the GPU-count rule on tp_size, naming both
-        cases.append(Case("out of range", f"{section}.{key}={value!r}"[:60], key if key == "dp_size" else f"{section}.{key}",
-                          group_vars=_with(section, key, value)))
+        cases.append(
+            Case(
+                "out of range",
+                f"{section}.{key}={value!r}"[:60],
+                key if key == "dp_size" else f"{section}.{key}",
+                group_vars=_with(section, key, value),
+            )
+        )
     for label, value in {"argv": "fe80::1%eth0 --x", "long": "fe80::1%" + "e" * 16, "newline": "fe80::1%eth0\n",
                          "dollar": "fe80::1%$x", "slash": "fe80::1%a/b"}.items():
         cases.append(Case("scope id", label, "ddtree_server.host", group_vars=_with("ddtree_server", "host", value)))
@@ -217,8 +223,12 @@ def corpus() -> list[Case]:
         text = _base_yaml() + "ddtree_hf_token: " + json.dumps(expr % CANARY) + "\n"
         cases.append(Case("template error", label, "ddtree_hf_token", group_vars_text=text))
     # attack F1 #7: Ansible's INI plugin reads a broken hosts.yml after the YAML plugin failed
-    cases.append(Case("unreadable", "hosts-yml-list", "should be a dictionary", hosts_text="- sglang_servers\n- b300\n"))
-    cases.append(Case("unreadable", "hosts-yml-binary", "hosts.yml is not valid YAML", hosts_text="\x00\x01\x02garbage\n"))
+    cases.append(
+        Case("unreadable", "hosts-yml-list", "should be a dictionary", hosts_text="- sglang_servers\n- b300\n")
+    )
+    cases.append(
+        Case("unreadable", "hosts-yml-binary", "hosts.yml is not valid YAML", hosts_text="\x00\x01\x02garbage\n")
+    )
     return cases
 
 
@@ -501,7 +511,10 @@ def test_render_refuses_a_group_or_other_writable_directory(tmp_path, capsys, wh
     os.chmod(out / where, mode)
     assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
     err = " ".join(capsys.readouterr().err.split())  # rich may wrap the line
-    assert f"mode {mode & 0o7777:04o} lets other users write in it" in err and f"chmod go-w {out / where}".rstrip("/") in err
+    assert (
+        f"mode {mode & 0o7777:04o} lets other users write in it" in err
+        and f"chmod go-w {out / where}".rstrip("/") in err
+    )
     assert [p for p in out.rglob("*") if p.is_file()] == []
 
 
@@ -587,12 +600,12 @@ def test_local_url_used_everywhere(host, url):
 def test_roles_use_the_action_result_urls():
     svc = (REPO / "roles/ddtree_service/tasks/main.yml").read_text()
     exp = (REPO / "roles/ddtree_exporter/tasks/main.yml").read_text()
-    assert '"{{ _ddtree_render.url }}/health"' in svc and "127.0.0.1" not in svc
+    assert '"{{ _ddtree_service_render.url }}/health"' in svc and "127.0.0.1" not in svc
     assert '"{{ _ddtree_exporter_render.exporter_url }}/metrics"' in exp
     tasks = yaml.safe_load(svc)
     [rm] = [t for t in tasks if t.get("name", "").startswith("Remove the secrets file")]
-    assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_render.paths.secrets }}", "state": "absent"}
-    assert rm["when"] == "_ddtree_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
+    assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_service_render.paths.secrets }}", "state": "absent"}
+    assert rm["when"] == "_ddtree_service_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
 
 
 def test_corpus_summary():
@@ -646,8 +659,14 @@ def _render_action(loader, task_vars: dict):
     task = Task()
     task.args = {}
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: runs on the controller
-    return ActionModule(task=task, connection=connection, play_context=None, loader=loader,
-                        templar=Templar(loader=loader, variables=task_vars), shared_loader_obj=None).run(task_vars=task_vars)
+    return ActionModule(
+        task=task,
+        connection=connection,
+        play_context=None,
+        loader=loader,
+        templar=Templar(loader=loader, variables=task_vars),
+        shared_loader_obj=None,
+    ).run(task_vars=task_vars)
 
 
 def _vault_task_vars(tmp_path: Path, plaintext: str, extra: dict) -> tuple:
@@ -694,8 +713,20 @@ def _vault_inventory(tmp_path: Path, extra: str) -> tuple[Path, Path]:
     """An inventory whose group_vars carry ``vault_v`` encrypted by ``ansible-vault encrypt_string``."""
     pw = tmp_path / "vault-pw"
     pw.write_text("vpass-for-tests\n")
-    r = subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt_string", "--vault-password-file",
-                        str(pw), "--name", "vault_v", "VCANARY_s3cr3t_value"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-vault"),
+            "encrypt_string",
+            "--vault-password-file",
+            str(pw),
+            "--name",
+            "vault_v",
+            "VCANARY_s3cr3t_value",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
     (inv / "group_vars" / "all.yml").write_text(r.stdout + "\n")

@@ -115,7 +115,9 @@ def test_verify_catches_a_bad_directive(tmp_path):
     units = _render("test", tmp_path / "out")
     root = _fake_root(tmp_path, units)
     unit = root / "etc/systemd/system/ddtree-sglang.service"
-    unit.write_text(unit.read_text().replace("SystemCallFilter=@system-service", "SystemCallFilter=@system-service nosuchcall"))
+    unit.write_text(
+        unit.read_text().replace("SystemCallFilter=@system-service", "SystemCallFilter=@system-service nosuchcall")
+    )
     r = subprocess.run([ANALYZE, "verify", "--man=no", f"--root={root}", str(unit)], capture_output=True, text=True,
                        timeout=60)
     assert "nosuchcall" in r.stderr
@@ -188,7 +190,9 @@ def test_sglang_unit_starts_after_the_device_nodes(hostvars):
     assert cmds[0] == f"{NVIDIA_MODPROBE} -u -c=0"
     assert [f"{NVIDIA_MODPROBE} -c={i}" for i in range(1, 8)] == cmds[1:8]   # b300: 8 GPUs
     # MIG capability nodes: "-" prefixed, a GPU or driver without MIG must not fail the unit
-    assert len(cmds) == 10 and all(c.startswith(f"-{NVIDIA_MODPROBE} -f /proc/driver/nvidia/capabilities/mig/") for c in cmds[8:])
+    assert len(cmds) == 10 and all(
+        c.startswith(f"-{NVIDIA_MODPROBE} -f /proc/driver/nvidia/capabilities/mig/") for c in cmds[8:]
+    )
     assert _directives(dev.content, "WantedBy") == ["multi-user.target"]
 
 
@@ -384,7 +388,9 @@ def test_option_like_argv_value_refused(hostvars, section, key):
 def test_env_value_may_start_with_a_dash(hostvars):
     """Environment values never reach argv: ``-1`` stays allowed there."""
     hostvars["ddtree_service"] = {"env": {"SGLANG_TORCH_PROFILER_DIR": "/x", "NCCL_NVLS_ENABLE": "-1"}}
-    env = {f.path: f.content for f in render_host(validate_hostvars("h1", hostvars))}["/etc/ddtree-ops/sglang/sglang.env"]
+    env = {f.path: f.content for f in render_host(validate_hostvars("h1", hostvars))}[
+        "/etc/ddtree-ops/sglang/sglang.env"
+    ]
     assert "NCCL_NVLS_ENABLE=-1" in env.splitlines()
 
 
@@ -405,8 +411,11 @@ def _fake_proc(tmp_path: Path, port: int, cgroup: str, comm: str = "python3") ->
     (proc / "net").mkdir(parents=True)
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
     (proc / "net/tcp").write_text(
-        head + f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0\n"
-        f"   1: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 999 1 0\n")
+        head
+        + f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 "
+          f"0\n"
+        f"   1: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 999 1 0\n"
+    )
     (proc / "net/tcp6").write_text(head)
     (proc / "4242/fd").mkdir(parents=True)
     os.symlink("socket:[12345]", proc / "4242/fd/3")
@@ -421,7 +430,9 @@ def test_port_held_by_its_own_unit_is_fine(tmp_path):
     assert check_port(19400, "ddtree-sglang-exporter.service", proc).ok
     assert check_port(19401, "ddtree-sglang-exporter.service", proc).detail == "port 19401 is free"
     bad = check_port(19400, "ddtree-sglang.service", proc)
-    assert not bad.ok and "pid 4242 (python3, unit ddtree-sglang-exporter.service)" in bad.detail and "Fix:" in bad.detail
+    assert (
+        not bad.ok and "pid 4242 (python3, unit ddtree-sglang-exporter.service)" in bad.detail and "Fix:" in bad.detail
+    )
 
 
 def test_port_holder_unit_from_cgroup_v1_and_a_hostile_name(tmp_path):

@@ -140,8 +140,18 @@ def test_simulator_refuses_images_below_the_minimum_and_text_only_models(deploye
                                                         "sampling_params": {"max_new_tokens": 4}})
     assert ok["meta_info"]["prompt_tokens"] >= 2 + (w * h) // 784
     small = "data:image/png;base64," + __import__("base64").b64encode(make_png(20, 20)).decode()
-    status, body = http("POST", deployed["sim"].base + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": small}}, {"type": "text", "text": "hi"}]}]})
+    status, body = http(
+        "POST",
+        deployed["sim"].base + "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": small}}, {"type": "text", "text": "hi"}],
+                }
+            ]
+        },
+    )
     assert status == 400 and b"below the model's minimum" in body
 
 
@@ -207,7 +217,11 @@ def test_hanging_health_times_out_within_its_bound(sim, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 1
     checks = {c["name"]: c for c in out["checks"]}
-    assert checks["reachable"]["ok"] and not checks["ready"]["ok"] and "no complete answer within 3 s" in checks["ready"]["detail"]
+    assert (
+        checks["reachable"]["ok"]
+        and not checks["ready"]["ok"]
+        and "no complete answer within 3 s" in checks["ready"]["detail"]
+    )
     assert 6 <= elapsed < 2 * (3 + 0.5) + 2, elapsed          # two probes of 3 s, then done
     assert elapsed < out["bound_s"]
 
@@ -251,7 +265,9 @@ def test_200_while_counters_frozen_and_requests_queue_is_unhealthy(deployed, sim
     for t in threads:
         t.start()
     time.sleep(0.2)
-    checks = {c.name: c for c in check_health(sim.base, options=HealthOptions(timeout=3, failures=2, progress_window_s=0.3))}
+    checks = {
+        c.name: c for c in check_health(sim.base, options=HealthOptions(timeout=3, failures=2, progress_window_s=0.3))
+    }
     assert checks["progress"].ok, checks["progress"]
     for t in threads:
         t.join(30)
@@ -325,9 +341,14 @@ def test_plan_with_non_numeric_ops_is_a_usage_error_naming_the_key(ops, key, cap
     assert "Error:" not in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("model, words", [({"context_length": "abc"}, "context_length = 'abc'"),
-                                          ({"vision": True, "vision_min_pixels": 10 ** 12}, "vision_min_pixels = 10000"),
-                                          ({"vision": True, "vision_min_pixels": -1}, "vision_min_pixels = -1")])
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        ({"context_length": "abc"}, "context_length = 'abc'"),
+        ({"vision": True, "vision_min_pixels": 10**12}, "vision_min_pixels = 10000"),
+        ({"vision": True, "vision_min_pixels": -1}, "vision_min_pixels = -1"),
+    ],
+)
 def test_warmup_refuses_plan_model_values_before_any_request(model, words, capsys, tmp_path):
     """Out-of-bounds context_length / vision_min_pixels in plan.json are exit 2 up front — they used
     to end the run with TypeError, or ValueError after every text step (minutes on a real host)."""
@@ -395,7 +416,9 @@ def test_odd_server_answers_are_check_results_not_crashes(info, metrics, failed,
     """/server_info that is not an object, non-numeric accept lengths and unparseable /metrics are
     failed checks (exit 1) — they used to escape as AttributeError/ValueError (exit 2, no checks)."""
     with _OddServer(info, metrics) as srv:
-        checks = check_health(srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0, progress_window_s=0.1))
+        checks = check_health(
+            srv.url, options=HealthOptions(timeout=2, failures=1, interval_s=0, progress_window_s=0.1)
+        )
     by_name = {c.name: c for c in checks}
     assert by_name["reachable"].ok and by_name["ready"].ok
     if failed is None:
@@ -450,7 +473,10 @@ def test_unit_is_active_only_after_health_and_warmup():
     unit = next(f.content for f in render_host(v) if f.path.endswith(".service"))
     posts = [line for line in unit.splitlines() if line.startswith("ExecStartPost=")]
     assert len(posts) == 2
-    assert " health http://127.0.0.1:30000 --wait 3600 " in posts[0] and "--plan /etc/ddtree-ops/sglang/plan.json" in posts[0]
+    assert (
+        " health http://127.0.0.1:30000 --wait 3600 " in posts[0]
+        and "--plan /etc/ddtree-ops/sglang/plan.json" in posts[0]
+    )
     assert " warmup http://127.0.0.1:30000 --plan /etc/ddtree-ops/sglang/plan.json --deadline 600 " in posts[1]
     assert "--marker /run/ddtree-ops/sglang/warm.json" in posts[1]
     assert "RuntimeDirectory=ddtree-ops/sglang" in unit

@@ -143,8 +143,13 @@ def rule_extra_args(d: Deployment, p: Plan) -> Iterator[Finding]:
             yield Finding("error", f"{EXTRA}.{flag}", value, f"{flag} must be a TCP port 1024-65535 (the service runs "
                           "unprivileged, without CAP_NET_BIND_SERVICE)", "give a free port in 1024-65535")
         elif port in taken:
-            yield Finding("error", f"{EXTRA}.{flag}", value, f"{flag} {port} clashes with {taken[port]} on the same host",
-                          "pick another port")
+            yield Finding(
+                "error",
+                f"{EXTRA}.{flag}",
+                value,
+                f"{flag} {port} clashes with {taken[port]} on the same host",
+                "pick another port",
+            )
     for flag in d.server.extra_args:
         field = f"{EXTRA}.{flag}"
         if (secret := secret_flag(flag)) is not None:

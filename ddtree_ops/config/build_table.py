@@ -131,33 +131,69 @@ class ArchRule:
 
 
 ARCH_RULES: tuple[ArchRule, ...] = (
-    ArchRule("fa3-needs-sm80-sm90", "fa3", ("sm_100", "sm_103", "sm_120"), ">=0.5.11", "any", None,
-             "FlashAttention 3 asserts compute capability 8.x or 9.x when the backend is built "
-             "(\"FlashAttention v3 Backend requires SM>=80 and SM<=90\")",
-             "sglang/srt/layers/attention/attention_registry.py create_flashattention_v3_backend "
-             "(SGLang 0.5.13.post1, 0.5.23)",
-             ("sglang/srt/layers/attention/attention_registry.py", "FlashAttention v3 Backend requires SM>=80 and SM<=90")),
-    ArchRule("fa4-no-sm120-kernels", "fa4", ("sm_120",), ">=0.5.11,<0.5.23", "any", None,
-             "FlashAttention 4 of this build has no sm_120 path (it calls flash_attn.cute, whose forward "
-             "covers sm_90/sm_100 only); the SM12x FA4 kernels ship from 0.5.23 "
-             "(sglang/kernels/ops/attention/flash_attention_v4_sm120.py)",
-             "sglang/jit_kernel/flash_attention_v4.py (SGLang 0.5.13.post1)",
-             ("sglang/kernels/ops/attention/flash_attention_v4_sm120.py", None), evidence_present=False),
-    ArchRule("trtllm-mha-prefill-sm100-only", "trtllm_mha", ("sm_90", "sm_120"), ">=0.5.11,<0.5.23", "prefill", None,
-             "ServerArgs refuses trtllm_mha as the prefill backend on anything but SM100 "
-             "(\"TRTLLM MHA backend for prefill is only supported on Blackwell GPUs (SM100)\")",
-             "sglang/srt/server_args.py _handle_attention_backend_compatibility (SGLang 0.5.13.post1)",
-             ("sglang/srt/server_args.py", "TRTLLM MHA backend for prefill is only supported on Blackwell GPUs (SM100)")),
-    ArchRule("trtllm-mha-sm120-fp8-kv", "trtllm_mha", ("sm_120",), ">=0.5.23", "prefill", KV_FP8_E4M3,
-             "the SM120 TRT-LLM FMHAv2 prefill kernels do not support an fp8_e4m3 KV cache (\"TRTLLM FMHAv2 "
-             "prefill on SM120 does not support fp8_e4m3 KV cache or skip-softmax\")",
-             "sglang/srt/arg_groups/attention_hook.py (SGLang 0.5.23)",
-             ("sglang/srt/arg_groups/attention_hook.py", "TRTLLM FMHAv2 prefill on SM120 does not support")),
-    ArchRule("trtllm-mha-sm120-skip-softmax", "trtllm_mha", ("sm_120",), ">=0.5.23", "prefill", SKIP_SOFTMAX,
-             "the SM120 TRT-LLM FMHAv2 prefill kernels do not support skip-softmax (\"TRTLLM FMHAv2 prefill on SM120 "
-             "does not support fp8_e4m3 KV cache or skip-softmax\")",
-             "sglang/srt/arg_groups/attention_hook.py (SGLang 0.5.23)",
-             ("sglang/srt/arg_groups/attention_hook.py", "SGLANG_SKIP_SOFTMAX_PREFILL_THRESHOLD_SCALE_FACTOR")),
+    ArchRule(
+        "fa3-needs-sm80-sm90",
+        "fa3",
+        ("sm_100", "sm_103", "sm_120"),
+        ">=0.5.11",
+        "any",
+        None,
+        "FlashAttention 3 asserts compute capability 8.x or 9.x when the backend is built "
+        '("FlashAttention v3 Backend requires SM>=80 and SM<=90")',
+        "sglang/srt/layers/attention/attention_registry.py create_flashattention_v3_backend "
+        "(SGLang 0.5.13.post1, 0.5.23)",
+        ("sglang/srt/layers/attention/attention_registry.py", "FlashAttention v3 Backend requires SM>=80 and SM<=90"),
+    ),
+    ArchRule(
+        "fa4-no-sm120-kernels",
+        "fa4",
+        ("sm_120",),
+        ">=0.5.11,<0.5.23",
+        "any",
+        None,
+        "FlashAttention 4 of this build has no sm_120 path (it calls flash_attn.cute, whose forward "
+        "covers sm_90/sm_100 only); the SM12x FA4 kernels ship from 0.5.23 "
+        "(sglang/kernels/ops/attention/flash_attention_v4_sm120.py)",
+        "sglang/jit_kernel/flash_attention_v4.py (SGLang 0.5.13.post1)",
+        ("sglang/kernels/ops/attention/flash_attention_v4_sm120.py", None),
+        evidence_present=False,
+    ),
+    ArchRule(
+        "trtllm-mha-prefill-sm100-only",
+        "trtllm_mha",
+        ("sm_90", "sm_120"),
+        ">=0.5.11,<0.5.23",
+        "prefill",
+        None,
+        "ServerArgs refuses trtllm_mha as the prefill backend on anything but SM100 "
+        '("TRTLLM MHA backend for prefill is only supported on Blackwell GPUs (SM100)")',
+        "sglang/srt/server_args.py _handle_attention_backend_compatibility (SGLang 0.5.13.post1)",
+        ("sglang/srt/server_args.py", "TRTLLM MHA backend for prefill is only supported on Blackwell GPUs (SM100)"),
+    ),
+    ArchRule(
+        "trtllm-mha-sm120-fp8-kv",
+        "trtllm_mha",
+        ("sm_120",),
+        ">=0.5.23",
+        "prefill",
+        KV_FP8_E4M3,
+        'the SM120 TRT-LLM FMHAv2 prefill kernels do not support an fp8_e4m3 KV cache ("TRTLLM FMHAv2 '
+        'prefill on SM120 does not support fp8_e4m3 KV cache or skip-softmax")',
+        "sglang/srt/arg_groups/attention_hook.py (SGLang 0.5.23)",
+        ("sglang/srt/arg_groups/attention_hook.py", "TRTLLM FMHAv2 prefill on SM120 does not support"),
+    ),
+    ArchRule(
+        "trtllm-mha-sm120-skip-softmax",
+        "trtllm_mha",
+        ("sm_120",),
+        ">=0.5.23",
+        "prefill",
+        SKIP_SOFTMAX,
+        'the SM120 TRT-LLM FMHAv2 prefill kernels do not support skip-softmax ("TRTLLM FMHAv2 prefill on SM120 '
+        'does not support fp8_e4m3 KV cache or skip-softmax")',
+        "sglang/srt/arg_groups/attention_hook.py (SGLang 0.5.23)",
+        ("sglang/srt/arg_groups/attention_hook.py", "SGLANG_SKIP_SOFTMAX_PREFILL_THRESHOLD_SCALE_FACTOR"),
+    ),
 )
 """Backend/arch rules, keyed by version range. Not refused by any peer version on sm_120:
 ``trtllm_mla`` (``is_blackwell``: "SM100/SM12x", ``server_args.py`` 0.5.13.post1,
@@ -173,8 +209,11 @@ def backend_choices(version: str) -> BackendChoices | None:
 def arch_rules(version: str, arch: str, backend: str, phase: str) -> list[ArchRule]:
     """Rules of :data:`ARCH_RULES` refusing ``backend`` on ``arch`` for ``version`` in ``phase``
     (``prefill``, ``decode`` or ``draft``; ``any``-phase rules match every phase)."""
-    return [r for r in ARCH_RULES
-            if r.backend == backend and arch in r.archs and r.covers(version) and (r.phase == "any" or r.phase == phase)]
+    return [
+        r
+        for r in ARCH_RULES
+        if r.backend == backend and arch in r.archs and r.covers(version) and (r.phase == "any" or r.phase == phase)
+    ]
 
 
 def closest(name: str, names: Iterable[str]) -> str | None:

@@ -352,7 +352,9 @@ def read_hub(role: str, repo_id: str, revision: str | None, token: str | None,
     try:
         fetch = fetch or _hub_download()
     except ImportError:
-        return CheckpointFacts(role, repo_id, not_read="huggingface_hub is not installed (pip install 'ddtree-ops[controller]')")
+        return CheckpointFacts(
+            role, repo_id, not_read="huggingface_hub is not installed (pip install 'ddtree-ops[controller]')"
+        )
     result: dict[str, Any] = {}
 
     def work() -> None:
@@ -657,9 +659,14 @@ def rule_ckpt_context_length(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
         what = (f"the served context ({served} tokens{'' if d.model.context_length else ', the target default'}) "
                 f"exceeds the draft's max_position_embeddings ({dr_max})")
         if override:
-            yield _warn(f"{MODEL}.context_length", d.model.context_length,
-                        what + "; SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 makes SGLang stretch the draft's window "
-                        "(acceptance past it is untested)", f"set context_length <= {dr_max} to stay in the draft's window", src)
+            yield _warn(
+                f"{MODEL}.context_length",
+                d.model.context_length,
+                what + "; SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 makes SGLang stretch the draft's window "
+                "(acceptance past it is untested)",
+                f"set context_length <= {dr_max} to stay in the draft's window",
+                src,
+            )
         else:
             yield _err(f"{MODEL}.context_length", d.model.context_length,
                        what + "; SGLang refuses to start the draft ('Target model's context_length ... is greater than "
@@ -707,9 +714,13 @@ def rule_ckpt_vocab(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
         return
     tv, dv = _int(f.target.config, "vocab_size"), _int(f.draft.config, "vocab_size")
     if tv and dv and tv != dv:
-        yield _err(f"{SPEC}.draft_model_path", d.speculative.draft_model_path,
-                   f"the draft's vocab_size ({dv}) differs from the target's ({tv}): it was trained for another tokenizer",
-                   "use the draft released for this target model", "sglang/srt/models/llama_eagle3.py, dflash.py")
+        yield _err(
+            f"{SPEC}.draft_model_path",
+            d.speculative.draft_model_path,
+            f"the draft's vocab_size ({dv}) differs from the target's ({tv}): it was trained for another tokenizer",
+            "use the draft released for this target model",
+            "sglang/srt/models/llama_eagle3.py, dflash.py",
+        )
     hot = _int(f.draft.config, "draft_vocab_size")
     if hot and dv and hot > dv:
         yield _err(f"{SPEC}.draft_model_path", d.speculative.draft_model_path,
@@ -876,11 +887,15 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
         return
     need = weights + est.get("kv_needed", 0)
     if "kv_needed" in est and need > budget:
-        yield _warn(f"{SRV}.mem_fraction_static", d.server.mem_fraction_static,
-                    f"weights ~{g['weights_per_gpu']} GiB + KV for {est['kv_for']} ~{g['kv_needed']} GiB per GPU exceed "
-                    f"the {g['budget']} GiB mem_fraction_static leaves: SGLang will admit fewer concurrent full-length "
-                    f"requests ({est['error_bound']})",
-                    "lower max_running_requests or context_length, or raise tp_size / mem_fraction_static", src)
+        yield _warn(
+            f"{SRV}.mem_fraction_static",
+            d.server.mem_fraction_static,
+            f"weights ~{g['weights_per_gpu']} GiB + KV for {est['kv_for']} ~{g['kv_needed']} GiB per GPU exceed "
+            f"the {g['budget']} GiB mem_fraction_static leaves: SGLang will admit fewer concurrent full-length "
+            f"requests ({est['error_bound']})",
+            "lower max_running_requests or context_length, or raise tp_size / mem_fraction_static",
+            src,
+        )
 
 
 CheckpointRule = Callable[[Any, Any, Facts], Iterator[Finding]]
@@ -912,10 +927,17 @@ def checkpoint_findings(d: Any, p: Any, facts: Facts) -> list[Finding]:
         if f is None:
             continue
         for name, why in f.malformed:
-            out.append(Finding("error", f.field, f.ref, f"the checkpoint's {name} {why}",
-                               "fix or re-download the checkpoint (its config files must be strict JSON objects under 1 MiB, "
-                               "each field of the type and range its model class reads)",
-                               "ddtree_ops/config/checkpoint.py"))
+            out.append(
+                Finding(
+                    "error",
+                    f.field,
+                    f.ref,
+                    f"the checkpoint's {name} {why}",
+                    "fix or re-download the checkpoint (its config files must be strict JSON objects under 1 MiB, "
+                    "each field of the type and range its model class reads)",
+                    "ddtree_ops/config/checkpoint.py",
+                )
+            )
         if f.not_read is not None and not (f.malformed and f.not_read.endswith("is malformed")):
             out.append(not_read_finding(f))
     for rule in CHECKPOINT_RULES:

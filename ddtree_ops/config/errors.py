@@ -176,7 +176,9 @@ _URL_TOKEN_USER = re.compile(r"(?i)\b(?P<pre>[a-z][a-z0-9+.-]*://)(?P<user>[^\s/
 take a token as the user name, so echoed text never shows it (an ssh user is refused nowhere,
 only not echoed)."""
 
-_AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest|apikey)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})")
+_AUTH_SCHEME = re.compile(
+    r"(?i)\b(?P<scheme>bearer|basic|token|digest|apikey)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})"
+)
 """An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
 _AUTH_WORDS = ("bearer", "basic", "token", "digest", "apikey")
 """The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot

@@ -9,7 +9,8 @@ Sources: SGLang ``ServerArgs`` (``--base-gpu-id``: "The base GPU ID to start all
 from"; ``--nccl-port``), both flags present in 0.5.13.post1 and 0.5.23; the GPU of each rank
 (0.5.23 ``entrypoints/engine.py`` and ``managers/data_parallel_controller.py``): ``base_gpu_id +
 pp_rank * tp + tp_rank * gpu_id_step``, each data-parallel replica starting ``tp * pp *
-gpu_id_step`` further, and with ``--enable-dp-attention`` the DP ranks sharing the TP group's GPUs; CUDA's ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
+gpu_id_step`` further, and with ``--enable-dp-attention`` the DP ranks sharing the TP group's
+GPUs; CUDA's ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
 "CUDA Environment Variables": a comma-separated list of device indices or UUIDs; the
 process sees only those, renumbered from 0 in list order).
 """

@@ -70,8 +70,17 @@ def load_hostvars(inventory: str | Path, limit: str | None = None,
     except AnsibleError as exc:
         first = _first_line(str(exc)) or type(exc).__name__
         cause = f" ({causes[0]})" if causes else ""
-        raise ConfigError([Finding("error", "inventory", str(inventory), f"Ansible cannot read it: {first}{cause}",
-                                   "fix the YAML or Jinja expression it names (ansible-inventory -i INV --list shows the same)")]) from None
+        raise ConfigError(
+            [
+                Finding(
+                    "error",
+                    "inventory",
+                    str(inventory),
+                    f"Ansible cannot read it: {first}{cause}",
+                    "fix the YAML or Jinja expression it names (ansible-inventory -i INV --list shows the same)",
+                )
+            ]
+        ) from None
     finally:  # after the load: every secret of the inventory is registered, so scrub() removes it
         for w in dict.fromkeys(warnings):
             print(f"[WARNING] {shorten(scrub(w), 400)}", file=sys.stderr)
@@ -120,7 +129,10 @@ def _ansible_failures(causes: list[str], warnings: list[str] | None = None) -> I
         causes.insert(0 if "'yaml'" in msg else len(causes), entry)
 
     C.INVENTORY_ANY_UNPARSED_IS_FAILED = C.INVENTORY_UNPARSED_IS_FAILED = True
-    def warn(msg: str = "", formatted: bool = False, *args: Any, help_text: Any = None, obj: Any = None, **kw: Any) -> None:
+
+    def warn(
+        msg: str = "", formatted: bool = False, *args: Any, help_text: Any = None, obj: Any = None, **kw: Any
+    ) -> None:
         if warnings is not None:
             warnings.append(_warning_line(msg, help_text, obj))
 
@@ -178,7 +190,9 @@ def _check_vars_files(path: Path) -> None:
             for name in dirnames + filenames:
                 f = Path(dirpath) / name
                 if f.is_symlink() and not f.exists():
-                    refuse(f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently")
+                    refuse(
+                        f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently"
+                    )
                 elif f.is_file() and not os.access(f, os.R_OK):
                     refuse(f, "is not readable by this user; Ansible would skip its variables")
                 elif name in filenames and not f.is_file():  # a FIFO or device blocks or never ends
@@ -192,7 +206,9 @@ def _yaml_causes(path: Path, loader: Any) -> list[str]:
     """Why the inventory's ``.yml`` / ``.yaml`` / ``.json`` sources are no YAML inventory, for the
     error when no host matches: Ansible tries its yaml plugin, then its ini plugin, and keeps the
     ini result silently (a YAML list, binary garbage), dropping the yaml plugin's failure."""
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    )
     out: list[str] = []
     for f in files[:100]:
         if f.suffix not in (".yml", ".yaml", ".json"):
@@ -203,7 +219,9 @@ def _yaml_causes(path: Path, loader: Any) -> list[str]:
             out.append(f"{f.name} is not valid YAML: {_first_line(str(exc))}")
             continue
         if data is not None and not isinstance(data, dict):
-            out.append(f"{f.name} is a YAML {type(data).__name__}, not a mapping of groups (sglang_servers: children: ...)")
+            out.append(
+                f"{f.name} is a YAML {type(data).__name__}, not a mapping of groups (sglang_servers: children: ...)"
+            )
     return out
 
 
@@ -301,9 +319,17 @@ def _vault_secrets(loader: Any, files: list[str]) -> None:
                                           vault_password_files=plain, ask_vault_pass=False,
                                           auto_prompt=False, initialize_context=False)
     except Exception as exc:  # noqa: BLE001 - AnsibleError and OSError alike: one finding
-        raise ConfigError([Finding("error", "--vault-password-file", None,
-                                   f"cannot read the vault password ({shorten(', '.join(files))}): {_first_line(str(exc))}",
-                                   "check the file (or ANSIBLE_VAULT_PASSWORD_FILE / ansible.cfg)")]) from None
+        raise ConfigError(
+            [
+                Finding(
+                    "error",
+                    "--vault-password-file",
+                    None,
+                    f"cannot read the vault password ({shorten(', '.join(files))}): {_first_line(str(exc))}",
+                    "check the file (or ANSIBLE_VAULT_PASSWORD_FILE / ansible.cfg)",
+                )
+            ]
+        ) from None
     loader.set_vault_secrets(secrets)
     if VaultSecretsContext is None:
         return

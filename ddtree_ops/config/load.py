@@ -58,8 +58,19 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
             data[field] = hostvars[var]
     if "host_class" not in data or "model" not in data:
         missing = [INVENTORY_VARS[f] for f in ("host_class", "model") if f not in data]
-        raise ConfigError([Finding("error", m, None, "required for every deployment host",
-                                   "set it in inventory group_vars (see inventory/example)", host=host) for m in missing])
+        raise ConfigError(
+            [
+                Finding(
+                    "error",
+                    m,
+                    None,
+                    "required for every deployment host",
+                    "set it in inventory group_vars (see inventory/example)",
+                    host=host,
+                )
+                for m in missing
+            ]
+        )
     try:
         return Deployment.model_validate(data)
     except ValidationError as exc:

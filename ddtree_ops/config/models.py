@@ -146,9 +146,10 @@ def _ip_or_host(v: str) -> str:
             return v
         if "all digits" in problem:
             raise _fail(f"{problem}; nor is it an IP address in canonical form (no leading zeros, four parts)",
-                        "write the address as an IP address, e.g. 127.0.0.1, or use a host name")
+                        "write the address as an IP address, e.g. 127.0.0.1, or use a host name") from None
         raise _fail("must be one IP address or RFC 1123 host name, without port, scheme, list or spaces",
-                    "give one address, e.g. 10.0.0.5 or b300-01.example.internal (the port is configured separately)")
+                    "give one address, e.g. 10.0.0.5 or b300-01.example.internal (the port is configured separately)"
+                    ) from None
         raise
     if getattr(ip, "scope_id", None):
         raise _fail("an IPv6 scope id cannot be used in a scrape target", "use a global or unique-local address")
@@ -176,8 +177,10 @@ def _safe_chars(v: str) -> str:
     if not _SAFE_ARG.fullmatch(v):
         bad = sorted({c for c in v if not re.match(r"[A-Za-z0-9._/@+:=,-]", c)})
         raise _fail(
-            f"contains {', '.join(repr(c) for c in bad)}; argv values may hold only letters, digits and . _ / @ + : = , -"
-            " (no whitespace, newline, %, $ or quotes: they would be read by systemd as specifiers, variables or a new directive)",
+            f"contains {', '.join(repr(c) for c in bad)}; argv values may hold only letters, digits and . _ / @ + : = "
+            f", -"
+            " (no whitespace, newline, %, $ or quotes: they would be read by systemd as specifiers, variables or a "
+            "new directive)",
             "rename or symlink the model/path to a name without those characters",
         )
     return v
@@ -192,8 +195,10 @@ def _safe_arg(v: str) -> str:
         raise _fail("holds URL credentials (user info before @); argv values are shown in the unit, plan.json and "
                     "the process list", "give a Hugging Face repo id or a local path; put tokens in ddtree_hf_token")
     if v.startswith("-"):
-        raise _fail("starts with -, which SGLang's argument parser reads as an option, not as this flag's value",
-                    "give the real model name or path (a local checkpoint named like an option: give its absolute path)")
+        raise _fail(
+            "starts with -, which SGLang's argument parser reads as an option, not as this flag's value",
+            "give the real model name or path (a local checkpoint named like an option: give its absolute path)",
+        )
     return v
 
 
@@ -205,7 +210,8 @@ one: "path has invalid length", and the unit is not started)."""
 def _safe_path(v: str) -> str:
     if not _SAFE_PATH.fullmatch(v) or any(part in (".", "..") for part in v.split("/")):
         raise _fail(
-            "must be an absolute path below / (not / itself) of letters, digits and . _ / + - only, without . or .. parts",
+            "must be an absolute path below / (not / itself) of letters, digits and . _ / + - only, without . or .. "
+            "parts",
             "use a plain absolute path such as /var/lib/ddtree-ops/sglang",
         )
     if any(len(part) > NAME_MAX for part in v.split("/")):
@@ -223,8 +229,10 @@ def _revision(v: str) -> str:
     moves, so :func:`~.rules.rule_remote_code_pinned` asks for a commit with trust_remote_code)."""
     if (kind := looks_like_token(v)) is not None:
         register_secret(v)  # never echoed
-        raise _fail(f"holds {kind}, not a revision; the revision lands in the argv (process list), the unit "
-                    "and plan.json", "give the commit SHA or branch/tag; put the token in ddtree_hf_token (ansible-vault it)")
+        raise _fail(
+            f"holds {kind}, not a revision; the revision lands in the argv (process list), the unit and plan.json",
+            "give the commit SHA or branch/tag; put the token in ddtree_hf_token (ansible-vault it)",
+        )
     if not _REVISION.fullmatch(v) or ".." in v or v.endswith((".lock", "/")) or "//" in v:
         raise _fail("must be a 40-hex commit SHA or a branch/tag name of letters, digits and . _ / - (no '..')",
                     "pin the commit: the 'Files and versions' history of the model repo, or "
@@ -372,11 +380,17 @@ class SGLangPin(_Model):
     @classmethod
     def _commit(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[0-9a-f]{40}", v):
-            what = ("an abbreviated SHA" if re.fullmatch(r"[0-9a-fA-F]{4,39}", v)
-                    else "upper-case hex (write it as git prints it, in lower case)" if re.fullmatch(r"[0-9a-fA-F]{40}", v)
-                    else "a branch or tag name, which can move under you")
-            raise _fail(f"must be a full 40-hex commit SHA, not {what}",
-                        f"pin the commit itself: git rev-parse {v if _SAFE_ARG.fullmatch(v) else 'REF'} in the repository")
+            what = (
+                "an abbreviated SHA"
+                if re.fullmatch(r"[0-9a-fA-F]{4,39}", v)
+                else "upper-case hex (write it as git prints it, in lower case)"
+                if re.fullmatch(r"[0-9a-fA-F]{40}", v)
+                else "a branch or tag name, which can move under you"
+            )
+            raise _fail(
+                f"must be a full 40-hex commit SHA, not {what}",
+                f"pin the commit itself: git rev-parse {v if _SAFE_ARG.fullmatch(v) else 'REF'} in the repository",
+            )
         return v
 
     @field_validator("version")
@@ -586,9 +600,11 @@ class Server(_Model):
                     raise _fail(f"{flag}: a value is longer than {MAX_PATH} characters", "shorten it")
                 if (kind := looks_like_token(text)) is not None:
                     register_secret(text)  # never echoed
-                    raise _fail(f"{flag}: a value holds {kind}; extra_args land in the argv (process list), the "
-                                "0644 unit and plan.json",
-                                "remove it; give secrets through ddtree_secret_env (0600 secrets.env) or ddtree_hf_token")
+                    raise _fail(
+                        f"{flag}: a value holds {kind}; extra_args land in the argv (process list), the "
+                        "0644 unit and plan.json",
+                        "remove it; give secrets through ddtree_secret_env (0600 secrets.env) or ddtree_hf_token",
+                    )
                 try:
                     _safe_arg(text)
                 except ValueError as exc:
@@ -1189,19 +1205,24 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
                     plain.add(text)
         if not vaulted and memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
             _memo_put(memo, "unvaulted", value, (_nodes(value), start - budget))
-    if not holders:
-        return plain, holders
+    if holders:
+        _add_jinja_holders(all_vars, holders)
+    return plain, holders
+
+
+def _add_jinja_holders(all_vars: dict[str, Any], holders: set[str]) -> None:
+    """Add to ``holders`` (names of variables holding a vaulted value) every variable whose Jinja
+    refers to one, transitively (a variable whose Jinja names a holder holds the secret too)."""
     jinja_of = {str(n): " ".join(_JINJA.findall(" ".join(x for _, x in _strings(v) if isinstance(x, str))))
                 for n, v in all_vars.items() if n not in SKIP_VARS and str(n) not in holders}
     changed = True
-    while changed and holders:  # a variable whose Jinja names a holder holds the secret too
+    while changed and holders:
         pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
         changed = False
         for n, expr in jinja_of.items():
             if n not in holders and expr and pattern.search(expr):
                 holders.add(n)
                 changed = True
-    return plain, holders
 
 
 def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], plain: set[str],

@@ -53,17 +53,25 @@ def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
         yield _err(f"{SPEC}.draft_model_path", None, f"{s.algorithm} needs a draft model",
                    "set the draft checkpoint (HF id or path)")
     if s.algorithm in ("DFLASH", "DDTREE") and (s.block_size is None or s.block_size < 2):
-        yield _err(f"{SPEC}.block_size", s.block_size, f"{s.algorithm} needs block_size >= 2 (tokens the draft proposes per request)",
-                   "set it to the block size the DFlash draft was trained with, e.g. 8 or 16 (or let ddtree-ops read "
-                   "it from the draft's config.json: a local path, --hub, or deploy.yml on the host)")
+        yield _err(
+            f"{SPEC}.block_size",
+            s.block_size,
+            f"{s.algorithm} needs block_size >= 2 (tokens the draft proposes per request)",
+            "set it to the block size the DFlash draft was trained with, e.g. 8 or 16 (or let ddtree-ops read "
+            "it from the draft's config.json: a local path, --hub, or deploy.yml on the host)",
+        )
     if s.algorithm in ("EAGLE", "EAGLE3"):
         for name in ("num_steps", "topk"):
             if getattr(s, name) is None or getattr(s, name) < 1:
                 yield _err(f"{SPEC}.{name}", getattr(s, name), f"{s.algorithm} needs {name} >= 1",
                            "set it explicitly so the plan matches what SGLang runs")
         if s.topk not in (None, 1) and (s.num_draft_tokens is None or s.num_draft_tokens < 2):
-            yield _err(f"{SPEC}.num_draft_tokens", s.num_draft_tokens, f"{s.algorithm} with topk > 1 needs num_draft_tokens >= 2",
-                       "set num_draft_tokens (tree size verified per request)")
+            yield _err(
+                f"{SPEC}.num_draft_tokens",
+                s.num_draft_tokens,
+                f"{s.algorithm} with topk > 1 needs num_draft_tokens >= 2",
+                "set num_draft_tokens (tree size verified per request)",
+            )
 
 
 def rule_ddtree_sizes(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -79,12 +87,15 @@ def rule_ddtree_sizes(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "use e.g. 32 (full tree) or block_size - 1 (plain chain)")
         return
     if s.verify_tokens_per_req is not None and s.verify_tokens_per_req != p.verify_tokens_per_req:
-        yield _err(f"{SPEC}.verify_tokens_per_req", s.verify_tokens_per_req,
-                   f"DDTree target-verify graphs run over budget + 1 = {p.verify_tokens_per_req} tokens per request, "
-                   f"not block_size; sizing them otherwise crashes with 'The size of tensor a ({s.verify_tokens_per_req}) "
-                   f"must match the size of tensor b ({p.verify_tokens_per_req})'",
-                   "remove verify_tokens_per_req (it is derived) or set it to budget + 1",
-                   "sgl-project/sglang#29907")
+        yield _err(
+            f"{SPEC}.verify_tokens_per_req",
+            s.verify_tokens_per_req,
+            f"DDTree target-verify graphs run over budget + 1 = {p.verify_tokens_per_req} tokens per request, "
+            f"not block_size; sizing them otherwise crashes with 'The size of tensor a ({s.verify_tokens_per_req}) "
+            f"must match the size of tensor b ({p.verify_tokens_per_req})'",
+            "remove verify_tokens_per_req (it is derived) or set it to budget + 1",
+            "sgl-project/sglang#29907",
+        )
     if s.draft_tokens_per_req is not None and s.draft_tokens_per_req != p.draft_tokens_per_req:
         yield _err(f"{SPEC}.draft_tokens_per_req", s.draft_tokens_per_req,
                    f"draft graphs run over block_size = {p.draft_tokens_per_req} tokens per request",
@@ -110,16 +121,25 @@ def rule_full_tree(d: Deployment, p: Plan) -> Iterator[Finding]:
     srv = d.server
     src = "DDTree worker: tree-verify attention mask"
     if srv.attention_backend not in (None, "triton"):
-        yield _err(f"{SRV}.attention_backend", srv.attention_backend,
-                   f"full-tree DDTree (budget {p.budget} > block_size - 1 = {p.block_size - 1}) needs the triton attention backend",
-                   "set attention_backend: triton (or remove it), or lower budget to block_size - 1", src)
+        yield _err(
+            f"{SRV}.attention_backend",
+            srv.attention_backend,
+            f"full-tree DDTree (budget {p.budget} > block_size - 1 = {p.block_size - 1}) needs the triton attention "
+            f"backend",
+            "set attention_backend: triton (or remove it), or lower budget to block_size - 1",
+            src,
+        )
     if srv.page_size not in (None, 1):
         yield _err(f"{SRV}.page_size", srv.page_size, "full-tree DDTree needs page_size 1",
                    "set page_size: 1 (or remove it)", src)
     derived = [n for n, v in (("attention_backend", srv.attention_backend), ("page_size", srv.page_size)) if v is None]
     if derived:
-        yield _warn(f"{SRV}", None, f"full-tree DDTree: derived {', '.join(derived)} (triton / 1) and overlap scheduling off",
-                    "set them explicitly to silence this")
+        yield _warn(
+            f"{SRV}",
+            None,
+            f"full-tree DDTree: derived {', '.join(derived)} (triton / 1) and overlap scheduling off",
+            "set them explicitly to silence this",
+        )
 
 
 def rule_draft_window(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -194,17 +214,24 @@ def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
                    "remove one of them or make them agree")
     if p.max_running_requests is None:
         if p.cuda_graph_max_bs is None:
-            yield _warn(f"{SRV}.max_running_requests", None,
-                        "without max_running_requests or cuda_graph_max_bs, SGLang picks both from GPU memory and the plan cannot prove every batch is captured",
-                        "set max_running_requests")
+            yield _warn(
+                f"{SRV}.max_running_requests",
+                None,
+                "without max_running_requests or cuda_graph_max_bs, SGLang picks both from GPU memory and the plan "
+                "cannot prove every batch is captured",
+                "set max_running_requests",
+            )
         return
     if p.cuda_graph_max_bs is not None and p.cuda_graph_max_bs < p.max_running_requests:
         field = "cuda_graph_bs" if srv.cuda_graph_bs else "cuda_graph_max_bs"
-        yield _err(f"{SRV}.{field}", getattr(srv, field),
-                   f"batches of {p.cuda_graph_max_bs + 1}..{p.max_running_requests} running requests are not captured and "
-                   "would silently run eagerly",
-                   f"capture up to max_running_requests ({p.max_running_requests}), lower max_running_requests, "
-                   "or set cuda_graph: false")
+        yield _err(
+            f"{SRV}.{field}",
+            getattr(srv, field),
+            f"batches of {p.cuda_graph_max_bs + 1}..{p.max_running_requests} running requests are not captured and "
+            "would silently run eagerly",
+            f"capture up to max_running_requests ({p.max_running_requests}), lower max_running_requests, "
+            "or set cuda_graph: false",
+        )
 
 
 def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -221,12 +248,15 @@ def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
                         "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed")
         return
     if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET and d.risk_reason(SM103_RISK) is None:
-        yield _err(f"{SPEC}.budget", p.budget,
-                   f"on sm_103 ({hc.name}) DDTree tree-verify CUDA-graph capture with budget > {SM103_MAX_CAPTURED_BUDGET} "
-                   "has hit illegal memory accesses",
-                   f"set ddtree_server.cuda_graph: false (eager), lower budget to {SM103_MAX_CAPTURED_BUDGET}, or record "
-                   f"ddtree_accepted_risks: [{{rule: {SM103_RISK}, reason: '...'}}]",
-                   "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed")
+        yield _err(
+            f"{SPEC}.budget",
+            p.budget,
+            f"on sm_103 ({hc.name}) DDTree tree-verify CUDA-graph capture with budget > {SM103_MAX_CAPTURED_BUDGET} "
+            "has hit illegal memory accesses",
+            f"set ddtree_server.cuda_graph: false (eager), lower budget to {SM103_MAX_CAPTURED_BUDGET}, or record "
+            f"ddtree_accepted_risks: [{{rule: {SM103_RISK}, reason: '...'}}]",
+            "field reports of DDTree on 8x B300 (sm_103); no upstream issue filed",
+        )
 
 
 def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -240,10 +270,14 @@ def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
     except GpuSetError:
         return  # rule_gpu_set names the bad flag
     if gpus > hc.gpu_count or hc.gpu_count % d.server.tp_size:
-        yield _err(f"{SRV}.tp_size", d.server.tp_size,
-                   f"the instance's {gpus} GPUs (tp_size x dp_size{' x pp_size' if gpus != d.server.tp_size * d.server.dp_size else ''}) "
-                   f"must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
-                   f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}")
+        yield _err(
+            f"{SRV}.tp_size",
+            d.server.tp_size,
+            f"the instance's {gpus} GPUs (tp_size x "
+            f"dp_size{' x pp_size' if gpus != d.server.tp_size * d.server.dp_size else ''}) "
+            f"must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
+            f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}",
+        )
 
 
 def rule_ports(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -331,16 +365,30 @@ def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
             if v not in (None, 1):
                 yield _warn(f"{SPEC}.{name}", v, f"{s.algorithm} forces {name} = 1", f"remove {name}", src)
         if s.num_draft_tokens not in (None, s.block_size):
-            yield _err(f"{SPEC}.num_draft_tokens", s.num_draft_tokens,
-                       f"{s.algorithm} uses block_size ({s.block_size}) as num_draft_tokens", "remove num_draft_tokens", src)
-    if s.algorithm in ("EAGLE", "EAGLE3") and s.topk == 1 and s.num_steps and s.num_draft_tokens not in (None, s.num_steps + 1):
+            yield _err(
+                f"{SPEC}.num_draft_tokens",
+                s.num_draft_tokens,
+                f"{s.algorithm} uses block_size ({s.block_size}) as num_draft_tokens",
+                "remove num_draft_tokens",
+                src,
+            )
+    if (
+        s.algorithm in ("EAGLE", "EAGLE3")
+        and s.topk == 1
+        and s.num_steps
+        and s.num_draft_tokens not in (None, s.num_steps + 1)
+    ):
         yield _warn(f"{SPEC}.num_draft_tokens", s.num_draft_tokens,
                     f"EAGLE with topk 1 forces num_draft_tokens = num_steps + 1 = {s.num_steps + 1}",
                     f"set num_draft_tokens: {s.num_steps + 1}", src)
     if s.enabled and d.server.max_running_requests is None:
-        yield _warn(f"{SRV}.max_running_requests", None,
-                    f"with speculation on and no max_running_requests SGLang caps it at {SPEC_DEFAULT_MAX_RUNNING_REQUESTS}",
-                    "set max_running_requests explicitly", src)
+        yield _warn(
+            f"{SRV}.max_running_requests",
+            None,
+            f"with speculation on and no max_running_requests SGLang caps it at {SPEC_DEFAULT_MAX_RUNNING_REQUESTS}",
+            "set max_running_requests explicitly",
+            src,
+        )
 
 
 QWEN35_HYBRID_NAME = re.compile(r"qwen3[._-]?[56]|qwen3[._-]?next|interns2", re.IGNORECASE)
@@ -395,11 +443,14 @@ def rule_toolchain(d: Deployment, p: Plan) -> Iterator[Finding]:
     cuda = d.toolchain.cuda
     if cuda is not None and not at_least(cuda, a.min_cuda):
         newer = [v for v in CUDA_TOOLKITS if at_least(v, a.min_cuda)]
-        yield _err("ddtree_toolchain.cuda", cuda,
-                   f"{hc.name} GPUs are {hc.arch}: CUDA {cuda} ptxas cannot assemble {a.target} "
-                   f"(CUDA {a.min_cuda} or newer can; 12.8 answers \"Value 'sm_103a' is not defined for option 'gpu-name'\")",
-                   f"pin cuda: \"{newer[-1]}\" (any of {', '.join(newer)}) or remove it (default {default_cuda(hc.arch)})",
-                   "ddtree_ops/config/toolchain.py ARCHS (measured with real ptxas)")
+        yield _err(
+            "ddtree_toolchain.cuda",
+            cuda,
+            f"{hc.name} GPUs are {hc.arch}: CUDA {cuda} ptxas cannot assemble {a.target} "
+            f"(CUDA {a.min_cuda} or newer can; 12.8 answers \"Value 'sm_103a' is not defined for option 'gpu-name'\")",
+            f'pin cuda: "{newer[-1]}" (any of {", ".join(newer)}) or remove it (default {default_cuda(hc.arch)})',
+            "ddtree_ops/config/toolchain.py ARCHS (measured with real ptxas)",
+        )
     for key in p.toolchain.get("ptxas_env", {}):
         if not key.replace("_", "a").isalnum():
             yield _err("ddtree_toolchain.triton", d.toolchain.triton,
@@ -421,7 +472,9 @@ def rule_remote_code_pinned(d: Deployment, p: Plan) -> Iterator[Finding]:
     src = "sglang/srt/server_args.py --revision, --speculative-draft-model-revision"
     pins = [(f"{MODEL}.revision", d.model.path, d.model.revision)]
     if d.speculative.enabled and d.speculative.draft_model_path:
-        pins.append((f"{SPEC}.draft_model_revision", d.speculative.draft_model_path, d.speculative.draft_model_revision))
+        pins.append(
+            (f"{SPEC}.draft_model_revision", d.speculative.draft_model_path, d.speculative.draft_model_revision)
+        )
     for field, path, rev in pins:
         if path.startswith("/"):
             continue  # a local directory: its code is what is on disk
@@ -455,8 +508,11 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
     commit SHA (and checksummed patches); fields of another source are refused."""
     pin = d.sglang
     _required, allowed = _PIN_FIELDS[pin.source]
-    allowed = allowed | {"version", "requirements"} | ({"install_release", "simulated_build"} if pin.source == "simulator"
-                                                       else set())
+    allowed = (
+        allowed
+        | {"version", "requirements"}
+        | ({"install_release", "simulated_build"} if pin.source == "simulator" else set())
+    )
     given = {f for f in ("url", "path", "sha256", "repo", "commit", "requirements", "simulated_build")
              if getattr(pin, f) is not None} | ({"patches"} if pin.patches else set()) | (
         {"install_release"} if pin.install_release else set())
@@ -469,8 +525,12 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
             yield _err("ddtree_sglang.url", pin.url, "source wheel needs exactly one of url and path",
                        "give the wheel's URL or its path on the controller, not both")
         if pin.sha256 is None:
-            yield _err("ddtree_sglang.sha256", None, "source wheel needs the wheel's SHA-256 (it is verified before install)",
-                       "add sha256: the output of sha256sum on the wheel")
+            yield _err(
+                "ddtree_sglang.sha256",
+                None,
+                "source wheel needs the wheel's SHA-256 (it is verified before install)",
+                "add sha256: the output of sha256sum on the wheel",
+            )
     if pin.source == "git":
         # A warning here (plan, render and the peer tier work on unpinned examples); the
         # sglang role's wheelhouse build refuses to install an unpinned git source.

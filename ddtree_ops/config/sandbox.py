@@ -202,10 +202,15 @@ def _system_tree_findings(writable: tuple[tuple[str, str], ...],
         tree = path if path in trees else next((t for t in trees if _under(t, path)), None)
         if tree is not None:
             what = "is a system directory itself" if tree == path else f"contains {tree}, a system directory"
-            yield Finding("error", field, path,
-                          f"{path} {what}; the role creates and chowns this directory (and ReadWritePaths= would open a written "
-                          "one to the service), which would take a system tree over",
-                          _fix_for(field), FHS)
+            yield Finding(
+                "error",
+                field,
+                path,
+                f"{path} {what}; the role creates and chowns this directory (and ReadWritePaths= would open a written "
+                "one to the service), which would take a system tree over",
+                _fix_for(field),
+                FHS,
+            )
             bad.add(field)
     parent = venv.rsplit("/", 1)[0] or "/"
     if f"{SVC}.venv" not in bad and any(_under(t, parent) for t in trees):

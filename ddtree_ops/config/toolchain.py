@@ -270,11 +270,21 @@ def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
     if a is None or tk is None:
         return {}
     out = {
-        "arch": a.arch, "cuda": tk.version, "package": tk.package, "cuda_home": tk.home, "ptxas": tk.ptxas,
-        "min_driver": tk.min_driver, "toolkit_min_driver": tk.min_driver,
-        "min_driver_reason": f"CUDA {tk.version} toolkit needs driver >= {tk.min_driver}", "target": a.target, "ptx_version": a.ptx_version,
-        "triton": triton, "triton_ptxas": None, "triton_ptxas_cuda": None,
-        "ptxas_env": {}, "ptxas_reason": "",
+        "arch": a.arch,
+        "cuda": tk.version,
+        "package": tk.package,
+        "cuda_home": tk.home,
+        "ptxas": tk.ptxas,
+        "min_driver": tk.min_driver,
+        "toolkit_min_driver": tk.min_driver,
+        "min_driver_reason": f"CUDA {tk.version} toolkit needs driver >= {tk.min_driver}",
+        "target": a.target,
+        "ptx_version": a.ptx_version,
+        "triton": triton,
+        "triton_ptxas": None,
+        "triton_ptxas_cuda": None,
+        "ptxas_env": {},
+        "ptxas_reason": "",
     }
     btk = CUDA_TOOLKITS.get(f"{build_cuda_major}.0") if build_cuda_major else None
     if btk is not None and not at_least(tk.min_driver, btk.min_driver):
@@ -294,8 +304,10 @@ def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
     out["triton_ptxas"], out["triton_ptxas_cuda"] = binary, bundled
     if not at_least(bundled, a.min_cuda):
         out["ptxas_env"] = {env: tk.ptxas}
-        out["ptxas_reason"] = (f"Triton {t.version} uses its bundled {binary} (CUDA {bundled}) for {a.arch}, "
-                               f"older than the {a.min_cuda} that {a.target} needs: {env} points at the toolkit's ptxas")
+        out["ptxas_reason"] = (
+            f"Triton {t.version} uses its bundled {binary} (CUDA {bundled}) for {a.arch}, "
+            f"older than the {a.min_cuda} that {a.target} needs: {env} points at the toolkit's ptxas"
+        )
     else:
         out["ptxas_reason"] = f"Triton {t.version}'s bundled {binary} (CUDA {bundled}) knows {a.target}"
     return out

@@ -21,12 +21,12 @@ Sources of the facts:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from packaging.version import InvalidVersion, Version
 
 
-class GraphFlagDialect(str, Enum):
+class GraphFlagDialect(StrEnum):
     """Which CUDA-graph flag names a build's parser accepts."""
 
     LEGACY = "legacy"  # --cuda-graph-max-bs, --cuda-graph-bs           (<= 0.5.13)
@@ -177,10 +177,16 @@ class Release:
 RELEASES: dict[str, Release] = {
     r.version: r
     for r in (
-        Release("0.5.13.post1", ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
-                "requirements/sglang-0.5.13.post1-import.txt"),
-        Release("0.5.23", ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
-                "requirements/sglang-0.5.23-import.txt"),
+        Release(
+            "0.5.13.post1",
+            ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
+            "requirements/sglang-0.5.13.post1-import.txt",
+        ),
+        Release(
+            "0.5.23",
+            ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
+            "requirements/sglang-0.5.23-import.txt",
+        ),
     )
 }
 """Releases read off their real wheels (``scripts/sglang-venv.sh VERSION``; the probe tests

@@ -159,27 +159,52 @@ class BenchOptions:
         """Raises :class:`BenchInputError` naming the first option out of its bounds."""
         rules: list[tuple[str, Any, bool, str]] = [
             ("api", self.api, self.api in APIS, f"one of {', '.join(APIS)}"),
-            ("concurrency", list(self.concurrency),
-             bool(self.concurrency) and all(type(c) is int and 1 <= c <= 4096 for c in self.concurrency),
-             "integers 1..4096, e.g. 1,8,32"),
-            ("requests", self.requests, self.requests is None or type(self.requests) is int and 1 <= self.requests <= 1_000_000,
-             "1..1000000"),
-            ("duration", self.duration_s, self.duration_s is None or _finite(self.duration_s) and 0 < self.duration_s <= 86400,
-             "seconds, > 0 and <= 86400"),
-            ("max-new-tokens", self.max_new_tokens, type(self.max_new_tokens) is int and 1 <= self.max_new_tokens <= 1 << 20,
-             f"1..{1 << 20}"),
+            (
+                "concurrency",
+                list(self.concurrency),
+                bool(self.concurrency) and all(type(c) is int and 1 <= c <= 4096 for c in self.concurrency),
+                "integers 1..4096, e.g. 1,8,32",
+            ),
+            (
+                "requests",
+                self.requests,
+                self.requests is None or type(self.requests) is int and 1 <= self.requests <= 1_000_000,
+                "1..1000000",
+            ),
+            (
+                "duration",
+                self.duration_s,
+                self.duration_s is None or _finite(self.duration_s) and 0 < self.duration_s <= 86400,
+                "seconds, > 0 and <= 86400",
+            ),
+            (
+                "max-new-tokens",
+                self.max_new_tokens,
+                type(self.max_new_tokens) is int and 1 <= self.max_new_tokens <= 1 << 20,
+                f"1..{1 << 20}",
+            ),
             ("temperature", self.temperature, _finite(self.temperature) and 0 <= self.temperature <= 100, "0..100"),
             ("top-p", self.top_p, _finite(self.top_p) and 0 < self.top_p <= 1, "> 0 and <= 1"),
-            ("request-timeout", self.request_timeout_s,
-             _finite(self.request_timeout_s) and 0 < self.request_timeout_s <= 86400, "seconds, > 0 and <= 86400"),
-            ("warmup", self.warmup_requests, type(self.warmup_requests) is int and 0 <= self.warmup_requests <= 10_000,
-             "0..10000"),
+            (
+                "request-timeout",
+                self.request_timeout_s,
+                _finite(self.request_timeout_s) and 0 < self.request_timeout_s <= 86400,
+                "seconds, > 0 and <= 86400",
+            ),
+            (
+                "warmup",
+                self.warmup_requests,
+                type(self.warmup_requests) is int and 0 <= self.warmup_requests <= 10_000,
+                "0..10000",
+            ),
         ]
         for name, value, ok, rule in rules:
             if not ok:
                 raise BenchInputError(f"--{name} {preview(repr(value))}: must be {rule}")
         if (self.requests is None) == (self.duration_s is None):
-            raise BenchInputError("--requests / --duration: give exactly one (requests per level, or seconds per level)")
+            raise BenchInputError(
+                "--requests / --duration: give exactly one (requests per level, or seconds per level)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """The options for the results (``api_key`` replaced by whether one was sent)."""
@@ -209,7 +234,7 @@ def _prompt_of(obj: Any, where: str) -> Prompt:
                                   "{\"from\", \"value\"} turns (ShareGPT)")
         text = next((t.get("value") for t in conv if isinstance(t, dict) and t.get("from") in ("human", "user")), None)
         if text is None:
-            raise BenchInputError(f"{where}: conversations has no turn from \"human\"; skip such entries or fix the file")
+            raise BenchInputError(f'{where}: conversations has no turn from "human"; skip such entries or fix the file')
     else:
         text = obj.get("prompt", obj.get("text"))
     if not isinstance(text, str) or not text.strip():
@@ -248,13 +273,17 @@ def load_prompts(path: Path | None) -> list[Prompt]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BenchInputError(f"--prompts {preview(str(path))}: not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+        raise BenchInputError(
+            f"--prompts {preview(str(path))}: not UTF-8 (byte {exc.start}); save it as UTF-8"
+        ) from None
     prompts: list[Prompt] = []
     if text.lstrip().startswith("["):
         try:
             doc = json.loads(text)
         except (ValueError, RecursionError) as exc:
-            raise BenchInputError(f"--prompts {preview(str(path))}: malformed JSON ({preview(str(exc), 120)})") from None
+            raise BenchInputError(
+                f"--prompts {preview(str(path))}: malformed JSON ({preview(str(exc), 120)})"
+            ) from None
         if len(doc) > MAX_PROMPTS:
             doc = doc[:MAX_PROMPTS]
         prompts = [_prompt_of(o, f"--prompts {preview(str(path))} entry {i}") for i, o in enumerate(doc)]
@@ -266,7 +295,9 @@ def load_prompts(path: Path | None) -> list[Prompt]:
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                raise BenchInputError(f"{where}: malformed JSON ({preview(str(exc), 120)}); one JSON object a line") from None
+                raise BenchInputError(
+                    f"{where}: malformed JSON ({preview(str(exc), 120)}); one JSON object a line"
+                ) from None
             prompts.append(_prompt_of(obj, where))
             if len(prompts) >= MAX_PROMPTS:
                 break
@@ -396,21 +427,34 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         msg = e.get("message") if isinstance(e, dict) else e
         raise _StreamError(f"the server reported an error: {preview(str(msg), 160)}")
     if api == "generate":
-        meta = obj.get("meta_info")
-        if not isinstance(meta, dict):
-            raise _StreamError("a /generate stream event without a meta_info object (not SGLang's /generate)")
-        tok.at(now, _count(meta.get("completion_tokens"), "meta_info.completion_tokens"))
-        res.completion_tokens = tok.count
-        if "prompt_tokens" in meta:
-            res.prompt_tokens = _count(meta["prompt_tokens"], "meta_info.prompt_tokens")
-        if "spec_verify_ct" in meta:
-            res.spec_verify_ct = _count(meta["spec_verify_ct"], "meta_info.spec_verify_ct")
-        al = meta.get("spec_accept_length")
-        if al is not None:
-            if not _finite(al) or not 0 <= al <= MAX_COUNT:
-                raise _StreamError(f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}")
-            res.accept_length = float(al)
-        return False
+        _generate_event(obj, tok, res, now)
+    else:
+        _openai_event(obj, api, tok, res, now)
+    return False
+
+
+def _generate_event(obj: dict[str, Any], tok: _Tokens, res: RequestResult, now: float) -> None:
+    """One event of SGLang's ``/generate`` stream: counts and accept length from ``meta_info``."""
+    meta = obj.get("meta_info")
+    if not isinstance(meta, dict):
+        raise _StreamError("a /generate stream event without a meta_info object (not SGLang's /generate)")
+    tok.at(now, _count(meta.get("completion_tokens"), "meta_info.completion_tokens"))
+    res.completion_tokens = tok.count
+    if "prompt_tokens" in meta:
+        res.prompt_tokens = _count(meta["prompt_tokens"], "meta_info.prompt_tokens")
+    if "spec_verify_ct" in meta:
+        res.spec_verify_ct = _count(meta["spec_verify_ct"], "meta_info.spec_verify_ct")
+    al = meta.get("spec_accept_length")
+    if al is not None:
+        if not _finite(al) or not 0 <= al <= MAX_COUNT:
+            raise _StreamError(
+                f"meta_info.spec_accept_length = {preview(repr(al), 40)}: must be a number 0..{MAX_COUNT}"
+            )
+        res.accept_length = float(al)
+
+
+def _openai_event(obj: dict[str, Any], api: str, tok: _Tokens, res: RequestResult, now: float) -> None:
+    """One event of an OpenAI-style stream (``chat`` or completions): choices and usage."""
     usage = obj.get("usage")
     choices = obj.get("choices")
     if not isinstance(choices, list):
@@ -428,7 +472,6 @@ def _handle_event(data: bytes, api: str, tok: _Tokens, res: RequestResult, now: 
         tok.at(now, None)  # no running count: one token a content chunk
     # a usage-only chunk (choices []: include_usage's last one) gives the total, not a token time
     res.completion_tokens = max(tok.count, running or 0)
-    return False
 
 
 def _piece(obj: Any, key: str) -> Any:
@@ -444,7 +487,6 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
                headers: dict[str, str]) -> None:
     """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError)."""
     n = prompt.output_len or opts.max_new_tokens
-    cap, limit = event_cap(n), max_events(n)
     path = APIS[opts.api]
     t0 = time.perf_counter()
     tok = _Tokens(res, t0)
@@ -459,27 +501,7 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
                         if len(body) > 4096:
                             break
                     raise _StreamError(f"HTTP {r.status_code}: {preview(body, 160)}")
-                buf = bytearray()
-                events = 0
-                async for raw in r.aiter_raw():
-                    buf += raw
-                    while True:
-                        i = buf.find(b"\n")
-                        if i < 0:
-                            break
-                        line = bytes(buf[:i]).rstrip(b"\r")
-                        del buf[:i + 1]
-                        if not line.startswith(b"data:"):
-                            continue  # blank separators, comments (": ping"), event: lines
-                        events += 1
-                        if events > limit:
-                            raise _StreamError(f"more than {limit} stream events for {n} tokens; stopped reading")
-                        if _handle_event(line[5:].strip(), opts.api, tok, res, time.perf_counter()):
-                            done = True
-                    if len(buf) > cap:
-                        raise _StreamError(f"a stream event exceeds the {cap} byte cap; stopped reading")
-                    if done:
-                        break
+                done = await _read_events(r, opts.api, tok, res, n)
         if not done:
             raise _StreamError("the stream ended without data: [DONE]")
         res.e2e_s = time.perf_counter() - t0
@@ -497,6 +519,36 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
         res.error = f"unexpected answer ({type(exc).__name__}: {preview(str(exc), 120)})"
     if not res.ok:
         res.itl_s.clear()
+
+
+async def _read_events(r: httpx.Response, api: str, tok: _Tokens, res: RequestResult, n: int) -> bool:
+    """Read the SSE stream of a request for ``n`` tokens, handing each ``data:`` payload to
+    :func:`_handle_event`; True once ``[DONE]`` came. At most :func:`max_events` events and
+    :func:`event_cap` bytes per event (:class:`_StreamError` beyond)."""
+    cap, limit = event_cap(n), max_events(n)
+    done = False
+    buf = bytearray()
+    events = 0
+    async for raw in r.aiter_raw():
+        buf += raw
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            line = bytes(buf[:i]).rstrip(b"\r")
+            del buf[:i + 1]
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments (": ping"), event: lines
+            events += 1
+            if events > limit:
+                raise _StreamError(f"more than {limit} stream events for {n} tokens; stopped reading")
+            if _handle_event(line[5:].strip(), api, tok, res, time.perf_counter()):
+                done = True
+        if len(buf) > cap:
+            raise _StreamError(f"a stream event exceeds the {cap} byte cap; stopped reading")
+        if done:
+            break
+    return done
 
 
 # ------------------------------------------------------------------ server side
@@ -814,5 +866,7 @@ def load_result(path: Path) -> dict[str, Any]:
         raise BenchInputError(f"{preview(str(p))}: not a bench.json written by ddtree-ops bench (kind, levels)")
     for lv in doc["levels"]:
         if not isinstance(lv, dict) or type(lv.get("concurrency")) is not int or not _finite(lv.get("output_tok_s")):
-            raise BenchInputError(f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench")
+            raise BenchInputError(
+                f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench"
+            )
     return doc

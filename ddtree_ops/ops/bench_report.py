@@ -82,17 +82,24 @@ def markdown(spec: dict[str, Any], base: dict[str, Any], rows: list[dict[str, An
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['concurrency']} | {_f(r['spec_tok_s'], '.1f')} | {_f(r['base_tok_s'], '.1f')} "
-                     f"| {_f(r['speedup'])}x | {_f(r['request_speedup'])}x | {_f(r['itl_ratio'])} "
-                     f"| {_f(r['ttft_ratio'])} | {_f(r['accept_length'], '.3f')} | {_f(r['accept_length_server'], '.3f')} |")
+        lines.append(
+            f"| {r['concurrency']} | {_f(r['spec_tok_s'], '.1f')} | {_f(r['base_tok_s'], '.1f')} "
+            f"| {_f(r['speedup'])}x | {_f(r['request_speedup'])}x | {_f(r['itl_ratio'])} "
+            f"| {_f(r['ttft_ratio'])} | {_f(r['accept_length'], '.3f')} | {_f(r['accept_length_server'], '.3f')} |"
+        )
     if not rows:
         lines.append("| (no concurrency level in both runs) |||||||||")
     if any(r["failed"] for r in rows):
         lines += ["", f"**{sum(r['failed'] for r in rows)} requests failed** (see each run's bench.json errors)."]
     for name, doc in (("speculative", spec), ("baseline", base)):
-        lines += ["", f"## {name}", "",
-                  "| concurrency | ok | failed | tok/s | TTFT mean ms | TTFT p99 ms | ITL mean ms | ITL p99 ms | E2E mean s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            "| concurrency | ok | failed | tok/s | TTFT mean ms | TTFT p99 ms | ITL mean ms | ITL p99 ms "
+            "| E2E mean s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for lv in doc["levels"]:
             lines.append(f"| {lv['concurrency']} | {lv['ok']} | {lv['failed']} | {lv['output_tok_s']:.1f} "
                          f"| {_ms(lv['ttft_s']['mean'])} | {_ms(lv['ttft_s']['p99'])} | {_ms(lv['itl_s']['mean'])} "
@@ -130,12 +137,15 @@ def plot(out_dir: Path, spec: dict[str, Any], base: dict[str, Any]) -> list[str]
     for label, doc, colour in runs:
         pts = [(x["concurrency"], x["accept_length"]) for x in sorted(doc["levels"], key=lambda x: x["concurrency"])
                if x.get("accept_length") is not None]
-        srv = [(x["concurrency"], x["accept_length_server"]) for x in sorted(doc["levels"], key=lambda x: x["concurrency"])
-               if x.get("accept_length_server") is not None]
+        srv = [
+            (x["concurrency"], x["accept_length_server"])
+            for x in sorted(doc["levels"], key=lambda x: x["concurrency"])
+            if x.get("accept_length_server") is not None
+        ]
         if pts:
-            ax.plot(*zip(*pts), "o-", label=f"{label} (meta_info)", color=colour)
+            ax.plot(*zip(*pts, strict=True), "o-", label=f"{label} (meta_info)", color=colour)
         if srv:
-            ax.plot(*zip(*srv), "x--", label=f"{label} (server counters)", color=colour)
+            ax.plot(*zip(*srv, strict=True), "x--", label=f"{label} (server counters)", color=colour)
     ax.set(xscale="log", xlabel="concurrency", ylabel="acceptance length (tokens / verify pass)",
            title="Acceptance length vs concurrency")
     ax.grid(True, alpha=0.3)
@@ -171,7 +181,9 @@ def _save(fig: Any, out_dir: Path, name: str) -> str:
     return name
 
 
-def write_report(out_dir: Path, spec: dict[str, Any], base: dict[str, Any], plots: bool = True) -> tuple[Path, list[dict[str, Any]]]:
+def write_report(
+    out_dir: Path, spec: dict[str, Any], base: dict[str, Any], plots: bool = True
+) -> tuple[Path, list[dict[str, Any]]]:
     """Write ``report.md`` (and the plots) into ``out_dir``; returns its path and the rows of :func:`compare`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = compare(spec, base)

@@ -179,16 +179,26 @@ def plan_facts(doc: Any) -> PlanFacts:
     unit = doc.get("unit")
     return PlanFacts(
         algorithm=_text(p.get("algorithm"), 20),
-        block_size=_int(p.get("block_size")), budget=_int(p.get("budget")),
-        draft_width=_int(p.get("draft_tokens_per_req")), verify_width=_int(p.get("verify_tokens_per_req")),
-        cuda_graph_max_bs=max_bs, max_running_requests=_int(p.get("max_running_requests")),
-        mem_fraction_static=float(mfs) if isinstance(mfs, (int, float)) and not isinstance(mfs, bool) and 0 < mfs <= 1 else None,
+        block_size=_int(p.get("block_size")),
+        budget=_int(p.get("budget")),
+        draft_width=_int(p.get("draft_tokens_per_req")),
+        verify_width=_int(p.get("verify_tokens_per_req")),
+        cuda_graph_max_bs=max_bs,
+        max_running_requests=_int(p.get("max_running_requests")),
+        mem_fraction_static=float(mfs)
+        if isinstance(mfs, (int, float)) and not isinstance(mfs, bool) and 0 < mfs <= 1
+        else None,
         memory=_memory_text(p),
         unit=unit if isinstance(unit, str) and UNIT_NAME.fullmatch(unit) else None,
         port=_int(srv.get("port")),
-        ptxas_env={str(k): _clean(str(v))[:200] for k, v in list(env.items())[:2]
-                   if k in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH") and isinstance(v, str)},
-        target=_text(tc.get("target"), 20), cuda=_text(tc.get("cuda"), 20), given=True,
+        ptxas_env={
+            str(k): _clean(str(v))[:200]
+            for k, v in list(env.items())[:2]
+            if k in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH") and isinstance(v, str)
+        },
+        target=_text(tc.get("target"), 20),
+        cuda=_text(tc.get("cuda"), 20),
+        given=True,
     )
 
 
@@ -448,7 +458,9 @@ class Scan:
 
     def after(self, flag: int, n: int = AFTER_LINES) -> bool:
         """Whether one of the ``n`` lines after the match has ``flag``."""
-        return any(self.src.flags(j) & flag for j in range(self.index + 1, min(len(self.src.lines), self.index + 1 + n)))
+        return any(
+            self.src.flags(j) & flag for j in range(self.index + 1, min(len(self.src.lines), self.index + 1 + n))
+        )
 
 
 @dataclass(frozen=True)
@@ -639,8 +651,10 @@ def _warmup(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
                          else "read the SGLang lines just before it (a crash signature above names the cause)")}
 
 
-_OOM = re.compile(r"(?:^|[:(]\s{0,4}['\"]?|\]\s)\s{0,4}CUDA\s{1,4}(?:driver\s{1,4})?(?:error:\s{0,4})?out\s{1,4}of\s{1,4}"
-                  r"memory(?=[.\s]|$)\.?(?:\s{1,4}Tried\s{1,4}to\s{1,4}allocate\s{1,4}(?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?")
+_OOM = re.compile(
+    r"(?:^|[:(]\s{0,4}['\"]?|\]\s)\s{0,4}CUDA\s{1,4}(?:driver\s{1,4})?(?:error:\s{0,4})?out\s{1,4}of\s{1,4}"
+    r"memory(?=[.\s]|$)\.?(?:\s{1,4}Tried\s{1,4}to\s{1,4}allocate\s{1,4}(?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?"
+)
 """torch's allocator (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB``), the
 CUDA runtime's ``cudaErrorMemoryAllocation`` (``CUDA error: out of memory``) and the driver API's
 ``CUDA_ERROR_OUT_OF_MEMORY`` as torch words it (``CUDA driver error: out of memory``), any run of blanks
@@ -649,7 +663,8 @@ between the words. Anchored on those shapes: the text starts the line or follows
 out of memory' tips``) is no finding."""
 
 _IMA = re.compile(r"(?i)an\s{1,4}illegal\s{1,4}memory\s{1,4}access\s{1,4}was\s{1,4}encountered|cudaErrorIllegalAddress")
-"""``cudaErrorIllegalAddress`` as the CUDA runtime words it (``CUDA error: an illegal memory access was encountered``)."""
+"""``cudaErrorIllegalAddress`` as the CUDA runtime words it (``CUDA error: an illegal memory access
+was encountered``)."""
 
 _TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
                               r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
@@ -659,16 +674,19 @@ _SRC_PLAN = "sgl-project/sglang#29907 (DDTree verify graphs sized at budget + 1)
 
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
-        "graph-batch-overflow", ("must match the size of tensor",),
+        "graph-batch-overflow",
+        ("must match the size of tensor",),
         (_TENSOR_MISMATCH,),
         "a batch of {b} requests ran past the largest captured CUDA-graph batch ({a}) and overflowed the DFlash "
         "sampler's graph buffers (sized for {a})",
         "keep ddtree_server.max_running_requests <= cuda_graph_max_bs{plan}, or pin an SGLang build with the eager "
         "fallback above the graph batch limit (sgl-project/sglang#37531)",
         "sgl-project/sglang#37531 (DFlash sampler: The size of tensor a (8) must match the size of tensor b (9))",
-        _batch_overflow),
+        _batch_overflow,
+    ),
     Signature(
-        "graph-size-mismatch", ("must match the size of tensor",),
+        "graph-size-mismatch",
+        ("must match the size of tensor",),
         (_TENSOR_MISMATCH,),
         "draft/verify CUDA-graph width mismatch {where}: captured width a ({a}) vs needed b ({b}), dimension {dim}"
         "{logged}",
@@ -676,126 +694,184 @@ SIGNATURES: tuple[Signature, ...] = (
         "this SGLang build sized verify graphs from block_size: pin ddtree_sglang.ddtree_source sglang-pr-29907 "
         "(or install the ddtree-ops plugin), check with `ddtree-ops probe-sglang` (verify-graph-sizing), "
         "or run eagerly (ddtree_server.cuda_graph: false)",
-        _SRC_PLAN, _graph_mismatch),
+        _SRC_PLAN,
+        _graph_mismatch,
+    ),
     Signature(
-        "ptxas-unknown-arch", ("ptxas",),
-        (re.compile(r"ptxas fatal\s{0,8}:\s{0,8}Value\s{1,4}(?:'|\\?\"|\\u0027)(?P<arch>sm_\d{2,4}[af]?)(?:'|\\?\"|\\u0027)"
-                    r"\s{1,4}is not defined for option\s{1,4}(?:'|\\?\"|\\u0027)gpu-name"),),
+        "ptxas-unknown-arch",
+        ("ptxas",),
+        (
+            re.compile(
+                r"ptxas fatal\s{0,8}:\s{0,8}Value\s{1,4}(?:'|\\?\"|\\u0027)(?P<arch>sm_\d{2,4}[af]?)(?:'|\\?\"|\\u0027)"
+                r"\s{1,4}is not defined for option\s{1,4}(?:'|\\?\"|\\u0027)gpu-name"
+            ),
+        ),
         "Triton's ptxas does not know {arch} (too old for this GPU)",
         "point Triton at a ptxas of {need}: {env}; check with `ddtree-ops check-ptxas --arch {base} --python "
         "<sglang venv>/bin/python`",
         "triton-lang/triton#8539 (ptxas fatal: Value 'sm_121a' is not defined); ddtree_ops/config/toolchain.py "
         "(which ptxas each Triton uses)",
-        _ptxas),
+        _ptxas,
+    ),
     Signature(
-        "illegal-memory-access-capture", ("illegal",),
+        "illegal-memory-access-capture",
+        ("illegal",),
         (_IMA,),
         "CUDA illegal memory access while capturing CUDA graphs",
         "a kernel faults at capture: A/B eagerly (ddtree_server.cuda_graph: false) to confirm; lower "
         "cuda_graph_max_bs or mem_fraction_static; for DDTree check the plan's widths and the attention backend",
         "sgl-project/sglang#5029, #1467 (Capture cuda graph failed: ... illegal memory access)",
-        _ima("capture")),
+        _ima("capture"),
+    ),
     Signature(
-        "illegal-memory-access-replay", ("illegal",),
+        "illegal-memory-access-replay",
+        ("illegal",),
         (_IMA,),
         "CUDA illegal memory access at graph replay / decode under {spec}",
         "A/B it eagerly: restart {unit} with ddtree_server.cuda_graph: false; if eager runs clean it is the "
         "captured-graph replay (padding raw_bs to a captured bs), so pin a build with the fix or keep it eager; "
         "add CUDA_LAUNCH_BLOCKING=1 to the env for the exact kernel",
         "sgl-project/sglang#28569, #10892, #25512 (EAGLE graph replay illegal memory access)",
-        _ima("replay")),
+        _ima("replay"),
+    ),
     Signature(
-        "illegal-memory-access", ("illegal",),
+        "illegal-memory-access",
+        ("illegal",),
         (_IMA,),
         "CUDA illegal memory access (phase unknown: no graph capture, replay or speculative-decoding lines near it)",
         "read the lines before it for the failing kernel; restart {unit} with CUDA_LAUNCH_BLOCKING=1 in the env "
         "for the exact kernel; A/B eagerly (ddtree_server.cuda_graph: false); give diagnose more of the log "
         "(--lines) or --plan to tell capture from replay",
         "CUDA runtime cudaErrorIllegalAddress; sgl-project/sglang#5029, #28569",
-        _ima_unknown),
+        _ima_unknown,
+    ),
     Signature(
-        "capture-oom", ("memory",),
+        "capture-oom",
+        ("memory",),
         (_OOM,),
         "GPU out of memory while capturing CUDA graphs (tried to allocate {tried})",
         "{lower} or lower ddtree_server.mem_fraction_static (leaves more for graph buffers){plan}",
         "sgl-project/sglang#5285, #3430; CUDA_GRAPH_CAPTURE_FAILED_MSG in sglang/srt/model_executor/"
         "runner_backend_utils (0.5.23)",
-        _oom(True)),
+        _oom(True),
+    ),
     Signature(
-        "cuda-oom", ("memory",),
+        "cuda-oom",
+        ("memory",),
         (_OOM,),
         "GPU out of memory outside graph capture (weights, KV cache or a large batch; tried to allocate {tried})",
         "lower ddtree_server.mem_fraction_static, max_running_requests or context_length, or raise tp_size{plan}",
         "PyTorch CUDA caching allocator (torch.OutOfMemoryError); sgl-project/sglang server arguments",
-        _oom(False)),
+        _oom(False),
+    ),
     Signature(
-        "nccl-timeout", ("watchdog caught collective operation timeout", "nccl"),
-        (re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d{1,12}, OpType=(?P<op>\w{1,40})"
-                    r"[^\n]{0,300}?\) ran for (?P<ms>\d{1,12}) milliseconds"),
-         re.compile(r"Process group watchdog thread terminated with exception"),
-         re.compile(r"NCCL (?:WARN|ERROR)[^\n]{0,200}(?:[Tt]imeout|timed out)"),
-         re.compile(r"\b(?P<code>nccl(?:UnhandledCuda|System|Internal|Remote|InvalidUsage)Error)(?:: |\s{0,4}$)"),
-         re.compile(r"NCCL error in: [^\n]{0,300}?(?P<code>unhandled (?:cuda|system) error|internal error|remote "
-                    r"process exited or there was a network error)"),
-         re.compile(r"NCCL communicator was aborted")),
+        "nccl-timeout",
+        ("watchdog caught collective operation timeout", "nccl"),
+        (
+            re.compile(
+                r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d{1,12}, OpType=(?P<op>\w{1,40})"
+                r"[^\n]{0,300}?\) ran for (?P<ms>\d{1,12}) milliseconds"
+            ),
+            re.compile(r"Process group watchdog thread terminated with exception"),
+            re.compile(r"NCCL (?:WARN|ERROR)[^\n]{0,200}(?:[Tt]imeout|timed out)"),
+            re.compile(r"\b(?P<code>nccl(?:UnhandledCuda|System|Internal|Remote|InvalidUsage)Error)(?:: |\s{0,4}$)"),
+            re.compile(
+                r"NCCL error in: [^\n]{0,300}?(?P<code>unhandled (?:cuda|system) error|internal error|remote "
+                r"process exited or there was a network error)"
+            ),
+            re.compile(r"NCCL communicator was aborted"),
+        ),
         "NCCL collective timed out or failed ({what}): a rank stalled or the interconnect failed",
         "check every GPU and link (nvidia-smi topo -m, nvidia-smi nvlink -s, dmesg for Xid), run with NCCL_DEBUG=INFO; "
         "a rank that crashed first (see the earliest error above) stalls the rest",
         "pytorch ProcessGroupNCCL watchdog; sgl-project/sglang#1693, #3784",
-        _nccl),
+        _nccl,
+    ),
     Signature(
-        "scheduler-watchdog", ("watchdog timeout",),
+        "scheduler-watchdog",
+        ("watchdog timeout",),
         (re.compile(r"\b(?P<who>[A-Za-z]\w{0,39}) watchdog timeout \(self\.watchdog_timeout=(?P<t>[\d.]{1,12})"),),
         "SGLang's {who} watchdog fired: a forward batch made no progress for {t} s (a hang: often a collective)",
         "py-spy dump the scheduler if it recurs, check NCCL/GPUs (nvidia-smi, dmesg Xid); raise "
         "--watchdog-timeout only for legitimately long batches",
         "sglang/srt/utils/watchdog.py (0.5.23)",
-        lambda m, s, p: {"who": m["who"].strip(), "t": m["t"]}),
+        lambda m, s, p: {"who": m["who"].strip(), "t": m["t"]},
+    ),
     Signature(
-        "port-in-use", ("address already in use", "eaddrinuse", "is already in use", "held by"),
-        (re.compile(r"(?i)\[Errno 98\] error while attempting to bind on address \(\s{0,4}'[^']{0,100}',\s{0,4}"
-                    r"(?P<port>\d{1,5})[^)]{0,40}\):(?: \[errno 98\])? address already in use"),
-         re.compile(r"(?i)failed to listen on any local network address\. port: (?P<port>\d{1,5})[^\n]{0,120}EADDRINUSE"),
-         re.compile(r"(?i)\[Errno 98\] Address already in use"),
-         re.compile(r"FAIL port: port (?P<port>\d{1,5}) (?:is already in use|is held by)")),
+        "port-in-use",
+        ("address already in use", "eaddrinuse", "is already in use", "held by"),
+        (
+            re.compile(
+                r"(?i)\[Errno 98\] error while attempting to bind on address \(\s{0,4}'[^']{0,100}',\s{0,4}"
+                r"(?P<port>\d{1,5})[^)]{0,40}\):(?: \[errno 98\])? address already in use"
+            ),
+            re.compile(
+                r"(?i)failed to listen on any local network address\. port: (?P<port>\d{1,5})[^\n]{0,120}EADDRINUSE"
+            ),
+            re.compile(r"(?i)\[Errno 98\] Address already in use"),
+            re.compile(r"FAIL port: port (?P<port>\d{1,5}) (?:is already in use|is held by)"),
+        ),
         "{port} is already in use by another process: the server cannot bind",
         "`ddtree-ops port-check --port {portnum} --unit {unit}` names the holder; stop it, or set another port "
         "(ddtree_server.port / ddtree_ops.exporter_port)",
         "uvicorn bind error (sgl-project/sglang#2361); torch TCPStore EADDRINUSE; ddtree_ops/ops/ports.py",
-        _port),
+        _port,
+    ),
     Signature(
-        "device-nodes-missing", ("nvidia-uvm", "cuda-capable device", "no cuda gpus", "cuda_error_no_device",
-                                 "no nvidia driver", "/dev/nvidia"),
-        (re.compile(r"(?i)/dev/nvidia(?:-uvm|ctl|\d{1,2})\b[^\n]{0,80}(?:No such file|not found|ENOENT|cannot open)"),
-         re.compile(r"(?i)(?:No such file or directory|cannot open|ENOENT)[^\n]{0,80}/dev/nvidia(?:-uvm|ctl|\d{1,2})\b"),
-         re.compile(r"(?i)no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE"),
-         re.compile(r"No CUDA GPUs are available"),
-         re.compile(r"Found no NVIDIA driver on your system")),
+        "device-nodes-missing",
+        (
+            "nvidia-uvm",
+            "cuda-capable device",
+            "no cuda gpus",
+            "cuda_error_no_device",
+            "no nvidia driver",
+            "/dev/nvidia",
+        ),
+        (
+            re.compile(
+                r"(?i)/dev/nvidia(?:-uvm|ctl|\d{1,2})\b[^\n]{0,80}(?:No such file|not found|ENOENT|cannot open)"
+            ),
+            re.compile(
+                r"(?i)(?:No such file or directory|cannot open|ENOENT)[^\n]{0,80}/dev/nvidia(?:-uvm|ctl|\d{1,2})\b"
+            ),
+            re.compile(r"(?i)no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE"),
+            re.compile(r"No CUDA GPUs are available"),
+            re.compile(r"Found no NVIDIA driver on your system"),
+        ),
         "the process sees no GPU: NVIDIA device nodes are missing or not allowed ({what})",
         "systemctl status ddtree-nvidia-devices.service (it creates /dev/nvidia-uvm and the nodes before the "
         "sandboxed unit starts), check nvidia-smi on the host and the unit's DeviceAllow=, then restart the unit",
         "NVIDIA/nvidia-docker#139, #997 (missing /dev/nvidia-uvm); ddtree_ops/templates/nvidia-devices.service.j2",
-        _devices),
+        _devices,
+    ),
     Signature(
-        "health-timeout", ("health check failed", "/health", "operation timed out"),
-        (re.compile(r"Health check failed\. Server couldn't get a response from detokenizer for last (?P<secs>\d{1,6}) "
-                    r"seconds"),
-         re.compile(r"FAIL ready: /health failed \d{1,6} consecutive probe"),
-         re.compile(r"(?i)(?P<phase>start|start-post) operation timed out")),
+        "health-timeout",
+        ("health check failed", "/health", "operation timed out"),
+        (
+            re.compile(
+                r"Health check failed\. Server couldn't get a response from detokenizer for last (?P<secs>\d{1,6}) "
+                r"seconds"
+            ),
+            re.compile(r"FAIL ready: /health failed \d{1,6} consecutive probe"),
+            re.compile(r"(?i)(?P<phase>start|start-post) operation timed out"),
+        ),
         "health check timed out: {what}",
         "if the scheduler crashed, a signature above says why; a slow start/warmup needs ddtree_service."
         "start_timeout_s / ddtree_ops.ready_timeout_s raised, a busy server SGLANG_HEALTH_CHECK_TIMEOUT or "
         "ddtree_ops.health_timeout_s; check with `ddtree-ops health --plan plan.json`",
         "sglang/srt/entrypoints/http_server.py health (0.5.23; sgl-project/sglang#10856, #22511); "
         "ddtree_ops/ops/health.py; systemd.service(5) TimeoutStartSec",
-        _health),
+        _health,
+    ),
     Signature(
-        "warmup-failed", ("fail warmup",),
+        "warmup-failed",
+        ("fail warmup",),
         (re.compile(r"FAIL warmup: warmup failed: (?P<detail>[^\n]{0,400})"),),
         "the unit's warmup (every captured batch size) failed, so the unit never became active",
         "{fix_more}; re-run by hand: `ddtree-ops warmup --plan plan.json`",
         "ddtree_ops/ops/warmup.py (ExecStartPost warmup of the unit)",
-        _warmup),
+        _warmup,
+    ),
 )
 """Every recognised failure, in the order findings print."""
 

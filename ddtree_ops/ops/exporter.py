@@ -11,7 +11,8 @@ poller stuck for any reason). Answers that are not valid SGLang metrics (non-fin
 non-numeric values in the families read, over the cap, not HTTP) make ``ddtree_up 0``.
 
 Metric names are a contract (alert rules, dashboard, tests rely on them); every series
-carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``:
+carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``. The
+exporter's one table of them is :data:`METRICS` (name, help, extra labels); in words:
 
 =========================================  =====================================================
 ``ddtree_up``                              1 if SGLang's ``/metrics`` answered valid metrics at the
@@ -82,13 +83,33 @@ LABELS = ("host", "host_class", "model")
 INFO_LABELS = ("algorithm", "budget", "block_size", "verify_tokens_per_req", "draft_tokens_per_req", "tp_size",
                "sglang_version")
 
-#: Every metric name the exporter can expose (contract for rules, dashboard and tests).
-METRIC_NAMES = (
-    "ddtree_up", "ddtree_ready", "ddtree_config_drift", "ddtree_config_drift_settings", "ddtree_accept_length",
-    "ddtree_accept_length_sglang", "ddtree_accept_length_floor", "ddtree_speculative_enabled",
-    "ddtree_generation_tokens_per_second", "ddtree_upstream_staleness_seconds", "ddtree_deployment_info",
-    "ddtree_scheduler_stuck",
-)
+#: Every metric the exporter can expose, the one table of them (a contract for rules, dashboard
+#: and tests): name -> (HELP text, labels beyond :data:`LABELS`). All are gauges. The HELP text
+#: is ``str.format``ted with the exporter's ``window_s`` and ``stuck_after_s`` (seconds).
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ddtree_up": ("1 if SGLang's /metrics answered valid metrics at the last poll, and it is fresh.", ()),
+    "ddtree_ready": ("1 if SGLang's /health answered 200 at the last poll, and it is fresh.", ()),
+    "ddtree_config_drift": ("1 if /server_info differs from the deployed plan.json.", ()),
+    "ddtree_config_drift_settings": (
+        "Per setting: 1 if the running value differs from plan.json (absent: not reported).", ("setting",)),
+    "ddtree_accept_length": (
+        "Tokens per verify pass (bonus included) over the last {window_s:g} s of finished requests: "
+        "delta sglang:generation_tokens_total / delta sglang:spec_verify_calls_total.", ()),
+    "ddtree_accept_length_sglang": ("SGLang's own sglang:spec_accept_length gauge (cross-check).", ()),
+    "ddtree_accept_length_floor": ("Configured acceptance-length floor (ddtree_ops.accept_length_floor).", ()),
+    "ddtree_speculative_enabled": ("1 if the server runs speculative decoding.", ()),
+    "ddtree_generation_tokens_per_second": (
+        "Generation tokens per second over the last {window_s:g} s (finished requests).", ()),
+    "ddtree_upstream_staleness_seconds": (
+        "Seconds since the last good upstream sample (since exporter start when none yet).", ()),
+    "ddtree_deployment_info": ("Deployed speculative-decoding configuration (value 1).", INFO_LABELS),
+    "ddtree_scheduler_stuck": (
+        "1 if requests were running or queued at every poll of the last {stuck_after_s:g} s and no "
+        "progress counter moved (absent: upstream down or not enough history).", ()),
+}
+
+#: Every metric name the exporter can expose (the keys of :data:`METRICS`).
+METRIC_NAMES = tuple(METRICS)
 
 GEN_TOKENS = "sglang:generation_tokens_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
@@ -427,25 +448,22 @@ class _Collector(Collector):
         last, last_good = e.snapshot()
         now = e.clock()
 
-        def gauge(name: str, doc: str, value: float | None, extra: tuple[str, ...] = (),
-                  extra_values: tuple[str, ...] = ()) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=[*LABELS, *extra])
+        def gauge(name: str, value: float | None) -> GaugeMetricFamily:
+            """The family ``name`` of :data:`METRICS`, with one series of ``value`` unless None."""
+            doc, extra = METRICS[name]
+            g = GaugeMetricFamily(name, doc.format(window_s=e.window_s, stuck_after_s=e.stuck_after_s),
+                                  labels=[*LABELS, *extra])
             if value is not None:
-                g.add_metric([*lv, *extra_values], value)
+                g.add_metric(lv, value)
             return g
 
         up = e.fresh(now)  # a sample older than stale_after_s is no sample, whatever the poller does
-        yield gauge("ddtree_up", "1 if SGLang's /metrics answered valid metrics at the last poll, and it is fresh.",
-                    1.0 if up else 0.0)
-        yield gauge("ddtree_ready", "1 if SGLang's /health answered 200 at the last poll, and it is fresh.",
-                    1.0 if (up and last and last.ready) else 0.0)
-        yield gauge("ddtree_upstream_staleness_seconds",
-                    "Seconds since the last good upstream sample (since exporter start when none yet).",
-                    max(0.0, now - (last_good if last_good is not None else e.started)))
-        yield gauge("ddtree_accept_length_floor", "Configured acceptance-length floor (ddtree_ops.accept_length_floor).",
-                    ident.floor)
-        info = GaugeMetricFamily("ddtree_deployment_info", "Deployed speculative-decoding configuration (value 1).",
-                                 labels=[*LABELS, *INFO_LABELS])
+        yield gauge("ddtree_up", 1.0 if up else 0.0)
+        yield gauge("ddtree_ready", 1.0 if (up and last and last.ready) else 0.0)
+        since = last_good if last_good is not None else e.started
+        yield gauge("ddtree_upstream_staleness_seconds", max(0.0, now - since))
+        yield gauge("ddtree_accept_length_floor", ident.floor)
+        info = gauge("ddtree_deployment_info", None)
         info.add_metric([*lv, *ident.info], 1.0)
         yield info
 
@@ -453,12 +471,10 @@ class _Collector(Collector):
         spec = ident.speculative
         if server_info is not None and "speculative_algorithm" in server_info:
             spec = server_info["speculative_algorithm"] not in (None, "", "NONE", "none")
-        yield gauge("ddtree_speculative_enabled", "1 if the server runs speculative decoding.", 1.0 if spec else 0.0)
+        yield gauge("ddtree_speculative_enabled", 1.0 if spec else 0.0)
 
-        drift = gauge("ddtree_config_drift", "1 if /server_info differs from the deployed plan.json.", None)
-        per = GaugeMetricFamily("ddtree_config_drift_settings",
-                                "Per setting: 1 if the running value differs from plan.json (absent: not reported).",
-                                labels=[*LABELS, "setting"])
+        drift = gauge("ddtree_config_drift", None)
+        per = gauge("ddtree_config_drift_settings", None)
         if server_info is not None:
             try:
                 drifts, missing = find_drift(e.plan_doc, server_info)
@@ -476,17 +492,10 @@ class _Collector(Collector):
         yield per
 
         accept, tps = e.window_rates() if up else (None, None)
-        yield gauge("ddtree_accept_length",
-                    f"Tokens per verify pass (bonus included) over the last {e.window_s:g} s of finished requests: "
-                    "delta sglang:generation_tokens_total / delta sglang:spec_verify_calls_total.", accept)
-        yield gauge("ddtree_accept_length_sglang", "SGLang's own sglang:spec_accept_length gauge (cross-check).",
-                    last.sglang_accept_length if up and last else None)
-        yield gauge("ddtree_generation_tokens_per_second",
-                    f"Generation tokens per second over the last {e.window_s:g} s (finished requests).", tps)
-        yield gauge("ddtree_scheduler_stuck",
-                    f"1 if requests were running or queued at every poll of the last {e.stuck_after_s:g} s and no "
-                    "progress counter moved (absent: upstream down or not enough history).",
-                    e.scheduler_stuck() if up else None)
+        yield gauge("ddtree_accept_length", accept)
+        yield gauge("ddtree_accept_length_sglang", last.sglang_accept_length if up and last else None)
+        yield gauge("ddtree_generation_tokens_per_second", tps)
+        yield gauge("ddtree_scheduler_stuck", e.scheduler_stuck() if up else None)
 
 
 def serve(exporter: Exporter, host: str, port: int):

@@ -167,7 +167,9 @@ def parse_topo(text: str) -> Topology:
     for i, gi in enumerate(gpus):
         row = rows.get(gi)
         if row is None or len(row) <= max(header.index(g) for g in gpus):
-            raise FactsError(f"nvidia-smi topo -m: no complete row for {gi} (fewer cells than the header's GPU columns)")
+            raise FactsError(
+                f"nvidia-smi topo -m: no complete row for {gi} (fewer cells than the header's GPU columns)"
+            )
         for j, _gj in enumerate(gpus):
             cell = row[header.index(_gj)]
             if not _LINK.match(cell):

@@ -75,8 +75,8 @@ MARKER_CAP = 1 << 20
 class Load:
     """What ``/metrics`` says about progress: requests ``running`` and ``queued`` (summed over
     every series: with per-rank metrics each TP rank reports its batch, so a request may be
-    counted once per rank, but any busy DP rank makes the sum > 0), ``progress`` (sum over every series of :data:`PROGRESS_COUNTERS`; only its
-    movement matters), ``has_progress`` (any progress counter exposed)."""
+    counted once per rank, but any busy DP rank makes the sum > 0), ``progress`` (sum over every
+    series of :data:`PROGRESS_COUNTERS`; only its movement matters), ``has_progress`` (any progress counter exposed)."""
 
     running: float
     queued: float
@@ -183,7 +183,9 @@ def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None
         if status == 200:
             before = f" after {len(seen)} failed ({'; '.join(seen)})" if seen else ""
             return Check("reachable", True, "port open"), Check("ready", True, f"/health answered 200{before}")
-        seen.append(f"answered {status}" + (" (starting, or its 1-token generation took > 20 s)" if status == 503 else ""))
+        seen.append(
+            f"answered {status}" + (" (starting, or its 1-token generation took > 20 s)" if status == 503 else "")
+        )
     detail = f"/health failed {o.failures} consecutive probe(s), {o.interval_s:g} s apart: {'; '.join(seen)}"
     return (Check("reachable", reachable, "port open" if reachable else f"{c.name}/health: {seen[-1]}"),
             Check("ready", False, detail))
@@ -251,7 +253,9 @@ def _progress(c: SGLangClient, o: HealthOptions) -> Check:
     try:
         return _progress_of(c, o)
     except _NoMetrics as exc:
-        return Check("progress", True, f"not measured: /metrics unavailable ({exc}); start SGLang with --enable-metrics")
+        return Check(
+            "progress", True, f"not measured: /metrics unavailable ({exc}); start SGLang with --enable-metrics"
+        )
     except SGLangError as exc:
         return Check("progress", False, f"/metrics did not give SGLang's Prometheus text: {exc}")
 
@@ -273,9 +277,12 @@ def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
         if not now.busy:
             return Check("progress", True, "idle: the requests finished")
         last = now
-    return Check("progress", False,
-                 f"{last.running:g} running, {last.queued:g} queued, but no generation counter moved in "
-                 f"{o.failures} x {o.progress_window_s:g} s ({', '.join(PROGRESS_COUNTERS[:3])}): the scheduler is stuck")
+    return Check(
+        "progress",
+        False,
+        f"{last.running:g} running, {last.queued:g} queued, but no generation counter moved in "
+        f"{o.failures} x {o.progress_window_s:g} s ({', '.join(PROGRESS_COUNTERS[:3])}): the scheduler is stuck",
+    )
 
 
 def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given: bool) -> list[Check]:
@@ -291,7 +298,9 @@ def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given:
     if options_given:
         checks.append(_progress(c, o))
     al = accept_length(info)
-    checks.append(Check("accept_length", True, "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass"))
+    checks.append(
+        Check("accept_length", True, "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass")
+    )
     return checks
 
 

@@ -92,11 +92,12 @@ ACS_FIX = ("disable PCIe ACS P2P redirect on the GPUs' upstream bridges (BIOS: A
 
 
 _ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]?"                             # CSI (colours, cursor, clear screen)
-    r"|\x1b[\]PX^_][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"          # OSC (titles, OSC 8 links, OSC 52 clipboard), DCS, SOS, PM, APC
-    r"|\x1b[ -/]*[0-~]?"                                     # every other escape sequence (ECMA-48 nF/Fp/Fe/Fs)
-    r"|\x9b[0-?]*[ -/]*[@-~]?"                               # 8-bit CSI
-    r"|[\x90\x98\x9d\x9e\x9f][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)")  # 8-bit OSC/DCS/SOS/PM/APC strings
+    r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI (colours, cursor, clear screen)
+    r"|\x1b[\]PX^_][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"  # OSC (titles, OSC 8 links, OSC 52 clipboard), DCS, SOS, PM, APC
+    r"|\x1b[ -/]*[0-~]?"  # every other escape sequence (ECMA-48 nF/Fp/Fe/Fs)
+    r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
+    r"|[\x90\x98\x9d\x9e\x9f][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"
+)  # 8-bit OSC/DCS/SOS/PM/APC strings
 """Terminal escape sequences (ECMA-48 / ISO 6429: CSI, OSC and the other string and two-byte
 sequences, 7- and 8-bit forms); a string sequence without its terminator runs to the end."""
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]+")
@@ -124,7 +125,9 @@ _NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ 
 """``NAME=value``, ``NAME: value``, ``"name": "value"``, ``name='value'`` (a Python repr),
 ``--flag=value``: the value is redacted when a word of NAME is secret-looking (``HF_TOKEN = X``,
 ``api_key='X'``, ``export OPENAI_API_KEY="X"``)."""
-_FLAG_VALUE = re.compile(r"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)")
+_FLAG_VALUE = re.compile(
+    r"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
+)
 """``--flag value`` (argv as printed): the value is redacted when a word of the flag is
 secret-looking (``--api-key X``, ``--hf-token X``)."""
 
@@ -504,7 +507,9 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
         if caps and len(caps) != len(f.smi.gpus):
             f.cap_error = f"--query-gpu listed {len(caps)} GPU(s), -q -x {len(f.smi.gpus)}"
         if len(caps) == len(f.smi.gpus):
-            f.smi.gpus[:] = [gf.GpuFacts(**{**g.__dict__, "compute_cap": c}) for g, c in zip(f.smi.gpus, caps)]
+            f.smi.gpus[:] = [
+                gf.GpuFacts(**{**g.__dict__, "compute_cap": c}) for g, c in zip(f.smi.gpus, caps, strict=True)
+            ]
         topo, f.topo_error = _smi(nvidia_smi, ["topo", "-m"])
         if not f.topo_error:
             try:
@@ -537,20 +542,41 @@ def gpu_checks(hc: HostClass, smi: gf.SmiReport, topo: gf.Topology | None, topo_
     off = [x.index for x in g if not x.persistence]
     fix_class = f"deploy this host with the host class it is (ddtree_host_class), or use a {hc.name} machine"
     checks = [
-        _check("gpu_count", len(g) == hc.gpu_count, f"{len(g)} GPU(s); {hc.name} has {hc.gpu_count}",
-               f"{fix_class}; a GPU missing from nvidia-smi is a hardware or driver fault (dmesg, `nvidia-smi -q`)"),
-        _check("gpu_name", bool(g) and all(x.name.startswith(hc.gpu_name) for x in g),
-               f"{', '.join(names) or 'no GPU'}; {hc.name} is {hc.gpu_name}*", fix_class),
-        _check("compute_capability", caps == [hc.compute_cap],
-               f"compute capability {', '.join(caps) or 'unknown'}; {hc.name} is {hc.compute_cap} ({hc.arch})", fix_class),
-        _check("gpu_memory", bool(g) and mem >= hc.min_memory_mib,
-               f"least GPU memory {mem} MiB; {hc.name} needs >= {hc.min_memory_mib} MiB ({hc.gpu_memory_gib} GB)",
-               fix_class),
-        _check("persistence_mode", bool(g) and not off,
-               "persistence mode on for every GPU" if g and not off else
-               f"persistence mode off on GPU {', '.join(map(str, off))}" if g else "no GPU",
-               "enable it (`nvidia-smi -pm 1`, or run nvidia-persistenced): without it the driver tears the GPUs "
-               "down between processes and SGLang's start pays the re-initialisation"),
+        _check(
+            "gpu_count",
+            len(g) == hc.gpu_count,
+            f"{len(g)} GPU(s); {hc.name} has {hc.gpu_count}",
+            f"{fix_class}; a GPU missing from nvidia-smi is a hardware or driver fault (dmesg, `nvidia-smi -q`)",
+        ),
+        _check(
+            "gpu_name",
+            bool(g) and all(x.name.startswith(hc.gpu_name) for x in g),
+            f"{', '.join(names) or 'no GPU'}; {hc.name} is {hc.gpu_name}*",
+            fix_class,
+        ),
+        _check(
+            "compute_capability",
+            caps == [hc.compute_cap],
+            f"compute capability {', '.join(caps) or 'unknown'}; {hc.name} is {hc.compute_cap} ({hc.arch})",
+            fix_class,
+        ),
+        _check(
+            "gpu_memory",
+            bool(g) and mem >= hc.min_memory_mib,
+            f"least GPU memory {mem} MiB; {hc.name} needs >= {hc.min_memory_mib} MiB ({hc.gpu_memory_gib} GB)",
+            fix_class,
+        ),
+        _check(
+            "persistence_mode",
+            bool(g) and not off,
+            "persistence mode on for every GPU"
+            if g and not off
+            else f"persistence mode off on GPU {', '.join(map(str, off))}"
+            if g
+            else "no GPU",
+            "enable it (`nvidia-smi -pm 1`, or run nvidia-persistenced): without it the driver tears the GPUs "
+            "down between processes and SGLang's start pays the re-initialisation",
+        ),
     ]
     checks.append(interconnect_check(hc, len(g), topo, topo_error))
     return checks
@@ -664,10 +690,16 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
     else:
         need_open = arch is not None and ARCHS.get(arch) is not None and ARCHS[arch].number >= 100
         ok = m.flavor == "open" or not need_open
-        out.append(_check("kernel_module", ok, f"{m.flavor} kernel module {m.version}"
-                          + (f"; {arch} (Blackwell) is supported by NVIDIA's open kernel modules only" if need_open else ""),
-                          "install the open kernel module flavour of the same driver (e.g. nvidia-open / "
-                          "`nvidia-driver-<ver>-open`) and reboot"))
+        out.append(
+            _check(
+                "kernel_module",
+                ok,
+                f"{m.flavor} kernel module {m.version}"
+                + (f"; {arch} (Blackwell) is supported by NVIDIA's open kernel modules only" if need_open else ""),
+                "install the open kernel module flavour of the same driver (e.g. nvidia-open / "
+                "`nvidia-driver-<ver>-open`) and reboot",
+            )
+        )
     drv = smi.driver_version if smi else ""
     problems = []
     if not drv:
@@ -683,9 +715,16 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
         problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
     detail = "; ".join(problems) if problems else (
         f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
-    out.append(_check("driver", not problems, detail,
-                      f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot (a half-done "
-                      "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows"))
+    out.append(
+        _check(
+            "driver",
+            not problems,
+            detail,
+            f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot "
+            f"(a half-done "
+            "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows",
+        )
+    )
     return out
 
 
@@ -716,7 +755,9 @@ def ptxas_check(toolchain: dict) -> dict:
 def shm_check(size_bytes: int | None, path: str = "/dev/shm", error: str = "") -> dict:
     """``/dev/shm`` is at least :data:`SHM_MIN_BYTES`."""
     if size_bytes is None:
-        return _check("shm", False, f"{path}: {error or 'unreadable'}", "mount a tmpfs on /dev/shm (systemd does by default)")
+        return _check(
+            "shm", False, f"{path}: {error or 'unreadable'}", "mount a tmpfs on /dev/shm (systemd does by default)"
+        )
     return _check("shm", size_bytes >= SHM_MIN_BYTES,
                   f"{path} is {size_bytes / (1 << 20):.0f} MiB; NCCL and PyTorch need >= {SHM_MIN_BYTES >> 20} MiB",
                   f"enlarge it: `mount -o remount,size=16G {path}` now, and the size= option of its /etc/fstab "
@@ -936,7 +977,9 @@ def _unit_limits(unit: str | None) -> dict | None:
     """``{LimitNOFILE, LimitMEMLOCK}`` of ``unit`` when systemd has it loaded, else None."""
     if not unit:
         return None
-    r = run_bounded(["systemctl", "show", unit, "-p", "LoadState", "-p", "LimitNOFILE", "-p", "LimitMEMLOCK"], 10, 65536)
+    r = run_bounded(
+        ["systemctl", "show", unit, "-p", "LoadState", "-p", "LimitNOFILE", "-p", "LimitMEMLOCK"], 10, 65536
+    )
     props = dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
     if r.rc != 0 or props.get("LoadState") != "loaded":
         return None

@@ -162,11 +162,19 @@ def check(target: str, ptx_version: str, ptxas: str | None = None, python: str |
         triton = triton_ptxas(python, int(re.sub(r"\D", "", target)))
         ptxas = triton["path"]
         fell_back = bool(triton["override"]) and os.path.realpath(triton["override"]) != os.path.realpath(ptxas)
-        checks.append({"name": "triton-ptxas", "ok": not fell_back,
-                       "detail": (f"Triton {triton['triton']} ignored {triton['env']}={triton['override']} (it does not "
-                                  f"answer --version) and fell back to {ptxas}" if fell_back else
-                                  f"Triton {triton['triton']} uses {ptxas} for {target} "
-                                  f"({triton['env']}={'unset' if not triton['override'] else triton['override']})")})
+        checks.append(
+            {
+                "name": "triton-ptxas",
+                "ok": not fell_back,
+                "detail": (
+                    f"Triton {triton['triton']} ignored {triton['env']}={triton['override']} (it does not "
+                    f"answer --version) and fell back to {ptxas}"
+                    if fell_back
+                    else f"Triton {triton['triton']} uses {ptxas} for {target} "
+                    f"({triton['env']}={'unset' if not triton['override'] else triton['override']})"
+                ),
+            }
+        )
     res = assemble(ptxas, target, ptx_version)
     detail = (f"ptxas {res['version']} ({ptxas}) assembled .version {ptx_version} .target {target}" if res["ok"] else
               f"ptxas {res['version']} ({ptxas}) cannot assemble .version {ptx_version} .target {target}: "

@@ -111,6 +111,23 @@ def load_sweep(path: Path) -> tuple[str, list[Point]]:
         OSError: the file cannot be read.
     """
     where = f"sweep file {preview(str(path))}"
+    doc = _read_doc(path, where)
+    host = doc.get("host")
+    if not isinstance(host, str) or not host:
+        raise SweepError(f"{where}: host = {preview(repr(host), 80)}; must name one inventory host, e.g. b300-01")
+    points, urls = _points_of(doc, where)
+    seen: set[str] = set()
+    for i, p in enumerate(points):
+        _check_point(p, i, seen, where)
+        seen.add(p.name)
+    unknown = set(urls) - seen
+    if unknown:
+        raise SweepError(f"{where}: urls for no point: {sorted(unknown)[:5]}; point names are {sorted(seen)[:10]}")
+    return host, points
+
+
+def _read_doc(path: Path, where: str) -> dict[str, Any]:
+    """The sweep file's YAML mapping (a regular UTF-8 file of at most :data:`MAX_SWEEP_FILE` bytes)."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SWEEP_FILE:
         raise SweepError(f"{where}: not a regular file of at most {MAX_SWEEP_FILE} bytes; give a YAML sweep file")
@@ -122,9 +139,12 @@ def load_sweep(path: Path) -> tuple[str, list[Point]]:
         raise SweepError(f"{where}: not YAML ({preview(str(exc).splitlines()[0], 120)})") from None
     if not isinstance(doc, dict):
         raise SweepError(f"{where}: must be a mapping with host and points/grid")
-    host = doc.get("host")
-    if not isinstance(host, str) or not host:
-        raise SweepError(f"{where}: host = {preview(repr(host), 80)}; must name one inventory host, e.g. b300-01")
+    return doc
+
+
+def _points_of(doc: dict[str, Any], where: str) -> tuple[list[Point], dict[Any, Any]]:
+    """``(points, urls)``: the listed points, then the grid's (named by :func:`_point_name`),
+    at most :data:`MAX_POINTS` and at least one; the names are not checked yet."""
     points: list[Point] = []
     raw_points = doc.get("points") or []
     if not isinstance(raw_points, list):
@@ -143,37 +163,36 @@ def load_sweep(path: Path) -> tuple[str, list[Point]]:
         keys = list(grid)
         combos = itertools.product(*(grid[k] for k in keys))
         for values in itertools.islice(combos, MAX_POINTS + 1):
-            combo = dict(zip(keys, values))
+            combo = dict(zip(keys, values, strict=True))
             name = _point_name(combo)
             points.append(Point(name, combo, urls.get(name)))
     if len(points) > MAX_POINTS:
         raise SweepError(f"{where}: more than {MAX_POINTS} points; split the sweep")
     if not points:
         raise SweepError(f"{where}: no points; give points and/or grid")
-    seen: set[str] = set()
-    for i, p in enumerate(points):
-        if not isinstance(p.name, str) or not NAME.match(p.name):
-            raise SweepError(f"{where}: point {i} name = {preview(repr(p.name), 80)}; must match {NAME.pattern} "
-                             "(it names the result directory)")
-        if p.name in seen:
-            raise SweepError(f"{where}: point name {p.name!r} twice; names must be unique")
-        seen.add(p.name)
-        if not isinstance(p.set, dict):
-            raise SweepError(f"{where}: point {p.name} set must be a mapping of path: value")
-        for k in p.set:
-            if not isinstance(k, str) or not PATH.match(k):
-                raise SweepError(f"{where}: point {p.name} set key {preview(repr(k), 80)}; must be an inventory "
-                                 "variable path, e.g. ddtree_speculative.budget")
-            if any(is_secret_name(k.rsplit(".", i)[0]) for i in range(k.count(".") + 1)):
-                raise SweepError(f"{where}: point {p.name} set key {k}: a secret; secrets are not swept (they "
-                                 "would be written to sweep.json): keep them in the inventory")
-        if p.url is not None and not _url_ok(p.url):
-            raise SweepError(f"{where}: point {p.name} url = {preview(repr(p.url), 80)}; must be http(s)://HOST:PORT "
-                             "without user info")
-    unknown = set(urls) - seen
-    if unknown:
-        raise SweepError(f"{where}: urls for no point: {sorted(unknown)[:5]}; point names are {sorted(seen)[:10]}")
-    return host, points
+    return points, urls
+
+
+def _check_point(p: Point, i: int, seen: set[str], where: str) -> None:
+    """Point ``i``: a unique directory-safe name, ``set`` keys that are non-secret inventory
+    paths, an optional http(s) URL. Raises :class:`SweepError` naming the point."""
+    if not isinstance(p.name, str) or not NAME.match(p.name):
+        raise SweepError(f"{where}: point {i} name = {preview(repr(p.name), 80)}; must match {NAME.pattern} "
+                         "(it names the result directory)")
+    if p.name in seen:
+        raise SweepError(f"{where}: point name {p.name!r} twice; names must be unique")
+    if not isinstance(p.set, dict):
+        raise SweepError(f"{where}: point {p.name} set must be a mapping of path: value")
+    for k in p.set:
+        if not isinstance(k, str) or not PATH.match(k):
+            raise SweepError(f"{where}: point {p.name} set key {preview(repr(k), 80)}; must be an inventory "
+                             "variable path, e.g. ddtree_speculative.budget")
+        if any(is_secret_name(k.rsplit(".", j)[0]) for j in range(k.count(".") + 1)):
+            raise SweepError(f"{where}: point {p.name} set key {k}: a secret; secrets are not swept (they "
+                             "would be written to sweep.json): keep them in the inventory")
+    if p.url is not None and not _url_ok(p.url):
+        raise SweepError(f"{where}: point {p.name} url = {preview(repr(p.url), 80)}; must be http(s)://HOST:PORT "
+                         "without user info")
 
 
 def apply(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -320,12 +339,7 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
 
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path = out_dir / "sweep.json"
-    previous: dict[str, Any] = {}
-    if state_path.is_file():
-        try:
-            previous = {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
-        except (ValueError, TypeError, KeyError, AttributeError):
-            previous = {}  # a torn or foreign state file: every point runs again
+    previous = _previous(state_path)
     last_vars: dict[str, Any] | None = None  # what the last deploy sent; {}: the inventory's own settings
     deployed_any = False
     restore: dict[str, Any] | None = None
@@ -354,20 +368,16 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
                     and (out_dir / p.name / "bench.json").is_file():
                 p.status, p.detail = "resumed", "benchmarked by an earlier run"
             else:
-                failed = None
+                why = None
                 if p.url is None and deployer is not None:
                     deployed_any = True
                     last_vars = deploy_vars(hostvars, p.set)
-                    failed = deployer.deploy(host, last_vars, out_dir / p.name / "deploy.log")
-                    if failed:
+                    why = deployer.deploy(host, last_vars, out_dir / p.name / "deploy.log")
+                    if why:
                         last_vars = None  # unknown state: restore whatever the point was
-                if failed:
-                    p.status, p.detail = "failed", f"deploy failed: {failed}"
-                else:
-                    res = run(BenchOptions(**{**opts.__dict__, "url": url}), prompts, plan=p.plan)
-                    write_results(out_dir / p.name, res)
-                    p.status = "failed" if res.failed else "done"
-                    p.detail = f"{res.failed} requests failed" if res.failed else f"{len(res.requests)} requests"
+                        p.status, p.detail = "failed", f"deploy failed: {why}"
+                if not why:
+                    _bench_point(p, url, opts, prompts, out_dir)
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
         if on_point:
             on_point(p)
@@ -383,6 +393,24 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
     tmp.write_text(ranking(points, out_dir), encoding="utf-8")
     os.replace(tmp, report)
     return points
+
+
+def _previous(state_path: Path) -> dict[str, Any]:
+    """The points of an earlier run's ``sweep.json`` by name ({} when there is none or it is torn)."""
+    if not state_path.is_file():
+        return {}
+    try:
+        return {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}  # a torn or foreign state file: every point runs again
+
+
+def _bench_point(p: Point, url: str, opts: BenchOptions, prompts: list[Prompt], out_dir: Path) -> None:
+    """Benchmark ``p`` at ``url`` into ``<out>/<name>/`` and set its status (``done`` / ``failed``)."""
+    res = run(BenchOptions(**{**opts.__dict__, "url": url}), prompts, plan=p.plan)
+    write_results(out_dir / p.name, res)
+    p.status = "failed" if res.failed else "done"
+    p.detail = f"{res.failed} requests failed" if res.failed else f"{len(res.requests)} requests"
 
 
 def _state(p: Point, opts: BenchOptions) -> dict[str, Any]:

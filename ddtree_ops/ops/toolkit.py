@@ -63,7 +63,9 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[G
             or an index that is not a number.
     """
     try:
-        rows = [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r and any(c.strip() for c in r)]
+        rows = [
+            r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r and any(c.strip() for c in r)
+        ]
     except csv.Error as exc:  # a field over csv.field_size_limit() (128 KiB), a NUL
         raise DriverCheckError(f"nvidia-smi --query-gpu output is not CSV ({exc})") from None
     if rows and "driver_version" in [c.strip() for c in rows[0]]:
@@ -75,7 +77,8 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[G
         raise DriverCheckError("nvidia-smi listed no GPU")
     gpus = []
     for i, r in enumerate(rows):
-        rec = dict(zip(cols, (c.strip() for c in r)))
+        # not strict: a short line lacks a column and is refused below by the field it misses
+        rec = dict(zip(cols, (c.strip() for c in r), strict=False))
         drv, cap = rec.get("driver_version", ""), rec.get("compute_cap", "")
         if not _dotted(drv) or not _dotted(cap):
             raise DriverCheckError(f"nvidia-smi line {i + 1} {','.join(r)!r}: expected driver_version,compute_cap "
@@ -161,8 +164,10 @@ def check_driver(query_output: str, rc: int, cuda: str, arch: str | None = None,
     if not at_least(drivers[0], floor):
         other = ("pin an SGLang build whose wheels need an older CUDA" if from_build
                  else "pin an older toolkit in ddtree_toolchain.cuda if the arch allows")
-        raise DriverCheckError(f"NVIDIA driver {drivers[0]} is too old for CUDA {cuda} (needs >= {floor}, {why_floor}). "
-                               f"Fix: upgrade the driver to >= {floor}, or {other}")
+        raise DriverCheckError(
+            f"NVIDIA driver {drivers[0]} is too old for CUDA {cuda} (needs >= {floor}, {why_floor}). "
+            f"Fix: upgrade the driver to >= {floor}, or {other}"
+        )
     if arch is not None:
         other = sorted({g.arch for g in gpus if g.arch != arch})
         if other:

@@ -189,7 +189,12 @@ def make_png(width: int, height: int) -> bytes:
         for x in range(width):
             rows += bytes(((x * 255) // max(1, width - 1), g, (x ^ y) & 0xFF))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(bytes(rows), 6))
+        + chunk(b"IEND", b"")
+    )
 
 
 def image_side(min_pixels: int, patch: int = 28) -> int:

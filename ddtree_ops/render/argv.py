@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config.models import Deployment
 from ..config.plan import Plan
-from ..config.versions import version_info
+from ..config.versions import GraphFlagDialect, version_info
 
 
 def build_argv(d: Deployment, plan: Plan) -> list[str]:
@@ -25,12 +25,23 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
         The argv as a list of strings (no shell quoting; see
         :func:`ddtree_ops.render.files.systemd_exec` for the unit file form).
     """
-    srv, s = d.server, d.speculative
     dialect = version_info(d.sglang.base_version).dialect
     # Real SGLang runs from the SGLang venv; the simulator (ddtree-ops) from the ops venv.
     venv = d.service.venv if d.sglang.source == "simulator" else d.service.sglang_venv_path
     argv = [f"{venv}/bin/python", "-m", d.sglang.launcher_module]
-    argv += ["--model-path", d.model.path]
+    argv += _model_flags(d)
+    argv += _server_flags(d, plan)
+    if d.speculative.enabled:
+        argv += _speculative_flags(d, plan)
+    argv += _cuda_graph_flags(plan, dialect)
+    # Flags the config does not model (validated, none the toolkit owns: config.build_rules).
+    argv += d.server.extra_argv()
+    return argv
+
+
+def _model_flags(d: Deployment) -> list[str]:
+    """The target model: path, revision, served name, remote code, context length."""
+    argv = ["--model-path", d.model.path]
     if d.model.revision:
         argv += ["--revision", d.model.revision]
     if d.model.served_model_name:
@@ -39,7 +50,13 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
         argv.append("--trust-remote-code")
     if d.model.context_length:
         argv += ["--context-length", str(d.model.context_length)]
-    argv += ["--host", srv.host, "--port", str(srv.port), "--tp-size", str(srv.tp_size)]
+    return argv
+
+
+def _server_flags(d: Deployment, plan: Plan) -> list[str]:
+    """Listen address, parallelism, GPUs, memory, scheduling, attention, metrics and logging."""
+    srv = d.server
+    argv = ["--host", srv.host, "--port", str(srv.port), "--tp-size", str(srv.tp_size)]
     if srv.dp_size > 1:
         argv += ["--dp-size", str(srv.dp_size)]
     # fixed per instance, never SGLang's random free port: instances on one machine (config.fleet)
@@ -58,29 +75,34 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
         argv.append("--disable-overlap-schedule")
     argv.append("--enable-metrics")
     argv += ["--log-level", srv.log_level]
-
-    if s.enabled:
-        argv += ["--speculative-algorithm", s.algorithm, "--speculative-draft-model-path", s.draft_model_path]
-        if s.draft_model_revision:
-            argv += ["--speculative-draft-model-revision", s.draft_model_revision]
-        if s.algorithm in ("DFLASH", "DDTREE"):
-            argv += ["--speculative-num-draft-tokens", str(plan.block_size)]
-            if s.algorithm == "DDTREE":
-                argv += ["--speculative-ddtree-budget", str(plan.budget)]
-        else:
-            argv += ["--speculative-num-steps", str(plan.num_steps), "--speculative-eagle-topk", str(plan.topk)]
-            if plan.num_draft_tokens is not None:
-                argv += ["--speculative-num-draft-tokens", str(plan.num_draft_tokens)]
-        if s.draft_window_size is not None:
-            argv += ["--speculative-draft-window-size", str(s.draft_window_size)]
-        if s.draft_attention_backend:
-            argv += ["--speculative-draft-attention-backend", s.draft_attention_backend]
-
-    if not plan.cuda_graphs:
-        argv.append("--disable-cuda-graph")
-    elif plan.cuda_graph_max_bs is not None:
-        argv += [dialect.max_bs_flag, str(plan.cuda_graph_max_bs)]
-        argv += [dialect.bs_flag, *map(str, plan.capture_bs)]
-    # Flags the config does not model (validated, none the toolkit owns: config.build_rules).
-    argv += srv.extra_argv()
     return argv
+
+
+def _speculative_flags(d: Deployment, plan: Plan) -> list[str]:
+    """Speculative decoding (the deployment has it enabled): algorithm, draft model, sizes."""
+    s = d.speculative
+    argv = ["--speculative-algorithm", s.algorithm, "--speculative-draft-model-path", s.draft_model_path]
+    if s.draft_model_revision:
+        argv += ["--speculative-draft-model-revision", s.draft_model_revision]
+    if s.algorithm in ("DFLASH", "DDTREE"):
+        argv += ["--speculative-num-draft-tokens", str(plan.block_size)]
+        if s.algorithm == "DDTREE":
+            argv += ["--speculative-ddtree-budget", str(plan.budget)]
+    else:
+        argv += ["--speculative-num-steps", str(plan.num_steps), "--speculative-eagle-topk", str(plan.topk)]
+        if plan.num_draft_tokens is not None:
+            argv += ["--speculative-num-draft-tokens", str(plan.num_draft_tokens)]
+    if s.draft_window_size is not None:
+        argv += ["--speculative-draft-window-size", str(s.draft_window_size)]
+    if s.draft_attention_backend:
+        argv += ["--speculative-draft-attention-backend", s.draft_attention_backend]
+    return argv
+
+
+def _cuda_graph_flags(plan: Plan, dialect: GraphFlagDialect) -> list[str]:
+    """CUDA graphs off, or the planned capture list in the pinned version's flag dialect."""
+    if not plan.cuda_graphs:
+        return ["--disable-cuda-graph"]
+    if plan.cuda_graph_max_bs is None:
+        return []
+    return [dialect.max_bs_flag, str(plan.cuda_graph_max_bs), dialect.bs_flag, *map(str, plan.capture_bs)]

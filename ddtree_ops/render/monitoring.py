@@ -142,11 +142,11 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "for": s.collapse_for,
             "labels": {"severity": "critical"},
             "annotations": {
-                "summary": "{{ $labels.host }}: acceptance length {{ $value | printf \"%.2f\" }} is below the "
-                           "deployment's floor",
+                "summary": '{{ $labels.host }}: acceptance length {{ $value | printf "%.2f" }} is below the '
+                "deployment's floor",
                 "runbook": "Speculation is not paying: check the draft checkpoint and block_size against plan.json "
-                           "(ddtree-ops health --json), ddtree_config_drift_settings, and the SGLang log for "
-                           "graph/eager fallbacks; roll back the last draft or config change.",
+                "(ddtree-ops health --json), ddtree_config_drift_settings, and the SGLang log for "
+                "graph/eager fallbacks; roll back the last draft or config change.",
             },
         },
         {
@@ -157,7 +157,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: SGLang does not answer /metrics",
                 "runbook": "systemctl status and journalctl -u of the SGLang unit on the host; a unit in its "
-                           "restart loop points at a crash (graph-size mismatch, OOM, NCCL): see the last log lines.",
+                "restart loop points at a crash (graph-size mismatch, OOM, NCCL): see the last log lines.",
             },
         },
         {
@@ -168,19 +168,19 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: the ddtree-ops exporter is not scraped",
                 "runbook": "systemctl status ddtree-{{ $labels.service }}-exporter.service on {{ $labels.host }}; "
-                           "check that the exporter port (ddtree_ops.exporter_port) is reachable from Prometheus.",
+                "check that the exporter port (ddtree_ops.exporter_port) is reachable from Prometheus.",
             },
         },
         {
             "alert": "DDTreeSGLangDown",
-            "expr": f'up{{{sg}}} == 0',
+            "expr": f"up{{{sg}}} == 0",
             "for": s.down_for,
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": "{{ $labels.host }}: Prometheus cannot scrape SGLang's /metrics",
                 "runbook": "The SGLang process or its host is down (this fires without the exporter, e.g. when the "
-                           "node dies): check the host, then systemctl status / journalctl -u "
-                           "ddtree-{{ $labels.service }}.service for a crash or restart loop.",
+                "node dies): check the host, then systemctl status / journalctl -u "
+                "ddtree-{{ $labels.service }}.service for a crash or restart loop.",
             },
         },
         {
@@ -191,7 +191,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: SGLang's scheduler is stuck (requests waiting, no tokens generated)",
                 "runbook": "SGLang answers HTTP but makes no progress: capture py-spy dump of the scheduler processes "
-                           "and the last log lines, then restart ddtree-{{ $labels.service }}.service.",
+                "and the last log lines, then restart ddtree-{{ $labels.service }}.service.",
             },
         },
         {
@@ -200,10 +200,11 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "for": s.stale_for,
             "labels": {"severity": "warning"},
             "annotations": {
-                "summary": "{{ $labels.host }}: the exporter's last good SGLang sample is {{ $value | printf \"%.0f\" }} s old",
+                "summary": '{{ $labels.host }}: the exporter\'s last good SGLang sample is {{ $value | printf "%.0f" '
+                           '}} s old',
                 "runbook": "The exporter cannot read SGLang's /metrics (slow or hung server, or a stuck poller): "
-                           "compare with DDTreeServiceDown, curl /metrics on the host, restart the exporter unit "
-                           "if SGLang answers.",
+                "compare with DDTreeServiceDown, curl /metrics on the host, restart the exporter unit "
+                "if SGLang answers.",
             },
         },
         {
@@ -214,7 +215,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: SGLang answers but /health is not 200",
                 "runbook": "Run ddtree-ops health URL --json on the host: a long warmup, a stuck scheduler or "
-                           "exhausted KV cache keep /health from generating; restart the unit if it stays stuck.",
+                "exhausted KV cache keep /health from generating; restart the unit if it stays stuck.",
             },
         },
         {
@@ -225,7 +226,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: the running server differs from the deployed config",
                 "runbook": "ddtree_config_drift_settings == 1 names the settings; re-run deploy.yml for the host "
-                           "(restarts onto plan.json) or find who started SGLang by hand.",
+                "(restarts onto plan.json) or find who started SGLang by hand.",
             },
         },
         {
@@ -236,19 +237,21 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "annotations": {
                 "summary": "{{ $labels.host }}: {{ $value }} requests waiting",
                 "runbook": "Load exceeds max_running_requests or the KV cache (sglang:token_usage near 1): add "
-                           "capacity or shed load; a queue with flat generation counters is a stuck scheduler.",
+                "capacity or shed load; a queue with flat generation counters is a stuck scheduler.",
             },
         },
         {
             "alert": "DDTreeTTFTHigh",
-            "expr": (f"histogram_quantile(0.99, sum by ({_BY}, le) "
-                     f"(rate(sglang:time_to_first_token_seconds_bucket{{{sg}}}[{s.rate_window}]))) > {s.ttft_p99_s:g}"),
+            "expr": (
+                f"histogram_quantile(0.99, sum by ({_BY}, le) "
+                f"(rate(sglang:time_to_first_token_seconds_bucket{{{sg}}}[{s.rate_window}]))) > {s.ttft_p99_s:g}"
+            ),
             "for": s.ttft_for,
             "labels": {"severity": "warning"},
             "annotations": {
-                "summary": "{{ $labels.host }}: TTFT p99 {{ $value | printf \"%.2f\" }} s",
+                "summary": '{{ $labels.host }}: TTFT p99 {{ $value | printf "%.2f" }} s',
                 "runbook": "Long prefills or queueing: compare with sglang:num_queue_reqs and prompt sizes; "
-                           "consider chunked-prefill size, more replicas or a lower max_running_requests.",
+                "consider chunked-prefill size, more replicas or a lower max_running_requests.",
             },
         },
         *absent_rules(validated, s),

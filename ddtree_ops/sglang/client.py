@@ -185,7 +185,8 @@ class _Decoder:
                                 "(asked for identity; gzip/deflate are decoded)")
 
     def feed(self, data: bytes, room: int) -> bytes:
-        """Decoded bytes of ``data``, at most ``room + 1`` of them (one more than fits: the caller's cap check trips)."""
+        """Decoded bytes of ``data``, at most ``room + 1`` of them (one more than fits: the caller's cap
+        check trips)."""
         if self._z is None:
             return data
         try:

@@ -28,10 +28,12 @@ def probe_request(v: Validated) -> dict[str, Any]:
     facts = build_facts(pin.base_version, pin.ddtree_source)
     good = sources_sizing_verify_correctly()
     good_src = DDTREE_SOURCES[good[0]] if good else None
+    ddtree_ref = ((DDTREE_SOURCES.get(pin.ddtree_source) or good_src).reference
+                  if (pin.ddtree_source or good_src) else "a DDTree fork")
     ddtree_fix = (
         f"this pin ({pin.source}{', ddtree_source ' + pin.ddtree_source if pin.ddtree_source else ''}) installed a "
         f"build without DDTREE: set ddtree_sglang.source: git with repo/commit of the DDTree source "
-        f"({(DDTREE_SOURCES.get(pin.ddtree_source) or good_src).reference if (pin.ddtree_source or good_src) else 'a DDTree fork'})"
+        f"({ddtree_ref})"
     )
     sizing_fix = (
         f"pin ddtree_source {good_src.key} ({good_src.reference}, sizes at budget + 1), install the ddtree-ops "

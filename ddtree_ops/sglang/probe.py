@@ -189,16 +189,32 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         import sglang.srt.server_args  # noqa: F401
         algos = speculative_algorithms()
     fix = req.get("fix") or {}
-    checks: list[dict[str, Any]] = []
-
     version = getattr(sglang, "__version__", "unknown")
-    want = req.get("version")
-    checks.append(_check("sglang-version", not want or version == want,
-                         f"SGLang {version}" + ("" if not want or version == want else
-                                                f", but the pin says {want}. Fix: {fix.get('version', 're-run the sglang role')}")))
-
-    algorithm = req.get("algorithm") or "none"
     has_ddtree = "DDTREE" in algos
+    checks = [_version_check(version, req.get("version"), fix), _algorithm_check(req, algos, fix)]
+    # before the resolution: where no GPU is visible it patches SGLang's device probes in
+    # this process (ddtree_ops.sglang.resolve), which must not colour the plugin's report
+    plugin = plugin_state()
+    checks += _argv_checks(req, version, has_ddtree, fix)
+    checks.append(_sizing_check(req, has_ddtree, plugin, fix))
+    plugin["summary"] = (("installed" if plugin.get("installed") else "not installed")
+                         + (f", active={plugin.get('active')}" if plugin.get("installed") else "")
+                         + (f": {plugin.get('detail')}" if plugin.get("detail") else ""))
+    return {"ok": all(c["ok"] for c in checks), "checks": checks, "version": version,
+            "algorithms": algos, "plugin": plugin}
+
+
+def _version_check(version: str, want: str | None, fix: dict[str, Any]) -> dict[str, Any]:
+    """``sglang-version``: the importable SGLang is the pinned one (any, when nothing is pinned)."""
+    if not want or version == want:
+        return _check("sglang-version", True, f"SGLang {version}")
+    return _check("sglang-version", False,
+                  f"SGLang {version}, but the pin says {want}. Fix: {fix.get('version', 're-run the sglang role')}")
+
+
+def _algorithm_check(req: dict[str, Any], algos: list[str], fix: dict[str, Any]) -> dict[str, Any]:
+    """``speculative-algorithms``: the build knows the planned algorithm (or DDTree may be absent)."""
+    algorithm = req.get("algorithm") or "none"
     if algorithm in ("none", "NONE"):
         ok, detail = True, "no speculative algorithm needed"
     elif algorithm in algos:
@@ -207,13 +223,18 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         ok, detail = True, "DDTREE absent (a release build; this host serves through the simulator)"
     else:
         ok = False
-        detail = f"this build does not know {algorithm}. Fix: {fix.get('ddtree' if algorithm == 'DDTREE' else 'algorithm', 'pin a build that has it')}"
-    checks.append(_check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
-                         algorithms=algos, ddtree=has_ddtree))
+        detail = (f"this build does not know {algorithm}. Fix: "
+                  f"{fix.get('ddtree' if algorithm == 'DDTREE' else 'algorithm', 'pin a build that has it')}")
+    return _check("speculative-algorithms", ok, f"{detail}; build knows {', '.join(algos)}",
+                  algorithms=algos, ddtree=("DDTREE" in algos))
 
-    # before the resolution: where no GPU is visible it patches SGLang's device probes in
-    # this process (ddtree_ops.sglang.resolve), which must not colour the plugin's report
-    plugin = plugin_state()
+
+def _argv_checks(req: dict[str, Any], version: str, has_ddtree: bool, fix: dict[str, Any]) -> list[dict[str, Any]]:
+    """``argv-parses`` and, when it parses, the resolution check (:func:`resolution_check`).
+
+    A build without DDTREE parses the argv without the DDTree-only ``extra_flags`` (those are
+    checked against the versions table instead).
+    """
     argv = [str(a) for a in req.get("argv", [])]
     extra = set(req.get("extra_flags") or [])
     to_parse, set_aside = (argv, []) if has_ddtree else _strip_flags(argv, extra)
@@ -228,40 +249,41 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
             parts.append(other)
         detail = (f"SGLang {version}'s parser rejects our argv ({'; '.join(parts)}). "
                   f"Fix: {fix.get('flags', 'pin the version whose dialect the renderer emits')}")
-        checks.append(_check("argv-parses", False, detail, unrecognized=unrecognized, ambiguous=ambiguous))
+        return [_check("argv-parses", False, detail, unrecognized=unrecognized, ambiguous=ambiguous)]
+    aside = (f"; {' '.join(f for f in set_aside if f.startswith('--'))} checked against the versions table "
+             "(this build has no DDTREE)") if set_aside else ""
+    parses = _check("argv-parses", True,
+                    f"{len([a for a in to_parse if a.startswith('--')])} flags accepted by SGLang {version}'s "
+                    f"parser{aside}", unrecognized=[], ambiguous=[])
+    if (req.get("algorithm") or "none") == "DDTREE" and not has_ddtree:
+        res = {"state": "not-run", "version": version, "detail": "this build has no DDTREE to resolve it with "
+               "(release build; the simulator serves DDTree)", "resolved": None, "sources": {}}
     else:
-        aside = (f"; {' '.join(f for f in set_aside if f.startswith('--'))} checked against the versions table "
-                 "(this build has no DDTREE)") if set_aside else ""
-        checks.append(_check("argv-parses", True,
-                             f"{len([a for a in to_parse if a.startswith('--')])} flags accepted by SGLang {version}'s "
-                             f"parser{aside}", unrecognized=[], ambiguous=[]))
-        if algorithm == "DDTREE" and not has_ddtree:
-            res = {"state": "not-run", "version": version, "detail": "this build has no DDTREE to resolve it with "
-                   "(release build; the simulator serves DDTree)", "resolved": None, "sources": {}}
-        else:
-            res = resolve_with_build(to_parse, req)
-        checks.append(resolution_check(res, req.get("planned")))
+        res = resolve_with_build(to_parse, req)
+    return [parses, resolution_check(res, req.get("planned"))]
 
-    sizing = req.get("sizes_verify_at_budget_plus_one")
+
+def _sizing_check(req: dict[str, Any], has_ddtree: bool, plugin: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """``verify-graph-sizing``: DDTree target-verify graphs are sized at budget + 1 (by the
+    pinned source, per the versions table, or by the active ddtree-ops plugin)."""
     if not req.get("needs_verify_sizing"):
         ok, detail = True, "not needed (no DDTree target-verify graphs)"
     elif not has_ddtree and req.get("ddtree_optional"):
         ok, detail = True, "not applicable (release build; the simulator sizes its verify graphs)"
-    elif sizing:
+    elif req.get("sizes_verify_at_budget_plus_one"):
         ok, detail = True, "the pinned DDTree source sizes target-verify graphs at budget + 1 (versions table)"
     elif plugin.get("installed") and plugin.get("active") is not False:
-        ok, detail = True, f"the build sizes from block_size; the ddtree-ops plugin resizes them ({plugin.get('detail')})"
+        ok = True
+        detail = f"the build sizes from block_size; the ddtree-ops plugin resizes them ({plugin.get('detail')})"
     else:
         ok = False
-        detail = ("this build sizes DDTree target-verify graphs from block_size, not budget + 1 (the "
-                  "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
-                  f"plugin is not active ({plugin.get('detail')}). Fix: {fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}")
-    checks.append(_check("verify-graph-sizing", ok, detail))
-    plugin["summary"] = (("installed" if plugin.get("installed") else "not installed")
-                         + (f", active={plugin.get('active')}" if plugin.get("installed") else "")
-                         + (f": {plugin.get('detail')}" if plugin.get("detail") else ""))
-    return {"ok": all(c["ok"] for c in checks), "checks": checks, "version": version,
-            "algorithms": algos, "plugin": plugin}
+        detail = (
+            "this build sizes DDTree target-verify graphs from block_size, not budget + 1 (the "
+            "'size of tensor a (8) must match ... (33)' crash on the first verify), and the ddtree-ops "
+            f"plugin is not active ({plugin.get('detail')}). Fix: "
+            f"{fix.get('sizing', 'pin a DDTree source that sizes at budget + 1')}"
+        )
+    return _check("verify-graph-sizing", ok, detail)
 
 
 def main(argv: list[str] | None = None) -> int:

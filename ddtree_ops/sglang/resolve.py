@@ -230,38 +230,52 @@ def resolve_in_build(req: dict[str, Any]) -> dict[str, Any]:
             out.update(state="refused", how="argparse", detail=last[-1] if last else "argparse rejected the argv")
             return out
         except Exception as exc:  # noqa: BLE001 - SGLang raises anything
-            msg = f"{type(exc).__name__}: {exc}"
-            if staged and not isinstance(exc, ImportError):  # 0.5.2x constructs without resolving: this is SGLang refusing the argv
-                out.update(state="refused", detail=msg)
-            elif not staged:  # 0.5.13.post1 resolves in post-init and needs an accelerator for it
-                out.update(detail=f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}",
-                           cannot_run_here=not has_gpu)
-            else:  # 0.5.2x: the venv lacks a package SGLang's argument parsing imports
-                out["detail"] = (f"this venv cannot run SGLang {version}'s argument parsing: {msg} (use the resolver "
-                                 "venv, scripts/sglang-resolve-venv.sh)")
+            _prepare_failed(out, exc, staged, version, has_gpu)
             return out
         if staged:
-            try:
-                with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-                    sa.resolve_once()
-                    d = sa.resolved_dict()
-            except ImportError as exc:  # the venv lacks a package the resolver imports: not SGLang's verdict
-                if out["pretend"] and getattr(exc, "name", "") == "sgl_kernel":
-                    out["detail"] = (f"SGLang {version}'s resolver imports its CUDA kernels (sgl_kernel) on this "
-                                     "path, which need a GPU driver (libcuda) to load: resolve on a GPU host (the "
-                                     "capability probe does)")
-                    out["cannot_run_here"] = True
-                else:
-                    out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
-                                     "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
-                return out
-            except Exception as exc:  # noqa: BLE001
-                out.update(state="refused", detail=f"{type(exc).__name__}: {exc}")
+            ok, d = _resolve_staged(out, sa, version)
+            if not ok:
                 return out
         else:
             d = dict(vars(sa))
         out.update(state="resolved", resolved=_picked(d), sources=_sources(sa))
     return out
+
+
+def _prepare_failed(out: dict[str, Any], exc: Exception, staged: bool, version: str, has_gpu: bool) -> None:
+    """Record in ``out`` why ``prepare_server_args`` raised ``exc``: SGLang refusing the argv, a
+    post-init that needs an accelerator, or a package missing from this venv."""
+    msg = f"{type(exc).__name__}: {exc}"
+    if staged and not isinstance(exc, ImportError):  # 0.5.2x constructs without resolving: SGLang refuses the argv
+        out.update(state="refused", detail=msg)
+    elif not staged:  # 0.5.13.post1 resolves in post-init and needs an accelerator for it
+        out.update(detail=f"SGLang {version}'s ServerArgs post-init stopped on this host: {msg}",
+                   cannot_run_here=not has_gpu)
+    else:  # 0.5.2x: the venv lacks a package SGLang's argument parsing imports
+        out["detail"] = (f"this venv cannot run SGLang {version}'s argument parsing: {msg} (use the resolver "
+                         "venv, scripts/sglang-resolve-venv.sh)")
+
+
+def _resolve_staged(out: dict[str, Any], sa: Any, version: str) -> tuple[bool, Any]:
+    """0.5.2x: ``(True, resolve_once() then resolved_dict())``, or ``(False, None)`` with ``out``
+    saying why when SGLang refuses or this venv/host cannot run its resolver."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            sa.resolve_once()
+            return True, sa.resolved_dict()
+    except ImportError as exc:  # the venv lacks a package the resolver imports: not SGLang's verdict
+        if out["pretend"] and getattr(exc, "name", "") == "sgl_kernel":
+            out["detail"] = (f"SGLang {version}'s resolver imports its CUDA kernels (sgl_kernel) on this "
+                             "path, which need a GPU driver (libcuda) to load: resolve on a GPU host (the "
+                             "capability probe does)")
+            out["cannot_run_here"] = True
+        else:
+            out["detail"] = (f"this venv cannot run SGLang {version}'s resolver: {type(exc).__name__}: {exc} "
+                             "(use the resolver venv, scripts/sglang-resolve-venv.sh)")
+        return False, None
+    except Exception as exc:  # noqa: BLE001
+        out.update(state="refused", detail=f"{type(exc).__name__}: {exc}")
+        return False, None
 
 
 def child_main(argv: list[str] | None = None) -> int:

@@ -177,7 +177,10 @@ def _build_git(pin: dict[str, Any], root: Path, dest: Path, work: Path, python: 
     patches = _patch_files(pin, root)
     src = work / "src"
     repo_arg = str(_resolve(repo, root)) if repo.startswith("/") else repo
-    _run(["git", "clone", "--quiet", "--no-checkout", "--", repo_arg, str(src)], f"ddtree_sglang.repo = {repo!r}: git clone")
+    _run(
+        ["git", "clone", "--quiet", "--no-checkout", "--", repo_arg, str(src)],
+        f"ddtree_sglang.repo = {repo!r}: git clone",
+    )
     kind = subprocess.run(["git", "-C", str(src), "cat-file", "-t", commit], capture_output=True, text=True)
     if kind.returncode != 0 or kind.stdout.strip() != "commit":
         raise WheelhouseError(f"ddtree_sglang.commit = {commit!r}: no such commit in {repo}. Fix: pin a commit that "
@@ -264,7 +267,9 @@ def _populate(pin: dict[str, Any], root: Path, python: str, work: Path, wid: str
     src = pin["source"]
     if src in ("pypi", "simulator"):
         if not version:
-            raise WheelhouseError("ddtree_sglang.version = None: a PyPI pin needs the release. Fix: set version, e.g. 0.5.23")
+            raise WheelhouseError(
+                "ddtree_sglang.version = None: a PyPI pin needs the release. Fix: set version, e.g. 0.5.23"
+            )
         spec = f"sglang=={version}"
         _run([*_pip(python), "download", *(["--no-deps"] if lock else []), "-d", str(dest), spec],
              f"pip download {spec}")

@@ -48,9 +48,12 @@ Environment (all optional):
 ``SGLANG_SIM_VISION_MIN_PIXELS`` (unset: a text-only model): the model takes images
 (PNG data URLs) of at least this many pixels.
 
-It deliberately shares no code with ``ddtree_ops.config``/``render``: it is an
+It shares no planning or rendering code with ``ddtree_ops.config``/``render``: it is an
 independent double of SGLang, so tests of our planning code against it are not
-tautological.
+tautological. The one shared definition is the versions table: ``args.graph_dialect``
+reads :data:`ddtree_ops.config.versions.DIALECT_SINCE` (which release first took which
+CUDA-graph flag names), a fact about SGLang, not a plan; the peer tier checks that table
+and the simulator's parser against the released SGLang parsers (``tests/peer``).
 """
 
 from __future__ import annotations

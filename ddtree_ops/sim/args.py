@@ -417,6 +417,9 @@ def parse_args(
     ``version``/``build`` default to env ``SGLANG_SIM_VERSION``/``SGLANG_SIM_BUILD``.
     Raises ``SystemExit(2)`` on argparse errors (message on stderr, as SGLang) and
     ``SimArgumentError`` (a ValueError) on semantic errors SGLang raises after parsing.
+
+    Resolution runs in SGLang's order, one step per helper: plain defaults, speculative
+    decoding (per algorithm family), per-request widths, CUDA graphs, derived fields.
     """
     version = version or os.environ.get("SGLANG_SIM_VERSION", DEFAULT_VERSION)
     build = build or os.environ.get("SGLANG_SIM_BUILD", DEFAULT_BUILD)
@@ -428,6 +431,47 @@ def parse_args(
     sa.pop("config", None)
     warnings: list[str] = []
 
+    _resolve_defaults(sa, ver, build)
+    algo, block_size, budget = _resolve_speculative(sa, ver, build, warnings)
+    if sa["page_size"] is None:
+        sa["page_size"] = 1
+    if sa["attention_backend"] is None:
+        sa["attention_backend"] = "triton"
+    verify_w, draft_w, max_accept = _widths(sa, algo, block_size, budget)
+    captured_w = verify_w
+    if algo == "DDTREE" and build == "ddtree-unpatched":
+        captured_w = int(sa["speculative_num_draft_tokens"])  # the bug: block_size, not budget + 1
+    graphs = _resolve_cuda_graphs(sa, dialect, algo, captured_w)
+
+    context_length = sa["context_length"] or _model_context_length(sa["model_path"]) or DEFAULT_CONTEXT_LENGTH
+    max_total = sa["max_total_tokens"] or int(500_000 * sa["mem_fraction_static"])
+    running_limit = sa["max_running_requests"] or NON_SPEC_RUNNING_LIMIT
+    _resolve_info_fields(sa, ver)
+
+    return SimConfig(
+        version=version,
+        build=build,
+        server_args=sa,
+        algorithm=algo,
+        block_size=block_size,
+        budget=budget,
+        verify_tokens_per_req=verify_w,
+        draft_tokens_per_req=draft_w,
+        captured_verify_tokens_per_req=captured_w,
+        cuda_graph_enabled=not graphs.decode_disabled,
+        cuda_graph_max_bs=graphs.max_bs,
+        server_capture_bs=graphs.server_bs,
+        capture_bs=[] if graphs.decode_disabled else graphs.captured,
+        max_running_requests=running_limit,
+        max_accept_length=max_accept,
+        context_length=context_length,
+        max_total_num_tokens=max_total,
+        warnings=warnings,
+    )
+
+
+def _resolve_defaults(sa: dict[str, Any], ver: tuple[int, int, int], build: str) -> None:
+    """Plain ServerArgs defaults (tokenizer, names, seed, memory) and the TP/DP shape check."""
     sa["tokenizer_path"] = sa["tokenizer_path"] or sa["model_path"]
     sa["served_model_name"] = sa["served_model_name"] or sa["model_path"]
     if sa["random_seed"] is None:
@@ -443,7 +487,12 @@ def parse_args(
     if sa["tp_size"] < 1 or sa["dp_size"] < 1 or sa["tp_size"] % sa["dp_size"]:
         raise SimArgumentError(f"tp_size={sa['tp_size']} must be a positive multiple of dp_size={sa['dp_size']}.")
 
-    # ---- speculative decoding (sglang/srt/arg_groups/speculative_hook.py) ----
+
+def _resolve_speculative(
+    sa: dict[str, Any], ver: tuple[int, int, int], build: str, warnings: list[str]
+) -> tuple[str | None, int | None, int | None]:
+    """Speculative decoding (``sglang/srt/arg_groups/speculative_hook.py``): ``(algorithm,
+    block_size, budget)``; the last two are set for DFLASH/DDTREE (budget for DDTREE only)."""
     algo = sa["speculative_algorithm"]
     if algo is not None:
         algo = sa["speculative_algorithm"] = algo.upper()
@@ -465,139 +514,172 @@ def parse_args(
               "You can override this by explicitly setting --max-running-requests.")
 
     if algo in ("DFLASH", "DDTREE"):
-        if sa["enable_dp_attention"]:
-            raise SimArgumentError(f"Currently {algo} speculative decoding does not support dp attention.")
-        if sa["pp_size"] != 1:
-            raise SimArgumentError(f"Currently {algo} speculative decoding only supports pp_size == 1.")
-        if sa["speculative_draft_model_path"] is None:
-            raise SimArgumentError(f"{algo} speculative decoding requires setting --speculative-draft-model-path.")
-        for name, flag in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "eagle_topk")):
-            if sa[name] is None:
-                sa[name] = 1
-            elif sa[name] != 1:
-                _warn(warnings, "%s only supports speculative_%s == 1; overriding speculative_%s=%s to 1.",
-                      algo, flag, flag, sa[name])
-                sa[name] = 1
-        dbs = sa["speculative_dflash_block_size"]
-        if dbs is not None:
-            if dbs <= 0:
-                raise SimArgumentError(f"{algo} requires --speculative-dflash-block-size to be positive, got {dbs}.")
-            ndt = sa["speculative_num_draft_tokens"]
-            if ndt is not None and ndt != dbs:
-                raise SimArgumentError(
-                    "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set "
-                    f"but they differ. For {algo} they must match. speculative_num_draft_tokens={ndt}, "
-                    f"speculative_dflash_block_size={dbs}."
-                )
-            sa["speculative_num_draft_tokens"] = dbs
-        if sa["speculative_num_draft_tokens"] is None:
-            inferred = _draft_block_size_from_config(sa["speculative_draft_model_path"])
-            if inferred is None:
-                inferred = 16
-                _warn(warnings, "speculative_num_draft_tokens is not set; defaulting to %d for %s.", inferred, algo)
-            sa["speculative_num_draft_tokens"] = inferred
-        block_size = int(sa["speculative_num_draft_tokens"])
-        if window is not None and window < block_size:
-            raise SimArgumentError(
-                "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
-                f"window_size={window}, block_size={block_size}."
-            )
-        if algo == "DDTREE" or ver <= (0, 5, 13):
-            # v1 DFlash worker (<= 0.5.13) and DDTree's own decode loop have no overlap;
-            # DFlashWorkerV2 (0.5.23: resolved disable_overlap_schedule False) has.
-            sa["disable_overlap_schedule"] = True
-            _warn(warnings, "Overlap scheduler is disabled when using %s speculative decoding "
-                  "(spec v2 is not supported yet).", algo)
-        sa["enable_mixed_chunk"] = False
+        block_size = _resolve_dflash(sa, algo, ver, window, warnings)
         if algo == "DDTREE":
-            budget = sa["speculative_ddtree_budget"]
-            if budget is None:
-                budget = sa["speculative_ddtree_budget"] = block_size - 1
-            if budget < 1:
-                raise SimArgumentError(f"--speculative-ddtree-budget must be >= 1, got {budget}.")
-            if budget > block_size - 1:  # full-tree mode
-                attn = sa["attention_backend"]
-                if attn is None:
-                    sa["attention_backend"] = "triton"
-                    logger.info("DDTree full-tree mode (budget %d > block_size - 1 = %d): "
-                                "using the triton attention backend.", budget, block_size - 1)
-                elif attn != "triton":
-                    raise SimArgumentError(
-                        f"DDTree full-tree mode (budget {budget} > block_size - 1 = {block_size - 1}) "
-                        f"requires --attention-backend triton, got {attn!r}."
-                    )
-                if sa["page_size"] not in (None, 1):
-                    raise SimArgumentError(
-                        f"DDTree full-tree mode requires --page-size 1, got {sa['page_size']}."
-                    )
-                if sa.get("speculative_use_rejection_sampling"):
-                    raise SimArgumentError(
-                        "DDTree full-tree mode does not support --speculative-use-rejection-sampling."
-                    )
+            budget = _resolve_ddtree_budget(sa, block_size)
     elif algo in ("EAGLE", "EAGLE3", "STANDALONE"):
-        if algo == "STANDALONE" and sa["enable_dp_attention"]:
-            raise SimArgumentError("Currently standalone speculative decoding does not support dp attention.")
-        if sa["speculative_num_steps"] is None:
-            if sa["speculative_eagle_topk"] is not None or sa["speculative_num_draft_tokens"] is not None:
-                raise SimArgumentError(
-                    "Set --speculative-num-steps together with --speculative-eagle-topk and "
-                    "--speculative-num-draft-tokens (SGLang asserts this)."
-                )
-            # auto_choose_speculative_params for a plain Llama-like target
-            sa["speculative_num_steps"], sa["speculative_eagle_topk"], sa["speculative_num_draft_tokens"] = 3, 1, 4
-        if sa["speculative_eagle_topk"] is None:
-            sa["speculative_eagle_topk"] = 1
-        if sa["speculative_num_draft_tokens"] is None:
-            sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
-        if sa["speculative_eagle_topk"] == 1 and sa["speculative_num_draft_tokens"] != sa["speculative_num_steps"] + 1:
-            _warn(warnings, "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
-                  "when speculative_eagle_topk == 1")
-            sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
-        spec_v2 = ver >= (0, 5, 20) and sa["speculative_eagle_topk"] == 1
-        if not spec_v2 and not sa["disable_overlap_schedule"]:
-            sa["disable_overlap_schedule"] = True
-            _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
-                  "because overlap schedule is disabled.")
-        sa["enable_mixed_chunk"] = False
+        _resolve_eagle(sa, algo, ver, warnings)
     elif algo == "NGRAM":
-        sa["disable_overlap_schedule"] = True
-        sa["enable_mixed_chunk"] = False
-        sa["speculative_eagle_topk"] = sa["speculative_ngram_max_bfs_breadth"]
-        if sa["speculative_num_draft_tokens"] is None:
-            sa["speculative_num_draft_tokens"] = 12
-            _warn(warnings, "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
-                  "You can override this by explicitly setting --speculative-num-draft-tokens.")
-        if sa["enable_dp_attention"]:
-            raise SimArgumentError("Currently ngram speculative decoding does not support dp attention.")
+        _resolve_ngram(sa, warnings)
     if window is not None and algo not in ("EAGLE3", "DFLASH", "DDTREE"):
         _warn(warnings, "--speculative-draft-window-size has no effect with speculative_algorithm=%s "
               "(honored by Llama EAGLE-3 and DFLASH only).", algo)
+    return algo, block_size, budget
 
-    if sa["page_size"] is None:
-        sa["page_size"] = 1
-    if sa["attention_backend"] is None:
-        sa["attention_backend"] = "triton"
 
-    # ---- widths (tokens per request) ----
+def _resolve_dflash(
+    sa: dict[str, Any], algo: str, ver: tuple[int, int, int], window: int | None, warnings: list[str]
+) -> int:
+    """DFLASH and DDTREE (DDTree builds on DFlash): checks, one step, top-k 1; returns block_size."""
+    if sa["enable_dp_attention"]:
+        raise SimArgumentError(f"Currently {algo} speculative decoding does not support dp attention.")
+    if sa["pp_size"] != 1:
+        raise SimArgumentError(f"Currently {algo} speculative decoding only supports pp_size == 1.")
+    if sa["speculative_draft_model_path"] is None:
+        raise SimArgumentError(f"{algo} speculative decoding requires setting --speculative-draft-model-path.")
+    for name, flag in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "eagle_topk")):
+        if sa[name] is None:
+            sa[name] = 1
+        elif sa[name] != 1:
+            _warn(warnings, "%s only supports speculative_%s == 1; overriding speculative_%s=%s to 1.",
+                  algo, flag, flag, sa[name])
+            sa[name] = 1
+    dbs = sa["speculative_dflash_block_size"]
+    if dbs is not None:
+        if dbs <= 0:
+            raise SimArgumentError(f"{algo} requires --speculative-dflash-block-size to be positive, got {dbs}.")
+        ndt = sa["speculative_num_draft_tokens"]
+        if ndt is not None and ndt != dbs:
+            raise SimArgumentError(
+                "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set "
+                f"but they differ. For {algo} they must match. speculative_num_draft_tokens={ndt}, "
+                f"speculative_dflash_block_size={dbs}."
+            )
+        sa["speculative_num_draft_tokens"] = dbs
+    if sa["speculative_num_draft_tokens"] is None:
+        inferred = _draft_block_size_from_config(sa["speculative_draft_model_path"])
+        if inferred is None:
+            inferred = 16
+            _warn(warnings, "speculative_num_draft_tokens is not set; defaulting to %d for %s.", inferred, algo)
+        sa["speculative_num_draft_tokens"] = inferred
+    block_size = int(sa["speculative_num_draft_tokens"])
+    if window is not None and window < block_size:
+        raise SimArgumentError(
+            "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
+            f"window_size={window}, block_size={block_size}."
+        )
+    if algo == "DDTREE" or ver <= (0, 5, 13):
+        # v1 DFlash worker (<= 0.5.13) and DDTree's own decode loop have no overlap;
+        # DFlashWorkerV2 (0.5.23: resolved disable_overlap_schedule False) has.
+        sa["disable_overlap_schedule"] = True
+        _warn(warnings, "Overlap scheduler is disabled when using %s speculative decoding "
+              "(spec v2 is not supported yet).", algo)
+    sa["enable_mixed_chunk"] = False
+    return block_size
+
+
+def _resolve_ddtree_budget(sa: dict[str, Any], block_size: int) -> int:
+    """DDTree's node budget (default block_size - 1) and what full-tree mode requires."""
+    budget = sa["speculative_ddtree_budget"]
+    if budget is None:
+        budget = sa["speculative_ddtree_budget"] = block_size - 1
+    if budget < 1:
+        raise SimArgumentError(f"--speculative-ddtree-budget must be >= 1, got {budget}.")
+    if budget > block_size - 1:  # full-tree mode
+        attn = sa["attention_backend"]
+        if attn is None:
+            sa["attention_backend"] = "triton"
+            logger.info("DDTree full-tree mode (budget %d > block_size - 1 = %d): "
+                        "using the triton attention backend.", budget, block_size - 1)
+        elif attn != "triton":
+            raise SimArgumentError(
+                f"DDTree full-tree mode (budget {budget} > block_size - 1 = {block_size - 1}) "
+                f"requires --attention-backend triton, got {attn!r}."
+            )
+        if sa["page_size"] not in (None, 1):
+            raise SimArgumentError(
+                f"DDTree full-tree mode requires --page-size 1, got {sa['page_size']}."
+            )
+        if sa.get("speculative_use_rejection_sampling"):
+            raise SimArgumentError(
+                "DDTree full-tree mode does not support --speculative-use-rejection-sampling."
+            )
+    return budget
+
+
+def _resolve_eagle(sa: dict[str, Any], algo: str, ver: tuple[int, int, int], warnings: list[str]) -> None:
+    """EAGLE, EAGLE3 and STANDALONE: steps / top-k / draft tokens and the spec v1/v2 overlap rule."""
+    if algo == "STANDALONE" and sa["enable_dp_attention"]:
+        raise SimArgumentError("Currently standalone speculative decoding does not support dp attention.")
+    if sa["speculative_num_steps"] is None:
+        if sa["speculative_eagle_topk"] is not None or sa["speculative_num_draft_tokens"] is not None:
+            raise SimArgumentError(
+                "Set --speculative-num-steps together with --speculative-eagle-topk and "
+                "--speculative-num-draft-tokens (SGLang asserts this)."
+            )
+        # auto_choose_speculative_params for a plain Llama-like target
+        sa["speculative_num_steps"], sa["speculative_eagle_topk"], sa["speculative_num_draft_tokens"] = 3, 1, 4
+    if sa["speculative_eagle_topk"] is None:
+        sa["speculative_eagle_topk"] = 1
+    if sa["speculative_num_draft_tokens"] is None:
+        sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
+    if sa["speculative_eagle_topk"] == 1 and sa["speculative_num_draft_tokens"] != sa["speculative_num_steps"] + 1:
+        _warn(warnings, "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
+              "when speculative_eagle_topk == 1")
+        sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
+    spec_v2 = ver >= (0, 5, 20) and sa["speculative_eagle_topk"] == 1
+    if not spec_v2 and not sa["disable_overlap_schedule"]:
+        sa["disable_overlap_schedule"] = True
+        _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
+              "because overlap schedule is disabled.")
+    sa["enable_mixed_chunk"] = False
+
+
+def _resolve_ngram(sa: dict[str, Any], warnings: list[str]) -> None:
+    """NGRAM: no overlap, top-k from the BFS breadth, 12 draft tokens by default."""
+    sa["disable_overlap_schedule"] = True
+    sa["enable_mixed_chunk"] = False
+    sa["speculative_eagle_topk"] = sa["speculative_ngram_max_bfs_breadth"]
+    if sa["speculative_num_draft_tokens"] is None:
+        sa["speculative_num_draft_tokens"] = 12
+        _warn(warnings, "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
+              "You can override this by explicitly setting --speculative-num-draft-tokens.")
+    if sa["enable_dp_attention"]:
+        raise SimArgumentError("Currently ngram speculative decoding does not support dp attention.")
+
+
+def _widths(
+    sa: dict[str, Any], algo: str | None, block_size: int | None, budget: int | None
+) -> tuple[int, int | None, int]:
+    """Tokens per request: ``(verify width, draft width or None, max accept length)``."""
     if algo is None:
-        verify_w, draft_w, max_accept = 1, None, 1
-    elif algo == "DDTREE":
+        return 1, None, 1
+    if algo == "DDTREE":
         assert block_size is not None and budget is not None
-        verify_w, draft_w, max_accept = budget + 1, block_size, min(block_size, budget + 1)
-    elif algo == "DFLASH":
+        return budget + 1, block_size, min(block_size, budget + 1)
+    if algo == "DFLASH":
         assert block_size is not None
-        verify_w, draft_w, max_accept = block_size, block_size, block_size
-    elif algo == "NGRAM":
-        ndt = int(sa["speculative_num_draft_tokens"])
-        verify_w, draft_w, max_accept = ndt, None, ndt
-    else:  # EAGLE family
-        ndt = int(sa["speculative_num_draft_tokens"])
-        verify_w, draft_w, max_accept = ndt, int(sa["speculative_eagle_topk"]), int(sa["speculative_num_steps"]) + 1
-    captured_w = verify_w
-    if algo == "DDTREE" and build == "ddtree-unpatched":
-        captured_w = int(sa["speculative_num_draft_tokens"])  # the bug: block_size, not budget + 1
+        return block_size, block_size, block_size
+    ndt = int(sa["speculative_num_draft_tokens"])
+    if algo == "NGRAM":
+        return ndt, None, ndt
+    # EAGLE family
+    return ndt, int(sa["speculative_eagle_topk"]), int(sa["speculative_num_steps"]) + 1
 
-    # ---- CUDA graphs (server_args._handle_gpu_memory_settings + the capture runner) ----
+
+@dataclass(frozen=True)
+class _Graphs:
+    """Resolved decode CUDA graphs: max batch, the server's list, what the runner captures."""
+
+    max_bs: int
+    server_bs: list[int]
+    captured: list[int]
+    decode_disabled: bool
+
+
+def _resolve_cuda_graphs(sa: dict[str, Any], dialect: str, algo: str | None, captured_w: int) -> _Graphs:
+    """CUDA graphs (``server_args._handle_gpu_memory_settings`` + the capture runner), in the
+    version's flag dialect; writes the resolved fields into ``sa``."""
     if dialect == "legacy":
         explicit_bs, explicit_max = sa["cuda_graph_bs"], sa["cuda_graph_max_bs"]
         decode_disabled = sa["disable_cuda_graph"]
@@ -634,25 +716,33 @@ def parse_args(
         sa["cuda_graph_max_bs"] = max_bs
         sa["cuda_graph_bs"] = server_bs
     else:
-        sa["cuda_graph_max_bs_decode"] = max_bs
-        prefill_max = sa["cuda_graph_max_bs_prefill"] or sa["chunked_prefill_size"]
-        prefill_bs = sorted(set(sa["cuda_graph_bs_prefill"])) if sa["cuda_graph_bs_prefill"] else prefill_capture_tokens(prefill_max)
-        sa.setdefault("disable_decode_cuda_graph", False)
-        sa.setdefault("disable_prefill_cuda_graph", False)
-        sa["cuda_graph_config"] = {
-            "decode": {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
-                       "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                       "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-            "prefill": {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
-                        "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                        "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-        }
+        _resolve_split_graph_config(sa, max_bs, server_bs, decode_disabled)
+    return _Graphs(max_bs, server_bs, captured, decode_disabled)
 
-    context_length = sa["context_length"] or _model_context_length(sa["model_path"]) or DEFAULT_CONTEXT_LENGTH
-    max_total = sa["max_total_tokens"] or int(500_000 * sa["mem_fraction_static"])
-    running_limit = sa["max_running_requests"] or NON_SPEC_RUNNING_LIMIT
 
-    # a few more resolved fields real /server_info carries
+def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list[int], decode_disabled: bool) -> None:
+    """The ``-decode``/``-prefill`` dialect's resolved fields and ``cuda_graph_config``."""
+    sa["cuda_graph_max_bs_decode"] = max_bs
+    prefill_max = sa["cuda_graph_max_bs_prefill"] or sa["chunked_prefill_size"]
+    prefill_bs = (
+        sorted(set(sa["cuda_graph_bs_prefill"]))
+        if sa["cuda_graph_bs_prefill"]
+        else prefill_capture_tokens(prefill_max)
+    )
+    sa.setdefault("disable_decode_cuda_graph", False)
+    sa.setdefault("disable_prefill_cuda_graph", False)
+    sa["cuda_graph_config"] = {
+        "decode": {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
+                   "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+                   "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
+        "prefill": {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
+                    "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+                    "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
+    }
+
+
+def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
+    """A few more resolved fields real ``/server_info`` carries."""
     sa.update({
         "nccl_port": sa["nccl_port"], "decrypted_config_file": None, "enable_lora": None,
         "disable_chunked_prefix_cache": False, "skip_tokenizer_init": sa["skip_tokenizer_init"],
@@ -661,24 +751,3 @@ def parse_args(
     })
     if ver > (0, 5, 13):  # a ServerArgs field in 0.5.23, not in 0.5.13.post1
         sa["attn_dp_size"] = sa["dp_size"] if sa["enable_dp_attention"] else 1
-
-    return SimConfig(
-        version=version,
-        build=build,
-        server_args=sa,
-        algorithm=algo,
-        block_size=block_size,
-        budget=budget,
-        verify_tokens_per_req=verify_w,
-        draft_tokens_per_req=draft_w,
-        captured_verify_tokens_per_req=captured_w,
-        cuda_graph_enabled=not decode_disabled,
-        cuda_graph_max_bs=max_bs,
-        server_capture_bs=server_bs,
-        capture_bs=[] if decode_disabled else captured,
-        max_running_requests=running_limit,
-        max_accept_length=max_accept,
-        context_length=context_length,
-        max_total_num_tokens=max_total,
-        warnings=warnings,
-    )

@@ -55,7 +55,9 @@ class SimMetrics:
         self.token_usage = g("sglang:token_usage", "The token usage.")
         self.gen_throughput = g("sglang:gen_throughput", "The generation throughput (token/s).")
         self.cache_hit_rate = g("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.spec_accept_length = g("sglang:spec_accept_length", "The average acceptance length of speculative decoding.")
+        self.spec_accept_length = g(
+            "sglang:spec_accept_length", "The average acceptance length of speculative decoding."
+        )
         self.spec_accept_rate = g("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding "
                                   "(accepted draft tokens / proposed draft tokens).")
         self.is_cuda_graph = g("sglang:is_cuda_graph", "Whether the last batch ran with a CUDA graph.")

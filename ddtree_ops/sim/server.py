@@ -301,48 +301,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
-        app = self.app
         try:
-            if path.startswith("/_sim/"):
-                return self._sim_control(method, path)
-            if path == "/metrics" and method == "GET":
-                if app.metrics is None:
-                    return self._send(404, b'{"detail":"Not Found"}')
-                if app.phase != "ready":
-                    return self._send(503, b"")
-                return self._send(200, app.metrics.render(), CONTENT_TYPE)
-            if app.phase != "ready":
-                return self._send(503, b"")
-            if not self._auth_ok():
-                return self._error(401, "Unauthorized")
-            if method == "GET":
-                if path in ("/health", "/health_generate"):
-                    while app.health_hang:  # fault: the 1-token generation never returns
-                        time.sleep(0.05)
-                    time.sleep(app.health_seconds)
-                    if app.take_health_503():
-                        return self._send(503, b"")
-                    return self._send(200, b"")
-                if path == "/ready" and parse_version(app.version) >= (0, 5, 20):
-                    return self._send(200, b"")
-                if path in ("/server_info", "/get_server_info"):
-                    return self._json(200, app.server_info())
-                if path in ("/model_info", "/get_model_info"):
-                    return self._json(200, app.model_info())
-                if path == "/v1/models":
-                    return self._json(200, app.models())
-                if path == "/flush_cache":
-                    return self._flush_cache()
-            else:
-                if path == "/generate":
-                    return self._generate(self._body())
-                if path == "/v1/chat/completions":
-                    return self._openai(self._body(), chat=True)
-                if path == "/v1/completions":
-                    return self._openai(self._body(), chat=False)
-                if path == "/flush_cache":
-                    return self._flush_cache()
-            return self._send(404, b'{"detail":"Not Found"}')
+            return self._serve(method, path)
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             try:
                 return self._error(400, f"{type(exc).__name__}: {exc}")
@@ -350,6 +310,59 @@ class Handler(BaseHTTPRequestHandler):
                 return None
         except (BrokenPipeError, ConnectionResetError):
             return None
+
+    def _serve(self, method: str, path: str) -> None:
+        """Answer one request: test-double controls, /metrics, then (ready and authorized) the API."""
+        app = self.app
+        if path.startswith("/_sim/"):
+            return self._sim_control(method, path)
+        if path == "/metrics" and method == "GET":
+            if app.metrics is None:
+                return self._send(404, b'{"detail":"Not Found"}')
+            if app.phase != "ready":
+                return self._send(503, b"")
+            return self._send(200, app.metrics.render(), CONTENT_TYPE)
+        if app.phase != "ready":
+            return self._send(503, b"")
+        if not self._auth_ok():
+            return self._error(401, "Unauthorized")
+        if not (self._get(path) if method == "GET" else self._post(path)):
+            return self._send(404, b'{"detail":"Not Found"}')
+        return None
+
+    def _get(self, path: str) -> bool:
+        """The GET endpoints; False when ``path`` is none of them."""
+        app = self.app
+        if path in ("/health", "/health_generate"):
+            while app.health_hang:  # fault: the 1-token generation never returns
+                time.sleep(0.05)
+            time.sleep(app.health_seconds)
+            self._send(503 if app.take_health_503() else 200, b"")
+        elif path == "/ready" and parse_version(app.version) >= (0, 5, 20):
+            self._send(200, b"")
+        elif path in ("/server_info", "/get_server_info"):
+            self._json(200, app.server_info())
+        elif path in ("/model_info", "/get_model_info"):
+            self._json(200, app.model_info())
+        elif path == "/v1/models":
+            self._json(200, app.models())
+        elif path == "/flush_cache":
+            self._flush_cache()
+        else:
+            return False
+        return True
+
+    def _post(self, path: str) -> bool:
+        """The POST endpoints; False when ``path`` is none of them."""
+        if path == "/generate":
+            self._generate(self._body())
+        elif path in ("/v1/chat/completions", "/v1/completions"):
+            self._openai(self._body(), chat=path == "/v1/chat/completions")
+        elif path == "/flush_cache":
+            self._flush_cache()
+        else:
+            return False
+        return True
 
     def _flush_cache(self) -> None:
         if self.app.engine.flush_cache():
@@ -439,32 +452,10 @@ class Handler(BaseHTTPRequestHandler):
     def _openai(self, body: dict[str, Any], chat: bool) -> None:
         app = self.app
         if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise ValueError("messages must be a non-empty list")
-            parts = []
-            images: list[Any] = []
-            for m in msgs:
-                if not isinstance(m, dict):
-                    raise ValueError("each message must be an object with role and content")
-                c = m.get("content")
-                if isinstance(c, list):
-                    for p in c:
-                        if isinstance(p, dict) and p.get("type") == "image_url":
-                            iu = p.get("image_url")
-                            images.append(iu.get("url") if isinstance(iu, dict) else iu)
-                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
-                parts.append(str(c or ""))
-            prompt = "\n".join(parts)
+            prompt, images = _chat_prompt(body)
             image_tokens = app.image_tokens(images)
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list):
-                prompt = " ".join(map(str, prompt))
-            if prompt is not None and not isinstance(prompt, str):
-                raise ValueError("prompt must be a string or a list")
-            if not prompt:
-                raise ValueError("prompt is required")
+            prompt = _completion_prompt(body)
             image_tokens = 0
         max_new = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
         req = app.new_request(count_tokens(prompt) + image_tokens, int(max_new), prompt)
@@ -473,45 +464,7 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model") or app.cfg.model_name
         obj = "chat.completion" if chat else "text_completion"
         if body.get("stream"):
-            # stream_options as SGLang 0.5.23 (serving_chat/serving_completions, utils.should_include_usage):
-            # continuous_usage_stats puts the running usage on every chunk; include_usage adds one
-            # usage chunk with empty choices after the last one (the server default is off).
-            opts = body.get("stream_options") or {}
-            if not isinstance(opts, dict):
-                raise ValueError("stream_options must be an object")
-            continuous, include_usage = bool(opts.get("continuous_usage_stats")), bool(opts.get("include_usage"))
-
-            def usage() -> dict[str, int]:
-                return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                        "total_tokens": req.prompt_tokens + req.completion_tokens}
-
-            self._start_stream()
-            sent = 0
-            if chat:
-                self._sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]})
-            while True:
-                kind, _ = req.events.get()
-                if kind == "done":
-                    break
-                piece = filler_text(sent, req.completion_tokens - sent)
-                sent = req.completion_tokens
-                choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-                          else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
-                chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
-                         "model": model, "choices": [choice]}
-                self._sse(chunk | {"usage": usage()} if continuous else chunk)
-            final = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-                     else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
-            chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
-                     "choices": [final]}
-            self._sse(chunk | {"usage": usage()} if continuous else chunk)
-            if include_usage:
-                self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
-                           "choices": [], "usage": usage()})
-            self._sse("[DONE]")
-            return None
+            return self._openai_stream(body, req, chat, rid, created, model)
         app.wait(req)
         text = app.text_of(req)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
@@ -525,6 +478,83 @@ class Handler(BaseHTTPRequestHandler):
                       "prompt_tokens_details": {"cached_tokens": req.cached_tokens}},
             "metadata": {"weight_version": "default"},
         })
+
+    def _openai_stream(self, body: dict[str, Any], req: Request, chat: bool, rid: str, created: int,
+                       model: str) -> None:
+        """Stream ``req`` as OpenAI chunks (``chat.completion.chunk`` or ``text_completion``), then ``[DONE]``."""
+        obj = "chat.completion" if chat else "text_completion"
+        # stream_options as SGLang 0.5.23 (serving_chat/serving_completions, utils.should_include_usage):
+        # continuous_usage_stats puts the running usage on every chunk; include_usage adds one
+        # usage chunk with empty choices after the last one (the server default is off).
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise ValueError("stream_options must be an object")
+        continuous, include_usage = bool(opts.get("continuous_usage_stats")), bool(opts.get("include_usage"))
+
+        def usage() -> dict[str, int]:
+            return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                    "total_tokens": req.prompt_tokens + req.completion_tokens}
+
+        self._start_stream()
+        sent = 0
+        if chat:
+            self._sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]})
+        while True:
+            kind, _ = req.events.get()
+            if kind == "done":
+                break
+            piece = filler_text(sent, req.completion_tokens - sent)
+            sent = req.completion_tokens
+            choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                      else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
+            chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
+                     "model": model, "choices": [choice]}
+            self._sse(chunk | {"usage": usage()} if continuous else chunk)
+        final = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+                 else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
+        chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
+                 "choices": [final]}
+        self._sse(chunk | {"usage": usage()} if continuous else chunk)
+        if include_usage:
+            self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
+                       "choices": [], "usage": usage()})
+        self._sse("[DONE]")
+        return None
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``(prompt text, image URLs)`` of a chat request: the messages' text joined by newlines."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError("messages must be a non-empty list")
+    parts = []
+    images: list[Any] = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            raise ValueError("each message must be an object with role and content")
+        c = m.get("content")
+        if isinstance(c, list):
+            for p in c:
+                if isinstance(p, dict) and p.get("type") == "image_url":
+                    iu = p.get("image_url")
+                    images.append(iu.get("url") if isinstance(iu, dict) else iu)
+            c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+        parts.append(str(c or ""))
+    return "\n".join(parts), images
+
+
+def _completion_prompt(body: dict[str, Any]) -> str:
+    """The prompt of a completions request (a list is joined by spaces); ValueError when missing."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(map(str, prompt))
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError("prompt must be a string or a list")
+    if not prompt:
+        raise ValueError("prompt is required")
+    return prompt
 
 
 def _images_per_prompt(image_data: Any, n: int, batch: bool) -> list[list[Any]]:
@@ -607,8 +637,12 @@ def main(argv: list[str] | None = None) -> int:
             rendezvous.bind(("127.0.0.1", int(sa["nccl_port"])))
             rendezvous.listen(8)
         except OSError as exc:
-            logger.error("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                         "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)", sa["nccl_port"], exc)
+            logger.error(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)",
+                sa["nccl_port"],
+                exc,
+            )
             rendezvous.close()
             return 1
     multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

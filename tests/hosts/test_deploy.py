@@ -48,7 +48,9 @@ def test_installed_files_byte_identical_to_cli_render(deployed, tmp_path):
     assert len(rendered) >= 3
     for p in rendered:
         remote = "/" + str(p.relative_to(tmp_path / HOST))
-        got = subprocess.run(["ssh", *ssh_options(), f"root@{deployed['address']}", f"cat {remote}"], capture_output=True, timeout=60)
+        got = subprocess.run(
+            ["ssh", *ssh_options(), f"root@{deployed['address']}", f"cat {remote}"], capture_output=True, timeout=60
+        )
         assert got.returncode == 0, got.stderr
         assert got.stdout == p.read_bytes(), f"{remote} differs from `ddtree-ops render`"
         mode = ssh(deployed["address"], f"stat -c %a {remote}").stdout.strip()

@@ -1,7 +1,8 @@
 """End to end on the booted test host: deploy.yml installs the exporter next to the SGLang
 (simulator) unit and a real Prometheus (Debian's package) on the monitoring host, which is
 the same machine ``ddt-th1``; Prometheus scrapes both targets, evaluates the rules, and
-``ddtree_accept_length`` is visible through its query API. A second run changes nothing (the session's shared ``deployed`` fixture).
+``ddtree_accept_length`` is visible through its query API. A second run changes nothing (the
+session's shared ``deployed`` fixture).
 """
 
 from __future__ import annotations

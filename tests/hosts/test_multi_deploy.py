@@ -33,7 +33,9 @@ def _inventory(root: Path, address: str) -> Path:
     shutil.copytree(TEST_INVENTORY, inv)
     hosts = yaml.safe_load((TEST_INVENTORY / "hosts.yml").read_text())
     hosts["all"]["children"]["testhosts"]["hosts"][SECOND] = {"ansible_host": address}
-    hosts["all"]["children"]["testhosts"]["vars"]["ansible_ssh_private_key_file"] = str(KEY)  # not next to inventory_dir
+    hosts["all"]["children"]["testhosts"]["vars"]["ansible_ssh_private_key_file"] = str(
+        KEY
+    )  # not next to inventory_dir
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     base = yaml.safe_load((TEST_INVENTORY / "group_vars" / "testhosts.yml").read_text())["ddtree_server"]
     (inv / "host_vars").mkdir()

@@ -129,7 +129,9 @@ def test_patch_not_applying_refused_host_unchanged(installed, tmp_path):
 
 def test_branch_name_refused_host_unchanged(installed, tmp_path):
     extra = _bad_pin(tmp_path, "branch", {"source": "git", "repo": "/srv/sglang.git", "commit": "main"})
-    _refused(installed, extra, "ddtree_sglang.commit = 'main': must be a full 40-hex commit SHA, not a branch or tag name")
+    _refused(
+        installed, extra, "ddtree_sglang.commit = 'main': must be a full 40-hex commit SHA, not a branch or tag name"
+    )
 
 
 def test_build_without_ddtree_stops_before_the_service(installed, tmp_path):
@@ -146,8 +148,16 @@ def test_interrupted_install_converges(installed):
     the incomplete build and ends where an uninterrupted run does."""
     addr = installed["address"]
     assert ssh(addr, f"rm -rf {VENV} {VENV}.builds").returncode == 0
-    proc = subprocess.Popen(PLAYBOOK, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        PLAYBOOK,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     seen = []
     try:
         for line in proc.stdout:

@@ -26,11 +26,15 @@ VENV_BIN = REPO_ROOT / ".venv" / "bin"
 INVENTORY = REPO_ROOT / "inventory" / "test"
 HOST = "ddt-th1"
 GATEWAY = "10.213.1.1"
-TRITON_WHEEL = Path("/var/cache/ddtree-ops/ptxas-wheels/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl")
-SNAPSHOT = ("find /etc/apt/sources.list.d /etc/apt/apt.conf.d /etc/profile.d /usr/local /usr/share/keyrings -maxdepth 2 "
-            "\\( -type d -printf '%p/\\n' \\) -o -printf '%p %s %l\\n' | sort; "
-            "sha256sum /etc/apt/sources.list.d/* 2>&1; "
-            "dpkg-query -W -f='${Package} ${Status}\\n' 'cuda-*' 2>&1; dpkg --get-selections 'cuda-*'")
+TRITON_WHEEL = Path(
+    "/var/cache/ddtree-ops/ptxas-wheels/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+)
+SNAPSHOT = (
+    "find /etc/apt/sources.list.d /etc/apt/apt.conf.d /etc/profile.d /usr/local /usr/share/keyrings -maxdepth 2 "
+    "\\( -type d -printf '%p/\\n' \\) -o -printf '%p %s %l\\n' | sort; "
+    "sha256sum /etc/apt/sources.list.d/* 2>&1; "
+    "dpkg-query -W -f='${Package} ${Status}\\n' 'cuda-*' 2>&1; dpkg --get-selections 'cuda-*'"
+)
 
 
 def play(playbook: str, *extra: dict, timeout: int = 600) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -96,7 +100,9 @@ def test_toolkit_older_than_arch_refused_before_any_change(repo_url, addr):
     before = ssh(addr, SNAPSHOT).stdout
     r, _ = play("playbooks/toolkit.yml", {"cuda_toolkit_repo_url": repo_url, "ddtree_toolchain": {"cuda": "12.8"}})
     assert r.returncode != 0
-    assert "ddtree_toolchain.cuda = '12.8'" in r.stdout and "sm_103a" in r.stdout and "Fix:" in r.stdout, r.stdout[-3000:]
+    assert "ddtree_toolchain.cuda = '12.8'" in r.stdout and "sm_103a" in r.stdout and "Fix:" in r.stdout, r.stdout[
+        -3000:
+    ]
     assert "Traceback" not in r.stdout + r.stderr
     assert recap(r.stdout)["changed"] == 0
     assert ssh(addr, SNAPSHOT).stdout == before
@@ -156,7 +162,11 @@ def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path)
     if not TRITON_WHEEL.exists():
         pytest.fail(f"{TRITON_WHEEL} missing: run scripts/triton-venv.sh (scripts/test.sh does, before pytest)")
     from hostutil import ssh_options
-    if ssh(addr, "test -x /opt/triton-venv/bin/python && /opt/triton-venv/bin/python -c 'import triton'").returncode != 0:
+
+    if (
+        ssh(addr, "test -x /opt/triton-venv/bin/python && /opt/triton-venv/bin/python -c 'import triton'").returncode
+        != 0
+    ):
         cp = subprocess.run(["scp", *ssh_options(), str(TRITON_WHEEL), f"root@{addr}:/tmp/"], capture_output=True,
                             text=True, timeout=300)
         assert cp.returncode == 0, cp.stderr
@@ -167,7 +177,10 @@ def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path)
     # Triton unpinned: the plan points both variables at the toolkit's ptxas; Triton uses it.
     r, _ = play("playbooks/triton.yml", venv)
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "uses /usr/local/cuda-13.0/bin/ptxas for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda-13.0/bin/ptxas)" in flat(r.stdout)
+    assert (
+        "uses /usr/local/cuda-13.0/bin/ptxas for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda-13.0/bin/ptxas)"
+        in flat(r.stdout)
+    )
     assert recap(r.stdout)["changed"] == 0  # the check script was installed by the earlier triton run
     # Triton 3.6.0 pinned: no override needed, its bundled ptxas-blackwell (12.9) assembles sm_103a.
     r, _ = play("playbooks/triton.yml", venv, {"ddtree_toolchain": {"triton": "3.6.0"}})
@@ -175,17 +188,31 @@ def test_triton_role_uses_tritons_own_pick_under_the_service_env(addr, tmp_path)
     assert "backends/nvidia/bin/ptxas-blackwell for sm_103a (TRITON_PTXAS_BLACKWELL_PATH=unset)" in flat(r.stdout)
     assert "ptxas 12.9" in flat(r.stdout)
     # An operator override to the 12.8 ptxas is what the service would use: refused.
-    r, _ = play("playbooks/triton.yml", venv, {"ddtree_toolchain": {"triton": "3.6.0"}, "ddtree_service": {
-        "name": "sglang", "start_timeout_s": 300, "env": {"TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda-12.8/bin/ptxas"}}})
+    r, _ = play(
+        "playbooks/triton.yml",
+        venv,
+        {
+            "ddtree_toolchain": {"triton": "3.6.0"},
+            "ddtree_service": {
+                "name": "sglang",
+                "start_timeout_s": 300,
+                "env": {"TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda-12.8/bin/ptxas"},
+            },
+        },
+    )
     assert r.returncode != 0
     assert "Value 'sm_103a' is not defined for option 'gpu-name'" in flat(r.stdout), r.stdout[-4000:]
 
 
 def test_killed_mid_install_then_rerun_converges(repo_url, addr):
     """dpkg is SIGKILLed while it extracts cuda-toolkit-13-0 (a watcher on the host kills it once
-    ``ptxas.dpkg-new`` exists), the play fails, the package is left half-installed; the re-run repairs dpkg's state and converges, and the run after that is changed=0."""
-    reset = ssh(addr, "apt-mark unhold cuda-toolkit-13-0 >/dev/null; DEBIAN_FRONTEND=noninteractive "
-                      "apt-get purge -y -q cuda-toolkit-13-0 >/dev/null 2>&1; dpkg-query -W cuda-toolkit-13-0; echo rc=$?")
+    ``ptxas.dpkg-new`` exists), the play fails, the package is left half-installed; the re-run repairs
+    dpkg's state and converges, and the run after that is changed=0."""
+    reset = ssh(
+        addr,
+        "apt-mark unhold cuda-toolkit-13-0 >/dev/null; DEBIAN_FRONTEND=noninteractive "
+        "apt-get purge -y -q cuda-toolkit-13-0 >/dev/null 2>&1; dpkg-query -W cuda-toolkit-13-0; echo rc=$?",
+    )
     assert "rc=1" in reset.stdout, reset.stdout
     watcher = ("rm -f /tmp/ddt-killed; nohup sh -c 'for i in $(seq 60000); do "
                "p=$(pgrep -f \"^/usr/bin/dpkg .*--unpack.*cuda-toolkit-13-0\"); "

@@ -61,7 +61,9 @@ def test_health_with_deep_check_passes_on_the_deployed_host(host, tmp_path):
     assert set(checks) == {"reachable", "ready", "drift", "progress", "accept_length"}
     assert all(c["ok"] for c in checks.values()) and "match the deployed config" in checks["drift"]["detail"]
     # on the host, as an operator or a probe would run it: also the warm marker
-    on_host = ssh(host, f"/opt/ddtree-ops/venv/bin/python -m ddtree_ops health --plan {PLAN} --warm-marker {MARKER} --json")
+    on_host = ssh(
+        host, f"/opt/ddtree-ops/venv/bin/python -m ddtree_ops health --plan {PLAN} --warm-marker {MARKER} --json"
+    )
     assert on_host.returncode == 0, on_host.stdout + on_host.stderr
     assert {c["name"] for c in json.loads(on_host.stdout)["checks"] if c["ok"]} >= {"ready", "warm", "drift"}
 

@@ -66,7 +66,10 @@ def _cases():
                 for ver in PEER_VERSIONS:
                     hv4 = copy.deepcopy(hv)
                     hv4["ddtree_sglang"] = {**hv4.get("ddtree_sglang", {}), "version": ver}
-                    hv4["ddtree_model"] = {**hv4["ddtree_model"], "revision": "0123456789abcdef0123456789abcdef01234567"}
+                    hv4["ddtree_model"] = {
+                        **hv4["ddtree_model"],
+                        "revision": "0123456789abcdef0123456789abcdef01234567",
+                    }
                     hv4["ddtree_speculative"] = {**hv4["ddtree_speculative"], "draft_model_revision": "v1.0"}
                     out.append((f"{inv.name}/{host}@revision-{ver}", validate_hostvars(host, hv4)))
     return out
@@ -125,7 +128,7 @@ def parsed(peer_tmp) -> dict[str, dict]:
         if not jobs:
             continue
         res = run_worker(sglang_python(ver), [j for _, j in jobs], peer_tmp / f"parse-{ver}")
-        results.update({cid: r for (cid, _), r in zip(jobs, res)})
+        results.update({cid: r for (cid, _), r in zip(jobs, res, strict=True)})
     return results
 
 
@@ -231,7 +234,7 @@ def resolved(peer_tmp) -> dict[str, dict]:
         keys.append(cid)
         jobs.append({"kind": "resolve", "argv": without_bs_list(argv, bs_flag)})
         keys.append(cid + "#default-list")
-    return dict(zip(keys, run_worker(python, jobs, peer_tmp / "resolve")))
+    return dict(zip(keys, run_worker(python, jobs, peer_tmp / "resolve"), strict=True))
 
 
 @pytest.mark.parametrize("cid, v", RESOLVE_CASES, ids=[c[0] for c in RESOLVE_CASES])

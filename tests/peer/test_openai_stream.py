@@ -41,8 +41,8 @@ def sim_payloads(tmp_path_factory):
         with httpx.Client(base_url=sim.base, timeout=20) as client:
             for api, path in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions")):
                 for opts in STREAM_OPTIONS:
-                    body = {"model": "m", "max_tokens": 9, "stream": True, "ignore_eos": True,
-                            **({"messages": [{"role": "user", "content": "hi"}]} if api == "chat" else {"prompt": "hi"}),
+                    prompt = {"messages": [{"role": "user", "content": "hi"}]} if api == "chat" else {"prompt": "hi"}
+                    body = {"model": "m", "max_tokens": 9, "stream": True, "ignore_eos": True, **prompt,
                             **({"stream_options": opts} if opts else {})}
                     with client.stream("POST", path, json=body) as r:
                         assert r.status_code == 200

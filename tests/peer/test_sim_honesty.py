@@ -97,7 +97,9 @@ def test_sim_server_info_keys_are_real(version, build, introspection):
         except (SystemExit, ValueError):
             continue  # argv of the other dialect: covered by the flag test
         si = SimApp(cfg).server_info()
-        assert not set(si) - allowed, f"{cid}: sim /server_info keys unknown to SGLang {version}: {sorted(set(si) - allowed)}"
+        assert not set(si) - allowed, (
+            f"{cid}: sim /server_info keys unknown to SGLang {version}: {sorted(set(si) - allowed)}"
+        )
         for state in si["internal_states"]:
             bad = set(state) - state_keys - fields
             assert not bad, f"{cid}: sim internal_states keys the real scheduler never sets: {sorted(bad)}"
@@ -118,7 +120,7 @@ def test_sim_parser_flags_exist_in_real_parser(version, introspection):
 
 
 @pytest.mark.parametrize("cid, v", CASES, ids=[c[0] for c in CASES])
-def test_sim_accepts_exactly_what_real_parser_accepts(cid, v, parsed):
+def test_sim_accepts_exactly_what_real_parser_accepts(cid, v, parsed):  # noqa: F811 - the fixture imported above
     base = v.deployment.sglang.base_version
     runs = [(base, cid)] + [(o, f"{cid}#by-{o}") for o in PEER_VERSIONS if o != base]
     for version, key in runs:
@@ -138,7 +140,7 @@ def test_sim_accepts_exactly_what_real_parser_accepts(cid, v, parsed):
 
 
 @pytest.mark.parametrize("cid, v", RESOLVE_CASES, ids=[c[0] for c in RESOLVE_CASES])
-def test_sim_resolution_matches_real_resolver(cid, v, resolved):
+def test_sim_resolution_matches_real_resolver(cid, v, resolved):  # noqa: F811 - the fixture imported above
     real = resolved[cid]
     assert real["ok"], real["error"]
     got = real["resolved"]
