@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -150,10 +151,16 @@ class Sshd:
 
 
 @pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    d = Sshd(tmp_path_factory.mktemp("sshd"))
-    yield d
-    d.stop()
+def sshd():
+    # not under /tmp: the deployments the CLI tests validate may not keep their venv and config
+    # there (the unit's PrivateTmp hides it), so the hosts' directories live below /srv, removed after
+    root = Path(tempfile.mkdtemp(prefix="ddtree-fleet-test-", dir="/srv" if os.path.isdir("/srv") else "/opt"))
+    try:
+        d = Sshd(root)
+        yield d
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _limits(sshd: Sshd, **kw) -> Limits:
@@ -296,3 +303,91 @@ def test_rollback_without_the_release_command_on_the_host_fails_that_host(sshd):
     assert not res[0].ok and "no `release rollback`" in res[0].detail, res[0].detail
     assert res[1].step == "skipped"
     assert "restart" not in (sshd.state / "old" / "calls").read_text()
+
+
+# ---------------------------------------------------------------------------------------
+# The CLI: hosts, users, ports and keys from an Ansible inventory.
+
+
+def _inventory(tmp_path: Path, sshd: Sshd, hosts: dict[str, dict], common_args: str | None = None) -> Path:
+    import yaml
+    from helpers import base_hostvars
+
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    group = {**base_hostvars(), "ansible_user": "root", "ansible_ssh_private_key_file": str(sshd.root / "client")}
+    if common_args:
+        group["ansible_ssh_common_args"] = common_args
+    (inv / "group_vars" / "b300.yml").write_text(yaml.safe_dump(group))
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": hosts}}}}))
+    return inv
+
+
+def _host_entry(t: Target, **kw) -> dict:
+    return {"ansible_host": t.address, "ansible_port": t.port, **kw,
+            "ddtree_service": {"name": t.host, "venv": t.venv, "config_dir": t.config_dir}}
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from ddtree_ops.cli import main
+
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        from ddtree_ops import cli
+
+        cli.out.file, cli.err.file = o, e
+        try:
+            rc = main(list(args))
+        finally:
+            cli.out.file, cli.err.file = None, None
+    return rc, o.getvalue(), e.getvalue()
+
+
+def test_cli_status_reads_the_inventory_and_reports_a_down_host(sshd, tmp_path):
+    good = sshd.host("cli1")
+    down = _down_target(sshd)
+    inv = _inventory(tmp_path, sshd, {"cli1": _host_entry(good), "cli2": _host_entry(down)})
+    t0 = time.monotonic()
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts), "--json",
+                        "--timeout", "5")
+    assert time.monotonic() - t0 < 10
+    assert rc == 1, out + err
+    doc = json.loads(out)
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by["cli1"]["ok"] and by["cli1"]["active_state"] == "active" and by["cli1"]["warm"] is True
+    assert not by["cli2"]["ok"] and "down:" in by["cli2"]["error"]
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "-l", "cli1", "--known-hosts", str(sshd.known_hosts))
+    assert rc == 0, out + err
+    assert "cli1" in out and "active/running" in out and "812.50" in out and "cli2" not in out
+
+
+def test_cli_refuses_the_default_known_hosts_where_the_inventory_turns_checking_off(sshd, tmp_path):
+    good = sshd.host("cli3")
+    inv = _inventory(tmp_path, sshd, {"cli3": _host_entry(good)},
+                     common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+    rc, out, err = _cli("fleet", "status", "-i", str(inv))
+    assert rc == 2
+    assert "host-key checking off" in err and "cli3" in err and "--known-hosts" in err and "ssh-keyscan" in err, err
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 0, out + err
+
+
+def test_cli_names_a_key_path_that_is_no_file_and_a_bad_port(sshd, tmp_path):
+    good = sshd.host("cli4")
+    inv = _inventory(tmp_path, sshd, {"cli4": _host_entry(good, ansible_ssh_private_key_file=str(tmp_path))})
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_ssh_private_key_file" in err and "not a readable regular file" in err, err
+    inv2 = _inventory(tmp_path / "b", sshd, {"cli4": {**_host_entry(good), "ansible_port": 70000}})
+    rc, out, err = _cli("fleet", "logs", "-i", str(inv2), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_port" in err and "70000" in err, err
+
+
+def test_cli_restart_prints_each_host_and_a_summary(sshd, tmp_path):
+    a, b = sshd.host("cli5"), sshd.host("cli6", **{"after-active": "failed"})
+    inv = _inventory(tmp_path, sshd, {"cli5": _host_entry(a), "cli6": _host_entry(b)})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv), "--known-hosts", str(sshd.known_hosts), "--gate-timeout", "4")
+    assert rc == 1
+    assert "ok   cli5 restart r2 -> r2" in out and "FAIL cli6 restart" in err and "1/2 hosts restarted" in err, out + err
