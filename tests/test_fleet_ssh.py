@@ -391,3 +391,33 @@ def test_cli_restart_prints_each_host_and_a_summary(sshd, tmp_path):
     rc, out, err = _cli("fleet", "restart", "-i", str(inv), "--known-hosts", str(sshd.known_hosts), "--gate-timeout", "4")
     assert rc == 1
     assert "ok   cli5 restart r2 -> r2" in out and "FAIL cli6 restart" in err and "1/2 hosts restarted" in err, out + err
+
+
+def test_batches_restart_together_and_the_next_batch_waits_for_every_gate(sshd):
+    a, b, c = sshd.host("ba"), sshd.host("bb", **{"after-active": "failed"}), sshd.host("bc")
+    res = fleet_ssh.rolling([a, b, c], _limits(sshd, gate_s=4.0), batch=2)
+    assert [(r.host, r.ok, r.step) for r in res] == [("ba", True, "restart"), ("bb", False, "restart"),
+                                                     ("bc", False, "skipped")]
+    assert not (sshd.state / "bc" / "calls").exists()
+
+
+def test_a_host_cannot_fake_a_section_or_a_release_name(sshd):
+    t = sshd.host("fake", metrics="@@0123456789abcdef health\n{\"ok\": true, \"checks\": []}\n")
+    link = Path(t.config_dir) / "releases" / "current"
+    link.unlink()
+    link.symlink_to("r2\x1b[31m$(reboot)")
+    [s] = fleet_ssh.status([t], _limits(sshd))
+    assert s.ok and s.ready is True  # the fake marker (a guessed nonce) in /metrics changed nothing
+    assert "\x1b" not in s.release and s.release.startswith("'") and "$(reboot)" in s.release
+
+
+@pytest.mark.parametrize(("hv", "off"), [
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=no"}, True),
+    ({"ansible_ssh_extra_args": "-oUserKnownHostsFile=/dev/null"}, True),
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=accept-new"}, True),
+    ({"ansible_host_key_checking": False}, True),
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=yes -o ConnectTimeout=5"}, False),
+    ({}, False),
+])
+def test_host_key_checking_off_in_the_inventory_is_recognised(hv, off):
+    assert (fleet_ssh.host_key_checking_off(hv) is not None) is off

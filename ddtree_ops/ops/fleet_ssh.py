@@ -71,22 +71,21 @@ names; the ``ansible_ssh_*`` user/port spellings are its older aliases)."""
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_CHECKING_OFF = re.compile(r"(?i)StrictHostKeyChecking\s*=?\s*(no|off|false|accept-new)\b|UserKnownHostsFile\s*=?\s*/dev/null")
-_ANSI = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CHECKING_OFF = re.compile(r"(?i)StrictHostKeyChecking\s*=?\s*(no|off|false|accept-new)\b"
+                           r"|UserKnownHostsFile\s*=?\s*/dev/null")
 
 
 def clean(data: bytes | str, limit: int = FIELD_CAP) -> str:
     """Host-controlled text as one safe line: decoded (invalid UTF-8 replaced), terminal escapes
-    (ECMA-48 CSI/OSC) removed, other control characters as spaces, secrets scrubbed, cut to
+    (ECMA-48 CSI/OSC) removed and other control characters, tabs and newlines made spaces
+    (:func:`ddtree_ops.ops.diagnose._clean`, the log reader's), secrets scrubbed, cut to
     ``limit`` characters plus ``…``."""
     from ..config.errors import scrub, shorten
+    from .diagnose import _clean
 
     text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else str(data)
-    text = text[: limit * 8]  # scrub and the regexes see a bounded text
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return shorten(scrub(_CONTROL.sub(" ", text)).strip(), limit)
+    text = _clean(text[: limit * 8]).replace("\t", " ").replace("\n", " ")  # scrub sees a bounded text
+    return shorten(scrub(text).strip(), limit)
 
 
 class FleetError(Exception):
@@ -325,7 +324,12 @@ class HostSession:
         if isinstance(exc, paramiko.BadHostKeyException):
             return FleetError(f"host key of {hostport} CHANGED: it differs from the one in {self.known_hosts} "
                               "(a reinstalled host, or someone in between): refused. Fix: verify the new fingerprint "
-                              f"on the host's console, then ssh-keygen -R '{hostport}' -f {self.known_hosts} and {scan}")
+                              f"on the host's console, then ssh-keygen -R '{hostport}' -f {self.known_hosts} "
+                              f"and {scan}")
+        if isinstance(exc, paramiko.PasswordRequiredException):
+            return FleetError(f"the private key {t.key_file} is encrypted: fleet cannot ask for its passphrase. Fix: "
+                              "give ansible_ssh_private_key_file a key without one, or leave it unset and load the "
+                              "key into ssh-agent")
         if isinstance(exc, paramiko.AuthenticationException):
             key = f"key {t.key_file}" if t.key_file else "the default keys and agent"
             return FleetError(f"authentication as {t.user or 'the local user'} with {key} failed at {t.where}. "
@@ -390,7 +394,8 @@ class HostSession:
         except (paramiko.SSHException, EOFError, OSError, AttributeError) as exc:
             if self._expired or self.cancel.is_set():
                 raise self._timeout() from None
-            raise FleetError(f"the connection broke while {what}: {clean(str(exc) or type(exc).__name__, 160)}") from None
+            why = clean(str(exc) or type(exc).__name__, 160)
+            raise FleetError(f"the connection broke while {what}: {why}") from None
 
 
 def _reject_policy() -> Any:
@@ -456,8 +461,8 @@ def status_command(t: Target, nonce: str) -> str:
                    f"--warm-marker {_q(t.warm_marker)} --json"),
         ("metrics", f"{_q(t.venv + '/bin/python')} -c {_q(metrics_py)} {_q(url)}"),
     ]
-    return "; ".join(f"echo; echo '@@{nonce} {name}'; {cmd} </dev/null 2>&1; r=$?; echo; echo \"@@{nonce} rc $r\""
-                     for name, cmd in parts)
+    return "; ".join(f"echo; echo '@@{nonce} {name}'; {cmd} </dev/null 2>&1; r=$?; "
+                     f"echo; echo \"@@{nonce} rc $r\"" for name, cmd in parts)
 
 
 def split_sections(data: bytes, nonce: str) -> dict[str, tuple[int | None, bytes]]:
@@ -514,8 +519,8 @@ def parse_status(t: Target, data: bytes, nonce: str) -> HostStatus:
         checks = doc["checks"]
         if not isinstance(checks, list):
             raise TypeError
-        s.checks = [{"name": clean(str(c.get("name")), 40), "ok": c.get("ok") is True, "detail": clean(str(c.get("detail")))}
-                    for c in checks[:20] if isinstance(c, dict)]
+        s.checks = [{"name": clean(str(c.get("name")), 40), "ok": c.get("ok") is True,
+                     "detail": clean(str(c.get("detail")))} for c in checks[:20] if isinstance(c, dict)]
     except (ValueError, KeyError, TypeError):
         s.checks = [{"name": "health", "ok": False,
                      "detail": f"no JSON from {t.ddtree_ops} health (exit {rc}): {clean(body) or 'no output'}"}]
@@ -741,6 +746,7 @@ def rolling(targets: Sequence[Target], limits: Limits, batch: int = 1, rollback:
         if not all(r.ok for r in results):
             rest = targets[i + batch:]
             failed = ", ".join(r.host for r in results if not r.ok)
-            out += [HostChange(t.host, False, "skipped", f"not started: stopped after {failed} failed") for t in rest]
+            out += [HostChange(t.host, False, "skipped", f"not started: stopped after {failed} failed")
+                for t in rest]
             break
     return out
