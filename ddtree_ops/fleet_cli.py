@@ -87,6 +87,8 @@ def _targets(inventory: str | None, limit: str | None, vault: list[str] | None,
              known_hosts: Path | None) -> tuple[list[Target], Path]:
     """The selected hosts (validated deployments, connection variables checked) and the
     known_hosts file. Raises ConfigError (exit 2) for an invalid inventory."""
+    import fabric  # noqa: F401 - missing: one line naming the extra (cli._missing_module), before any work
+
     from .cli import DEFAULT_INVENTORY
     from .config import ConfigError, validate_hostvars
     from .config.inventory import load_hostvars
