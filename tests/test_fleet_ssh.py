@@ -377,7 +377,7 @@ def test_cli_refuses_the_default_known_hosts_where_the_inventory_turns_checking_
     assert rc == 0, out + err
 
 
-def test_cli_names_a_key_path_that_is_no_file_and_a_bad_port(sshd, tmp_path):
+def test_cli_names_a_key_path_that_is_no_file_a_bad_port_and_a_bad_user(sshd, tmp_path):
     good = sshd.host("cli4")
     inv = _inventory(tmp_path, sshd, {"cli4": _host_entry(good, ansible_ssh_private_key_file=str(tmp_path))})
     rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts))
@@ -385,6 +385,9 @@ def test_cli_names_a_key_path_that_is_no_file_and_a_bad_port(sshd, tmp_path):
     inv2 = _inventory(tmp_path / "b", sshd, {"cli4": {**_host_entry(good), "ansible_port": 70000}})
     rc, out, err = _cli("fleet", "logs", "-i", str(inv2), "--known-hosts", str(sshd.known_hosts))
     assert rc == 2 and "ansible_port" in err and "70000" in err, err
+    inv3 = _inventory(tmp_path / "c", sshd, {"cli4": {**_host_entry(good), "ansible_user": "-oProxyCommand=sh"}})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv3), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_user" in err and "must be a user name" in err, err
 
 
 def test_cli_restart_prints_each_host_and_a_summary(sshd, tmp_path):

@@ -286,6 +286,7 @@ class HostSession:
         try:
             conn.client.load_system_host_keys(str(self.known_hosts))
         except (OSError, paramiko.SSHException) as exc:
+            self.close()
             raise FleetError(f"known_hosts {self.known_hosts}: cannot be read ({clean(str(exc), 120)})") from None
         self._conn = conn
         try:
