@@ -696,9 +696,10 @@ def _rollback(s: HostSession) -> str:
     rc, out, _ = s.run(cmd, "rolling back the release")
     text = clean(out, 400)
     if rc != 0:
-        if re.search(r"No such command|no such command|not found", out.decode("utf-8", "replace")):
-            raise FleetError(f"rollback failed: the host's ddtree-ops has no `release rollback` ({text}). Fix: "
-                             "deploy a ddtree-ops with releases to the host first")
+        missing = re.search(r"(?i)no such command[^\n]{0,80}|[^\n]{0,200}: not found", out.decode("utf-8", "replace"))
+        if missing:
+            raise FleetError(f"rollback failed: the host's ddtree-ops has no `release rollback` "
+                             f"({clean(missing.group(0))}). Fix: deploy a ddtree-ops with releases to the host first")
         raise FleetError(f"rollback failed: `ddtree-ops release rollback` exited {rc}: {text or 'no output'}")
     try:
         doc = json.loads(out.decode("utf-8", "replace"))
