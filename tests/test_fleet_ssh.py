@@ -39,10 +39,14 @@ echo "$*" >> "$S/calls"
 case "$1" in
   show)
     [ -f "$S/hang" ] && exec sleep 20
+    if [ "$(cat "$S/active")" = activating ] && [ $(( $(date +%s) - $(cat "$S/restarted-at") )) -ge 2 ]; then
+      echo active > "$S/active"  # the unit's ExecStartPost warmup finished
+    fi
     echo "ActiveState=$(cat "$S/active")"; echo "SubState=$(cat "$S/sub")"; echo "InvocationID=$(cat "$S/inv")";;
   restart)
     [ -f "$S/restart-fails" ] && { echo "Job for $unit failed."; exit 1; }
-    cp "$S/after-active" "$S/active"; echo running > "$S/sub"; echo "inv-$(date +%s%N)" > "$S/inv";;
+    cp "$S/after-active" "$S/active"; echo running > "$S/sub"; echo "inv-$(date +%s%N)" > "$S/inv"
+    date +%s > "$S/restarted-at";;
 esac
 """
 
@@ -58,6 +62,7 @@ DDTREE_OPS = """#!/bin/sh
 S="@S@"
 case "$1" in
   health)
+    echo "health $(cat "$S/active")" >> "$S/calls"
     if [ -f "$S/health.json" ]; then cat "$S/health.json"; exit 0; fi
     if [ "$(cat "$S/active")" = active ] && [ ! -f "$S/unhealthy" ]; then
       echo '{"ok": true, "checks": [{"name": "reachable", "ok": true, "detail": "port open"}, {"name": "ready", "ok": true, "detail": "/health answered 200"}, {"name": "warm", "ok": true, "detail": "warmed"}, {"name": "drift", "ok": true, "detail": "running settings match"}, {"name": "accept_length", "ok": true, "detail": "3.10 tokens per verify pass"}]}'
@@ -426,3 +431,14 @@ def test_a_host_cannot_fake_a_section_or_a_release_name(sshd):
 ])
 def test_host_key_checking_off_in_the_inventory_is_recognised(hv, off):
     assert (fleet_ssh.host_key_checking_off(hv) is not None) is off
+
+
+def test_the_gate_waits_for_the_unit_to_leave_activating_before_asking_health(sshd):
+    t = sshd.host("slow", **{"after-active": "activating"})  # active again 2-3 s after the restart
+    t0 = time.monotonic()
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=8.0))
+    assert r.ok, r.detail
+    assert 2 <= time.monotonic() - t0 < 7
+    calls = (sshd.state / "slow" / "calls").read_text().splitlines()
+    assert "health activating" not in calls and calls.count("health active") == 2, calls  # before + gate
+    assert sum(c.startswith("show ") for c in calls) >= 3, calls

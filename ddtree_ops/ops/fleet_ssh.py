@@ -659,10 +659,23 @@ class HostChange:
         return asdict(self)
 
 
+def unit_state(s: HostSession) -> tuple[str, str, str]:
+    """``(ActiveState, SubState, InvocationID)`` of the session's unit (``systemctl show``), cleaned."""
+    t = s.target
+    rc, out, _ = s.run(f"systemctl show {_q(t.unit)} -p ActiveState -p SubState -p InvocationID --no-pager "
+                       "</dev/null 2>&1", "reading the unit's state")
+    props = dict(line.split("=", 1) for line in out.decode("utf-8", "replace").splitlines() if "=" in line)
+    if rc != 0 or "ActiveState" not in props:
+        raise FleetError(f"systemctl show {t.unit} failed (exit {rc}): {clean(out) or 'no output'}")
+    return (clean(props["ActiveState"], 40) or "-", clean(props.get("SubState", ""), 40) or "-",
+            clean(props.get("InvocationID", ""), 64))
+
+
 def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float) -> tuple[bool, str, HostStatus]:
-    """``systemctl restart --no-block UNIT``, then poll until the unit is active in a new
-    invocation (its ``ExecStartPost`` warmup done) and the host's health (warm marker, drift)
-    passes, the unit fails, or ``gate_s`` passes."""
+    """``systemctl restart --no-block UNIT``, then poll the unit (``systemctl show``, every
+    :data:`POLL_S`) until it is active in a new invocation (its ``ExecStartPost`` warmup done)
+    and then the host's health (warm marker, drift; :func:`probe`) passes; fails when the unit
+    fails, or ``gate_s`` passes first."""
     t = s.target
     rc, out, _ = s.run(f"systemctl restart --no-block {_q(t.unit)} </dev/null 2>&1", "restarting the unit")
     if rc != 0:
@@ -670,14 +683,19 @@ def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float) -> tupl
     gate_end = time.monotonic() + gate_s
     last = before
     while True:
-        last = probe(s)
-        fresh = last.invocation != before.invocation or not before.invocation
-        if fresh and last.active_state == "failed":
-            return False, f"gate: unit {t.unit} failed after the restart ({last.sub_state}); see fleet logs", last
-        if fresh and last.ok:
-            return True, f"gate: active, ready, warm, no drift (accept length {_num(last.accept_length)})", last
+        active, sub, invocation = unit_state(s)
+        fresh = invocation != before.invocation or not before.invocation
+        why = f"unit {t.unit} is {active} ({sub})"
+        if fresh and active == "failed":
+            return False, f"gate: unit {t.unit} failed after the restart ({sub}); see fleet logs", last
+        if fresh and active == "active":  # health only once the unit's own warmup let it become active
+            last = probe(s)
+            if last.ok and last.invocation == invocation:
+                return True, f"gate: active, ready, warm, no drift (accept length {_num(last.accept_length)})", last
+            why = last.error or why
         if time.monotonic() >= gate_end:
-            why = last.error if fresh else f"the unit did not restart (still invocation {before.invocation or '?'})"
+            if not fresh:
+                why = f"the unit did not restart (still invocation {before.invocation or '?'})"
             return False, f"gate: not healthy within {gate_s:g} s: {why}", last
         time.sleep(min(POLL_S, max(0.0, gate_end - time.monotonic())))
 
