@@ -25,6 +25,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from .fleet_cli import app as fleet_app
+
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
 # `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
+app.add_typer(fleet_app, name="fleet")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 

@@ -12,7 +12,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 
-pkgs=(python3 python3-venv python3-pip git debootstrap systemd-container iproute2 openssh-client prometheus curl ca-certificates apt-utils gnupg)
+# openssh-server: tests/test_fleet_ssh.py runs its own throw-away sshd on 127.0.0.1
+pkgs=(python3 python3-venv python3-pip git debootstrap systemd-container iproute2 openssh-client openssh-server prometheus curl ca-certificates apt-utils gnupg)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,6 +23,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" openssh-server "* ]] && [ -d /run/systemd/system ]; then
+    # only the sshd binary is needed: setup opens no port (Debian's package starts ssh.service)
+    systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

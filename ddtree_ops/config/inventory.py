@@ -28,7 +28,8 @@ SERVER_GROUP = "sglang_servers"
 
 
 def load_hostvars(inventory: str | Path, limit: str | None = None,
-                  vault_password_files: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+                  vault_password_files: Sequence[str] = (),
+                  extra_vars: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Return ``{host: {ddtree_var: value}}`` for the server hosts of an inventory.
 
     Args:
@@ -38,6 +39,9 @@ def load_hostvars(inventory: str | Path, limit: str | None = None,
             a script is run as Ansible runs it); ``ANSIBLE_VAULT_PASSWORD_FILE`` /
             ``ansible.cfg``'s ``vault_password_file`` and ``vault_identity_list`` are used as well,
             as ``ansible-inventory`` does.
+        extra_vars: further variables to template and return where a host sets them (e.g. the
+            connection variables ``ansible_user``, ``ansible_port`` that ``ddtree-ops fleet`` reads),
+            under the same deadline; their values are the caller's to validate.
 
     Inventory Jinja is code that Ansible runs (lookups included), as ``ansible-playbook`` would:
     templating one host may take at most :data:`TEMPLATE_DEADLINE_S` seconds (on the main thread);
@@ -66,7 +70,7 @@ def load_hostvars(inventory: str | Path, limit: str | None = None,
     warnings: list[str] = []
     try:
         with _ansible_failures(causes, warnings):
-            return _load(path, limit, list(vault_password_files), causes)
+            return _load(path, limit, list(vault_password_files), causes, tuple(extra_vars))
     except AnsibleError as exc:
         first = _first_line(str(exc)) or type(exc).__name__
         cause = f" ({causes[0]})" if causes else ""
@@ -341,7 +345,7 @@ def _vault_secrets(loader: Any, files: list[str]) -> None:
 
 
 def _load(path: Path, limit: str | None, vault_password_files: list[str] | None = None,
-          causes: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+          causes: Sequence[str] = (), extra_vars: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar
@@ -370,6 +374,9 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
         try:
             with _deadline(TEMPLATE_DEADLINE_S):
                 out[host.name] = deployment_vars(all_vars, _template_if_marked(templar, memo), host.name, memo)
+                for name in extra_vars:
+                    if name in all_vars:
+                        out[host.name][name] = _template_one(templar, name, all_vars[name], host.name)
         except TemplateTimeout as exc:
             killed = _kill_started(before)
             what = getattr(exc, "cause", None) or "templating the host's variables"
@@ -382,6 +389,16 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                        f"{what} took longer than {TEMPLATE_DEADLINE_S:g} s{why}{ended}",
                                        fix, host=host.name)]) from None
     return out
+
+
+def _template_one(templar: Any, name: str, value: Any, host: str) -> Any:
+    """``value`` of variable ``name`` templated; a failing template is one finding naming it."""
+    from .models import template_error
+
+    try:
+        return templar.template(value)
+    except Exception as exc:  # noqa: BLE001 - Ansible raises many types; each is one finding
+        raise ConfigError([template_error(name, value, exc, host)]) from None
 
 
 def _template_if_marked(templar: Any, memo: dict | None = None) -> Callable[[Any], Any]:

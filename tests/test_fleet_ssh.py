@@ -1,0 +1,444 @@
+"""``ddtree-ops fleet`` over real SSH: a throw-away OpenSSH ``sshd`` on 127.0.0.1 (temp host key,
+temp authorized key, run as root) whose sessions find **test doubles** of ``systemctl``,
+``journalctl``, the ops venv's ``ddtree-ops`` and ``python`` first on their PATH (sshd's
+``SetEnv``). Each double reads what to answer from a per-host state directory, so one sshd
+stands in for several hosts (one unit and one venv per host).
+
+Misbehaving hosts: a closed port (down), a socket that accepts TCP and never speaks SSH
+(hangs), a command that never returns, an unknown and a changed host key, huge and
+escape-laden output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fabric")
+from ddtree_ops.ops import fleet_ssh  # noqa: E402
+from ddtree_ops.ops.fleet_ssh import Limits, Target  # noqa: E402
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+pytestmark = pytest.mark.skipif(not (os.path.exists(SSHD) and os.geteuid() == 0 and shutil.which("ssh-keygen")),
+                                reason="needs root and openssh-server (scripts/setup.sh installs it)")
+
+SYSTEMCTL = """#!/bin/sh
+# test double for systemctl (tests/test_fleet_ssh.py): the unit's state lives in STATE/<name>/
+unit=""
+for a in "$@"; do case "$a" in ddtree-*.service) unit="$a";; esac; done
+name=${unit#ddtree-}; S="@STATE@/${name%.service}"
+echo "$*" >> "$S/calls"
+case "$1" in
+  show)
+    [ -f "$S/hang" ] && exec sleep 20
+    if [ "$(cat "$S/active")" = activating ] && [ $(( $(date +%s) - $(cat "$S/restarted-at") )) -ge 2 ]; then
+      echo active > "$S/active"  # the unit's ExecStartPost warmup finished
+    fi
+    echo "ActiveState=$(cat "$S/active")"; echo "SubState=$(cat "$S/sub")"; echo "InvocationID=$(cat "$S/inv")";;
+  restart)
+    [ -f "$S/restart-fails" ] && { echo "Job for $unit failed."; exit 1; }
+    cp "$S/after-active" "$S/active"; echo running > "$S/sub"; echo "inv-$(date +%s%N)" > "$S/inv"
+    date +%s > "$S/restarted-at";;
+esac
+"""
+
+JOURNALCTL = """#!/bin/sh
+# test double for journalctl: prints STATE/<name>/journal
+unit=""; prev=""
+for a in "$@"; do [ "$prev" = "-u" ] && unit="$a"; prev="$a"; done
+name=${unit#ddtree-}; S="@STATE@/${name%.service}"; echo "$*" >> "$S/calls"; cat "$S/journal"
+"""
+
+DDTREE_OPS = """#!/bin/sh
+# test double for the host's ddtree-ops: health answers from the unit's state; release rollback
+S="@S@"
+case "$1" in
+  health)
+    echo "health $(cat "$S/active")" >> "$S/calls"
+    if [ -f "$S/health.json" ]; then cat "$S/health.json"; exit 0; fi
+    if [ "$(cat "$S/active")" = active ] && [ ! -f "$S/unhealthy" ]; then
+      echo '{"ok": true, "checks": [{"name": "reachable", "ok": true, "detail": "port open"}, {"name": "ready", "ok": true, "detail": "/health answered 200"}, {"name": "warm", "ok": true, "detail": "warmed"}, {"name": "drift", "ok": true, "detail": "running settings match"}, {"name": "accept_length", "ok": true, "detail": "3.10 tokens per verify pass"}]}'
+    else
+      echo '{"ok": false, "checks": [{"name": "reachable", "ok": true, "detail": "port open"}, {"name": "ready", "ok": false, "detail": "/health answered 503 three times"}]}'; exit 1
+    fi;;
+  release)
+    if [ -f "$S/no-release" ]; then echo "Usage: ddtree-ops [OPTIONS] COMMAND [ARGS]..."; echo "Error: No such command 'release'."; exit 2; fi
+    echo "$*" >> "$S/calls"; ln -sfn r1 "@CONFIG@/releases/current"; echo '{"ok": true, "current": "r1", "previous": "r2"}';;
+esac
+"""
+
+PYTHON = """#!/bin/sh
+# test double for the ops venv's python: the exporter's /metrics
+cat "@S@/metrics" 2>/dev/null
+"""
+
+METRICS = ("# HELP ddtree_accept_length x\nddtree_accept_length{host=\"h\"} 3.25\n"
+           "ddtree_generation_tokens_per_second{host=\"h\"} 812.5\n")
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sshd:
+    """A throw-away sshd on 127.0.0.1 and the hosts (units, venvs, states) behind it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.state = root / "state"
+        self.port = _free_port()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "hostkey")], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client")], check=True)
+        shutil.copy(root / "client.pub", root / "authorized_keys")
+        _write(root / "bin" / "systemctl", SYSTEMCTL.replace("@STATE@", str(self.state)), 0o755)
+        _write(root / "bin" / "journalctl", JOURNALCTL.replace("@STATE@", str(self.state)), 0o755)
+        _write(root / "sshd_config", "\n".join([
+            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'hostkey'}",
+            f"AuthorizedKeysFile {root / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            f"SetEnv PATH={root / 'bin'}:/usr/bin:/bin", "LogLevel ERROR", ""]))
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        end = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"sshd did not start: {self.proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.05)
+        self.known_hosts = root / "known_hosts"
+        pub = (root / "hostkey.pub").read_text().split()
+        _write(self.known_hosts, f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def host(self, name: str, active: str = "active", **files: str) -> Target:
+        """A host behind this sshd: unit ``ddtree-<name>.service``, its own venv, config dir and
+        state (``files``: state file name -> content, e.g. ``hang=""``)."""
+        s = self.state / name
+        cfg = self.root / "etc" / name
+        (cfg / "releases" / "r2").mkdir(parents=True, exist_ok=True)
+        (cfg / "releases" / "r1").mkdir(parents=True, exist_ok=True)
+        link = cfg / "releases" / "current"
+        if not link.is_symlink():
+            link.symlink_to("r2")
+        venv = self.root / "venv" / name
+        _write(venv / "bin" / "ddtree-ops", DDTREE_OPS.replace("@S@", str(s)).replace("@CONFIG@", str(cfg)), 0o755)
+        _write(venv / "bin" / "python", PYTHON.replace("@S@", str(s)), 0o755)
+        defaults = {"active": active, "sub": "running" if active == "active" else "dead", "inv": f"inv-{name}-0",
+                    "after-active": "active", "journal": f"line one of {name}\nline two of {name}\n", "metrics": METRICS}
+        for k, v in {**defaults, **files}.items():
+            _write(s / k, v)
+        return Target(host=name, address="127.0.0.1", port=self.port, user="root", key_file=str(self.root / "client"),
+                      unit=f"ddtree-{name}.service", config_dir=str(cfg), venv=str(venv),
+                      warm_marker=f"/run/ddtree-ops/{name}/warm.json", exporter_port=19400, gate_s=6.0)
+
+
+@pytest.fixture(scope="module")
+def sshd():
+    # not under /tmp: the deployments the CLI tests validate may not keep their venv and config
+    # there (the unit's PrivateTmp hides it), so the hosts' directories live below /srv, removed after
+    root = Path(tempfile.mkdtemp(prefix="ddtree-fleet-test-", dir="/srv" if os.path.isdir("/srv") else "/opt"))
+    try:
+        d = Sshd(root)
+        yield d
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _limits(sshd: Sshd, **kw) -> Limits:
+    return Limits(known_hosts=sshd.known_hosts, **{"timeout_s": 10.0, "deadline_s": 30.0, **kw})
+
+
+def _down_target(sshd: Sshd) -> Target:
+    t = sshd.host("down")
+    return Target(**{**t.__dict__, "port": _free_port()})  # nothing listens there
+
+
+@pytest.fixture
+def hanging_port():
+    """A socket that completes the TCP handshake (the kernel's backlog) and never sends a byte."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s.getsockname()[1]
+
+
+def test_status_of_a_good_host_reads_unit_release_health_and_metrics(sshd):
+    t = sshd.host("good")
+    [s] = fleet_ssh.status([t], _limits(sshd))
+    assert s.ok, s
+    assert (s.active_state, s.sub_state, s.release, s.ready, s.warm, s.drift) == ("active", "running", "r2", True, True,
+                                                                                  "none")
+    assert (s.accept_length, s.tokens_per_s) == (3.25, 812.5)  # the exporter's gauges win over health's detail
+
+
+def test_status_without_releases_or_exporter_reports_dash_and_health_accept_length(sshd):
+    t = sshd.host("norel", metrics="")
+    (Path(t.config_dir) / "releases" / "current").unlink()
+    [s] = fleet_ssh.status([t], _limits(sshd))
+    assert s.ok and s.release == "-" and s.accept_length == 3.10 and s.tokens_per_s is None
+
+
+def test_down_and_hanging_hosts_are_reported_without_stalling_the_good_one(sshd, hanging_port):
+    good = sshd.host("good2")
+    hang = Target(**{**good.__dict__, "host": "hang", "port": hanging_port})
+    t0 = time.monotonic()
+    res = fleet_ssh.status([_down_target(sshd), hang, good], _limits(sshd, timeout_s=3.0))
+    took = time.monotonic() - t0
+    assert took < 6, took  # the hanging host costs its own deadline, in parallel with the rest
+    down, hung, ok = res
+    assert not down.ok and down.error.startswith("down:") and "refused" in down.error
+    assert not hung.ok and ("banner" in hung.error or "deadline" in hung.error), hung.error
+    assert ok.ok, ok
+
+
+def test_the_runs_deadline_bounds_queued_hosts(sshd, hanging_port):
+    good = sshd.host("good3")
+    hangs = [Target(**{**good.__dict__, "host": f"hang{i}", "port": hanging_port}) for i in range(3)]
+    t0 = time.monotonic()
+    res = fleet_ssh.status(hangs, _limits(sshd, timeout_s=20.0, deadline_s=2.0, parallel=1))
+    assert time.monotonic() - t0 < 4
+    assert all(not r.ok for r in res)
+    # the first host's banner wait ends with the run (either message); the queued ones never start
+    assert "banner" in res[0].error or "run's deadline" in res[0].error, res[0].error
+    assert all("run's deadline" in r.error for r in res[1:]), [r.error for r in res]
+
+
+def test_unknown_host_key_is_refused_and_named(sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    [s] = fleet_ssh.status([sshd.host("good")], Limits(known_hosts=empty, timeout_s=10))
+    assert not s.ok
+    assert f"[127.0.0.1]:{sshd.port}" in s.error and "not in" in s.error and "ssh-keyscan" in s.error, s.error
+    assert "" == empty.read_text()  # never written: nothing accepted on first sight
+
+
+def test_changed_host_key_is_refused(sshd, tmp_path):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    pub = (tmp_path / "other.pub").read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {pub[0]} {pub[1]}\n")
+    [s] = fleet_ssh.status([sshd.host("good")], Limits(known_hosts=kh, timeout_s=10))
+    assert not s.ok and "CHANGED" in s.error and f"[127.0.0.1]:{sshd.port}" in s.error, s.error
+
+
+def test_a_command_that_never_returns_ends_at_the_hosts_deadline(sshd):
+    stuck, good = sshd.host("stuck", hang=""), sshd.host("good4")
+    t0 = time.monotonic()
+    a, b = fleet_ssh.status([stuck, good], _limits(sshd, timeout_s=2.5))
+    assert time.monotonic() - t0 < 5
+    assert not a.ok and "deadline" in a.error and "reading status" in a.error, a.error
+    assert b.ok
+
+
+def test_huge_and_escape_laden_output_is_cut_and_cleaned(sshd):
+    evil = "\x1b]0;owned\x07\x1b[31mred\x1b[0m token=hf_abcdefghijklmnopqrstuvwxyz0123 " + "A" * 5000
+    health = json.dumps({"ok": False, "checks": [{"name": "ready", "ok": False, "detail": evil}]})
+    t = sshd.host("evil", **{"health.json": health, "journal": ("x" * 3000 + "\x1b[2J\n") * 2000})
+    [s] = fleet_ssh.status([t], _limits(sshd))
+    assert not s.ok
+    detail = s.checks[0]["detail"]
+    assert "\x1b" not in detail and "\x07" not in detail and "hf_abc" not in detail and "(redacted)" in detail
+    assert len(detail) <= fleet_ssh.FIELD_CAP + 1 and detail.startswith("red token=")
+    [lg] = fleet_ssh.logs([t], _limits(sshd), lines=2000, max_bytes=20_000)
+    assert lg.cut and sum(len(x) for x in lg.lines) <= 20_000
+    assert all("\x1b" not in x and len(x) <= fleet_ssh.LOG_LINE_CAP + 1 for x in lg.lines)
+
+
+def test_logs_prints_the_units_last_lines(sshd):
+    [lg] = fleet_ssh.logs([sshd.host("logs")], _limits(sshd), lines=50)
+    assert lg.ok and lg.lines == ["line one of logs", "line two of logs"]
+    assert "-u ddtree-logs.service -n 50 --no-pager" in (sshd.state / "logs" / "calls").read_text()
+
+
+def test_rolling_restart_gates_each_host_and_stops_at_the_first_failing_gate(sshd):
+    a = sshd.host("ra")
+    b = sshd.host("rb", **{"after-active": "failed"})  # the unit fails to start again
+    c = sshd.host("rc")
+    res = fleet_ssh.rolling([a, b, c], _limits(sshd, timeout_s=10.0, gate_s=4.0))
+    assert [(r.host, r.ok, r.step) for r in res] == [("ra", True, "restart"), ("rb", False, "restart"),
+                                                     ("rc", False, "skipped")]
+    assert "gate: active" in res[0].detail
+    assert "failed after the restart" in res[1].detail
+    assert "stopped after rb" in res[2].detail
+    assert not (sshd.state / "rc" / "calls").exists()  # never connected to
+
+
+def test_restart_gate_times_out_on_an_unhealthy_but_active_unit(sshd):
+    t = sshd.host("sick", unhealthy="")
+    t0 = time.monotonic()
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=3.0))
+    assert not r.ok and "not healthy within 3 s" in r.detail and "ready" in r.detail, r.detail
+    assert time.monotonic() - t0 < 8
+
+
+def test_rollback_switches_the_release_then_restarts_and_gates(sshd):
+    t = sshd.host("rbk")
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0), rollback=True)
+    assert r.ok and (r.release_from, r.release_to) == ("r2", "r1"), r
+    calls = (sshd.state / "rbk" / "calls").read_text()
+    assert f"release rollback --root {t.config_dir}/releases --json" in calls
+    assert "restart --no-block ddtree-rbk.service" in calls
+
+
+def test_rollback_without_the_release_command_on_the_host_fails_that_host(sshd):
+    a, b = sshd.host("old", **{"no-release": ""}), sshd.host("next")
+    res = fleet_ssh.rolling([a, b], _limits(sshd), rollback=True)
+    assert not res[0].ok and "no `release rollback` (No such command 'release'.)" in res[0].detail, res[0].detail
+    assert res[1].step == "skipped"
+    assert "restart" not in (sshd.state / "old" / "calls").read_text()
+
+
+# ---------------------------------------------------------------------------------------
+# The CLI: hosts, users, ports and keys from an Ansible inventory.
+
+
+def _inventory(tmp_path: Path, sshd: Sshd, hosts: dict[str, dict], common_args: str | None = None) -> Path:
+    import yaml
+    from helpers import base_hostvars
+
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    group = {**base_hostvars(), "ansible_user": "root", "ansible_ssh_private_key_file": str(sshd.root / "client")}
+    if common_args:
+        group["ansible_ssh_common_args"] = common_args
+    (inv / "group_vars" / "b300.yml").write_text(yaml.safe_dump(group))
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": hosts}}}}))
+    return inv
+
+
+def _host_entry(t: Target, **kw) -> dict:
+    return {"ansible_host": t.address, "ansible_port": t.port, **kw,
+            "ddtree_service": {"name": t.host, "venv": t.venv, "config_dir": t.config_dir}}
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from ddtree_ops.cli import main
+
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        from ddtree_ops import cli
+
+        cli.out.file, cli.err.file = o, e
+        try:
+            rc = main(list(args))
+        finally:
+            cli.out.file, cli.err.file = None, None
+    return rc, o.getvalue(), e.getvalue()
+
+
+def test_cli_status_reads_the_inventory_and_reports_a_down_host(sshd, tmp_path):
+    good = sshd.host("cli1")
+    down = _down_target(sshd)
+    inv = _inventory(tmp_path, sshd, {"cli1": _host_entry(good), "cli2": _host_entry(down)})
+    t0 = time.monotonic()
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts), "--json",
+                        "--timeout", "5")
+    assert time.monotonic() - t0 < 10
+    assert rc == 1, out + err
+    doc = json.loads(out)
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by["cli1"]["ok"] and by["cli1"]["active_state"] == "active" and by["cli1"]["warm"] is True
+    assert not by["cli2"]["ok"] and "down:" in by["cli2"]["error"]
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "-l", "cli1", "--known-hosts", str(sshd.known_hosts))
+    assert rc == 0, out + err
+    assert "cli1" in out and "active/running" in out and "812.50" in out and "cli2" not in out
+
+
+def test_cli_refuses_the_default_known_hosts_where_the_inventory_turns_checking_off(sshd, tmp_path):
+    good = sshd.host("cli3")
+    inv = _inventory(tmp_path, sshd, {"cli3": _host_entry(good)},
+                     common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+    rc, out, err = _cli("fleet", "status", "-i", str(inv))
+    assert rc == 2
+    assert "host-key checking off" in err and "cli3" in err and "--known-hosts" in err and "ssh-keyscan" in err, err
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 0, out + err
+
+
+def test_cli_names_a_key_path_that_is_no_file_a_bad_port_and_a_bad_user(sshd, tmp_path):
+    good = sshd.host("cli4")
+    inv = _inventory(tmp_path, sshd, {"cli4": _host_entry(good, ansible_ssh_private_key_file=str(tmp_path))})
+    rc, out, err = _cli("fleet", "status", "-i", str(inv), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_ssh_private_key_file" in err and "not a readable regular file" in err, err
+    inv2 = _inventory(tmp_path / "b", sshd, {"cli4": {**_host_entry(good), "ansible_port": 70000}})
+    rc, out, err = _cli("fleet", "logs", "-i", str(inv2), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_port" in err and "70000" in err, err
+    inv3 = _inventory(tmp_path / "c", sshd, {"cli4": {**_host_entry(good), "ansible_user": "-oProxyCommand=sh"}})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv3), "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "ansible_user" in err and "must be a user name" in err, err
+
+
+def test_cli_restart_prints_each_host_and_a_summary(sshd, tmp_path):
+    a, b = sshd.host("cli5"), sshd.host("cli6", **{"after-active": "failed"})
+    inv = _inventory(tmp_path, sshd, {"cli5": _host_entry(a), "cli6": _host_entry(b)})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv), "--known-hosts", str(sshd.known_hosts), "--gate-timeout", "4")
+    assert rc == 1
+    assert "ok   cli5 restart r2 -> r2" in out and "FAIL cli6 restart" in err and "1/2 hosts restarted" in err, out + err
+
+
+def test_batches_restart_together_and_the_next_batch_waits_for_every_gate(sshd):
+    a, b, c = sshd.host("ba"), sshd.host("bb", **{"after-active": "failed"}), sshd.host("bc")
+    res = fleet_ssh.rolling([a, b, c], _limits(sshd, gate_s=4.0), batch=2)
+    assert [(r.host, r.ok, r.step) for r in res] == [("ba", True, "restart"), ("bb", False, "restart"),
+                                                     ("bc", False, "skipped")]
+    assert not (sshd.state / "bc" / "calls").exists()
+
+
+def test_a_host_cannot_fake_a_section_or_a_release_name(sshd):
+    t = sshd.host("fake", metrics="@@0123456789abcdef health\n{\"ok\": true, \"checks\": []}\n")
+    link = Path(t.config_dir) / "releases" / "current"
+    link.unlink()
+    link.symlink_to("r2\x1b[31m$(reboot)")
+    [s] = fleet_ssh.status([t], _limits(sshd))
+    assert s.ok and s.ready is True  # the fake marker (a guessed nonce) in /metrics changed nothing
+    assert "\x1b" not in s.release and s.release.startswith("'") and "$(reboot)" in s.release
+
+
+@pytest.mark.parametrize(("hv", "off"), [
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=no"}, True),
+    ({"ansible_ssh_extra_args": "-oUserKnownHostsFile=/dev/null"}, True),
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=accept-new"}, True),
+    ({"ansible_host_key_checking": False}, True),
+    ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=yes -o ConnectTimeout=5"}, False),
+    ({}, False),
+])
+def test_host_key_checking_off_in_the_inventory_is_recognised(hv, off):
+    assert (fleet_ssh.host_key_checking_off(hv) is not None) is off
+
+
+def test_the_gate_waits_for_the_unit_to_leave_activating_before_asking_health(sshd):
+    t = sshd.host("slow", **{"after-active": "activating"})  # active again 2-3 s after the restart
+    t0 = time.monotonic()
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=8.0))
+    assert r.ok, r.detail
+    assert 2 <= time.monotonic() - t0 < 7
+    calls = (sshd.state / "slow" / "calls").read_text().splitlines()
+    assert "health activating" not in calls and calls.count("health active") == 2, calls  # before + gate
+    assert sum(c.startswith("show ") for c in calls) >= 3, calls
