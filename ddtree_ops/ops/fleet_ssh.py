@@ -390,7 +390,7 @@ class HostSession:
             while not chan.exit_status_ready():
                 chan.status_event.wait(min(self.remaining(), 0.5))
             return chan.recv_exit_status(), bytes(buf), cut
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise self._timeout() from None
         except (paramiko.SSHException, EOFError, OSError, AttributeError) as exc:
             if self._expired or self.cancel.is_set():
