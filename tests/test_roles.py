@@ -69,3 +69,21 @@ def test_service_account_guard_on_this_machine(tmp_path, user, ok):
     else:
         assert r.returncode == 2 and f"ddtree_service.user = '{user}': the account already exists" in text, text
         assert "was not created by ddtree-ops" in text and "Fix: name an account" in text
+
+
+def test_role_readmes_are_generated_from_the_argument_specs():
+    """roles/*/README.md is what scripts/role-readmes.py writes from each role's meta/argument_specs.yml,
+    task files, handlers and the playbooks using it: a variable added to a role without regenerating its
+    README fails here."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "role-readmes.py"), "--check"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for role in (REPO / "roles").iterdir():
+        text = (role / "README.md").read_text()
+        specs = (role / "meta" / "argument_specs.yml").read_text()
+        for line in specs.splitlines():
+            if line.startswith("      ") and not line.startswith("       ") and line.rstrip().endswith(":"):
+                assert f"`{line.strip()[:-1]}`" in text, (role.name, line)
