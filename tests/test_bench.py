@@ -37,6 +37,7 @@ from ddtree_ops.ops.bench import (
     write_results,
 )
 from ddtree_ops.ops.bench_report import compare, write_report
+from ddtree_ops.ops.sweep import SweepError, load_sweep
 
 STEP = 0.02
 ACCEPT = 4
@@ -499,3 +500,60 @@ def test_sweep_deploys_each_point_through_the_playbook_and_restores(spec_sim: Si
     state = json.loads((out / "sweep.json").read_text())
     assert state["restore"] == {"ok": True, "detail": "deployed with the inventory's own settings"}
     assert load_result(out / "budget16")["levels"][0]["ok"] == 2
+
+
+@pytest.mark.parametrize("name, body, needle", [
+    ("alias bomb", "host: b300-01\nx: &a0 [1,1,1,1,1,1,1,1,1,1]\n"
+     + "".join(f"x{i}: &a{i} [*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1}]\n"
+               for i in range(1, 9))
+     + "points: [{name: p, set: {ddtree_accepted_risks: *a8}}]\n", "alias bomb"),
+    ("jinja value", "host: b300-01\npoints: [{name: p, set: {ddtree_accepted_risks: "
+     "[{rule: r, reason: \"{{ lookup('pipe','touch /tmp/x') }}\"}]}}]\n", "holds Jinja"),
+    ("token value", "host: b300-01\npoints: [{name: p, set: {ddtree_service.env: {MY_VAR: "
+     "sk-abcdefghijklmnopqrstuvwxyz012345}}}]\n", "looks like a secret"),
+    ("secret key inside", "host: b300-01\npoints: [{name: p, set: {ddtree_service.env: {HF_TOKEN: x}}}]\n", "a secret"),
+    ("url user info", "host: b300-01\npoints: [{name: p, set: {ddtree_sglang.url: 'https://u:pw@example.com/x'}}]\n",
+     "looks like a secret"),
+])
+def test_sweep_refuses_hostile_values_in_one_line(tmp_path: Path, name: str, body: str, needle: str) -> None:
+    """Attack pass 6: a sweep file is data; an alias bomb, Jinja (validated as a literal, templated by
+    Ansible at deploy) and secrets (written to sweep.json) are refused before any point runs."""
+    import time
+
+    spec = tmp_path / "sweep.yml"
+    spec.write_text(body)
+    t0 = time.monotonic()
+    with pytest.raises(SweepError) as exc:
+        load_sweep(spec)
+    assert time.monotonic() - t0 < 5
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg
+    assert "sk-abc" not in msg and ":pw@" not in msg
+
+
+def test_sweep_state_files_of_any_shape_resume_without_a_crash(spec_sim: Sim, tmp_path: Path, capsys) -> None:
+    """A hostile or damaged sweep.json (deeply nested) and a resumed point whose bench.json lacks fields:
+    every point runs or reports, the exit status is a check's, never an internal error (70)."""
+    spec = tmp_path / "sweep.yml"
+    spec.write_text(f'host: b300-01\npoints: [{{name: u1, set: {{}}, url: "{spec_sim.base}"}}]\n')
+    out = tmp_path / "out"
+    args = ["sweep", str(spec), "-i", str(_inventory(tmp_path)), "--out", str(out), "--concurrency", "1",
+            "--requests", "1", "--max-new-tokens", "9", "--warmup", "0", "--json"]
+    out.mkdir()
+    (out / "sweep.json").write_text("[" * 100_000)
+    assert main(args) == 0, capsys.readouterr()
+    capsys.readouterr()
+    res = json.loads((out / "u1" / "bench.json").read_text())
+    del res["levels"][0]["itl_s"]
+    (out / "u1" / "bench.json").write_text(json.dumps(res))
+    rc = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and "could not be read" in doc["checks"][0]["detail"], doc
+
+
+def test_sweep_of_only_invalid_points_fails(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "sweep.yml"
+    spec.write_text("host: b300-01\ngrid: {ddtree_speculative.budget: [0, -1]}\n")
+    rc = main(["sweep", str(spec), "-i", str(_inventory(tmp_path)), "--out", str(tmp_path / "o"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and all(c["detail"].startswith("invalid") and not c["ok"] for c in doc["checks"]), doc

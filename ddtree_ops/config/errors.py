@@ -39,6 +39,12 @@ def register_secret(value: str) -> None:
         _known_secrets.add(str(value))
 
 
+def registered_secret_in(text: str) -> bool:
+    """Whether ``text`` holds a secret registered with :func:`register_secret` (vault plaintexts,
+    ``ddtree_hf_token``, values under secret-looking names)."""
+    return any(s in text for s in _known_secrets)
+
+
 def scrub(text: str) -> str:
     """``text`` with every registered secret replaced by ``(redacted)``, and these shapes redacted:
 

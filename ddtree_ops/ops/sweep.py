@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from ddtree_ops.config.errors import is_secret_name
+from ddtree_ops.config.errors import is_secret_name, looks_like_token, registered_secret_in
 from ddtree_ops.ops.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
 from ddtree_ops.sglang.client import preview
 
@@ -60,12 +60,58 @@ PATH = re.compile(r"^ddtree_[a-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 MAX_POINTS = 1000
 """Most points one sweep file may expand to."""
 
+MAX_STATE_BYTES = 16 << 20
+"""Largest ``sweep.json`` a resumed run reads (bytes); a bigger one is ignored (every point runs again)."""
+
 MAX_SWEEP_FILE = 1 << 20
 """Largest sweep file read (bytes): a sweep of MAX_POINTS points is a few hundred KB."""
 
 
+MAX_SWEEP_NODES = 100_000
+"""Most values (scalars, list items, mapping entries, YAML aliases expanded) one sweep file may hold."""
+
+_JINJA = ("{{", "{%", "{#")
+_USERINFO = re.compile(r"://[^/@\s]*@")
+
+
 class SweepError(ValueError):
     """A bad sweep file: one line naming the field, the value, the rule and the fix."""
+
+
+def value_problem(path: str, value: Any) -> str | None:
+    """Why a value may not be swept or passed to Ansible as an extra variable, or None.
+
+    - Jinja markers (``{{``, ``{%``, ``{#``) in any string or key: the validator checks values as
+      literals, while Ansible templates extra variables when a task reads them — a swept value would
+      deploy something other than what was validated, and could run lookups on the controller;
+    - a secret: a key with a secret-looking name (:func:`is_secret_name`) at any depth, a string shaped
+      like a token (:func:`looks_like_token`), URL user info, or a secret registered from the inventory
+      (vault, ``ddtree_hf_token``) — it would be written to ``sweep.json`` / ``deploy-vars.json``.
+    The walk is bounded by :data:`MAX_SWEEP_NODES` (a YAML alias bomb stops it).
+    """
+    stack, budget = [(path, value)], MAX_SWEEP_NODES
+    while stack:
+        where, v = stack.pop()
+        budget -= 1
+        if budget < 0:
+            return f"{path}: more than {MAX_SWEEP_NODES} values (a YAML alias bomb?); sweep plain values"
+        if isinstance(v, dict):
+            for k, x in v.items():
+                key = str(k)
+                if is_secret_name(key):
+                    return f"{where}.{key[:64]}: a secret; secrets are not swept: keep them in the inventory"
+                if any(m in key for m in _JINJA):
+                    return f"{where}: a key holds Jinja ({preview(key, 40)}); sweep plain values"
+                stack.append((f"{where}.{key[:64]}", x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}.{i}", x) for i, x in enumerate(v))
+        elif isinstance(v, str):
+            if any(m in v for m in _JINJA):
+                return (f"{where} holds Jinja ({preview(v, 40)}): the validator checks literals, Ansible would "
+                        "template it at deploy; sweep plain values")
+            if looks_like_token(v) or _USERINFO.search(v) or registered_secret_in(v):
+                return f"{where}: (redacted) looks like a secret; secrets are not swept: keep them in the inventory"
+    return None
 
 
 @dataclass
@@ -95,6 +141,27 @@ def _url_ok(url: Any) -> bool:
         return u.scheme in ("http", "https") and bool(u.host) and not u.userinfo
     except Exception:  # httpx raises several types for malformed URLs
         return False
+
+
+def _too_big(doc: Any) -> bool:
+    """Whether ``doc`` holds more than :data:`MAX_SWEEP_NODES` values (aliases counted each time they
+    are used; the walk stops as soon as the budget is spent)."""
+    stack, budget = [doc], MAX_SWEEP_NODES
+    while stack:
+        v = stack.pop()
+        budget -= 1
+        if budget < 0:
+            return True
+        if isinstance(v, dict):
+            if len(v) > budget:
+                return True
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            if len(v) > budget:
+                return True
+            stack.extend(v)
+    return False
 
 
 def _point_name(combo: dict[str, Any]) -> str:
@@ -139,6 +206,9 @@ def _read_doc(path: Path, where: str) -> dict[str, Any]:
         raise SweepError(f"{where}: not YAML ({preview(str(exc).splitlines()[0], 120)})") from None
     if not isinstance(doc, dict):
         raise SweepError(f"{where}: must be a mapping with host and points/grid")
+    if _too_big(doc):
+        raise SweepError(f"{where}: more than {MAX_SWEEP_NODES} values once YAML aliases are expanded (an alias "
+                         "bomb?); write the points out")
     return doc
 
 
@@ -190,6 +260,9 @@ def _check_point(p: Point, i: int, seen: set[str], where: str) -> None:
         if any(is_secret_name(k.rsplit(".", j)[0]) for j in range(k.count(".") + 1)):
             raise SweepError(f"{where}: point {p.name} set key {k}: a secret; secrets are not swept (they "
                              "would be written to sweep.json): keep them in the inventory")
+        problem = value_problem(k, p.set[k])
+        if problem:
+            raise SweepError(f"{where}: point {p.name} set {problem}")
     if p.url is not None and not _url_ok(p.url):
         raise SweepError(f"{where}: point {p.name} url = {preview(repr(p.url), 80)}; must be http(s)://HOST:PORT "
                          "without user info")
@@ -287,9 +360,19 @@ def _ansible_playbook() -> str:
 
 def deploy_vars(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """The inventory variables a point changes, whole (``ddtree_speculative`` with every key, the
-    changed ones set): Ansible's extra variables replace a variable, they do not merge into it."""
+    changed ones set): Ansible's extra variables replace a variable, they do not merge into it.
+
+    Raises:
+        SweepError: a whole variable holds a secret or Jinja (:func:`value_problem`): it cannot be
+            written to ``deploy-vars.json`` and passed as an extra variable.
+    """
     applied = apply(hostvars, settings)
-    return {top: applied[top] for top in dict.fromkeys(k.split(".", 1)[0] for k in settings)}
+    out = {top: applied[top] for top in dict.fromkeys(k.split(".", 1)[0] for k in settings)}
+    for top, value in out.items():
+        problem = value_problem(top, value)
+        if problem:
+            raise SweepError(f"cannot deploy through extra variables: {problem}")
+    return out
 
 
 def served_url(v: Any) -> str | None:
@@ -370,12 +453,9 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
             else:
                 why = None
                 if p.url is None and deployer is not None:
-                    deployed_any = True
-                    last_vars = deploy_vars(hostvars, p.set)
-                    why = deployer.deploy(host, last_vars, out_dir / p.name / "deploy.log")
-                    if why:
-                        last_vars = None  # unknown state: restore whatever the point was
-                        p.status, p.detail = "failed", f"deploy failed: {why}"
+                    why, sent = _deploy_point(p, host, hostvars, deployer, out_dir)
+                    deployed_any = deployed_any or sent is not None
+                    last_vars = None if why else sent  # after a failed deploy: restore whatever it left
                 if not why:
                     _bench_point(p, url, opts, prompts, out_dir)
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
@@ -395,13 +475,32 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
     return points
 
 
+def _deploy_point(p: Point, host: str, hostvars: dict[str, Any], deployer: Deployer,
+                  out_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
+    """Deploy ``p``: ``(why it failed or None, the extra variables sent or None when nothing ran)``;
+    a failure sets ``p`` failed."""
+    try:
+        sent = deploy_vars(hostvars, p.set)
+    except SweepError as exc:
+        p.status, p.detail = "failed", str(exc)
+        return str(exc), None
+    why = deployer.deploy(host, sent, out_dir / p.name / "deploy.log")
+    if why:
+        p.status, p.detail = "failed", f"deploy failed: {why}"
+    return why, sent
+
+
 def _previous(state_path: Path) -> dict[str, Any]:
     """The points of an earlier run's ``sweep.json`` by name ({} when there is none or it is torn)."""
     if not state_path.is_file():
         return {}
     try:
-        return {p["name"]: p for p in json.loads(state_path.read_text(encoding="utf-8")).get("points", [])}
-    except (ValueError, TypeError, KeyError, AttributeError):
+        with open(state_path, "rb") as fh:
+            raw = fh.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            return {}  # larger than any state a sweep writes: not ours
+        return {p["name"]: p for p in json.loads(raw).get("points", []) if isinstance(p.get("name"), str)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return {}  # a torn or foreign state file: every point runs again
 
 
@@ -418,6 +517,27 @@ def _state(p: Point, opts: BenchOptions) -> dict[str, Any]:
             "key": p.key(opts), "argv": p.argv}
 
 
+def _number(v: Any, none_ok: bool = True) -> float | None:
+    if v is None and none_ok:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"not a finite number: {preview(repr(v), 40)}")
+    return float(v)
+
+
+def _level_fields(lv: Any) -> dict[str, Any]:
+    """The fields :func:`ranking` prints of one level of a ``bench.json`` (typed; raises
+    KeyError/TypeError/ValueError for a level that lacks them or holds other types)."""
+    itl = lv["itl_s"]
+    conc, failed = lv["concurrency"], lv["failed"]
+    if not isinstance(conc, int) or isinstance(conc, bool) or not isinstance(failed, int) or isinstance(failed, bool):
+        raise TypeError("concurrency and failed must be integers")
+    return {"concurrency": conc, "output_tok_s": _number(lv["output_tok_s"], none_ok=False), "failed": failed,
+            "accept_length": _number(lv.get("accept_length")),
+            "accept_length_server": _number(lv.get("accept_length_server")),
+            "itl_s": {"mean": _number(itl.get("mean") if isinstance(itl, dict) else itl["mean"])}}
+
+
 def ranking(points: list[Point], out_dir: Path) -> str:
     """``sweep.md``: per concurrency, benchmarked points by aggregate tok/s (best first) with
     acceptance length and mean ITL; then the points not benchmarked and why."""
@@ -425,9 +545,13 @@ def ranking(points: list[Point], out_dir: Path) -> str:
     for p in points:
         if p.status in ("done", "resumed", "failed"):
             try:
-                results[p.name] = load_result(out_dir / p.name)
-            except (OSError, BenchInputError):
+                r = load_result(out_dir / p.name)
+                r["levels"] = [_level_fields(lv) for lv in r["levels"]]
+            except (OSError, BenchInputError, KeyError, TypeError, ValueError, AttributeError):
+                if p.status == "resumed":
+                    p.detail = "its bench.json could not be read (run it again: delete its directory)"
                 continue
+            results[p.name] = r
     lines = ["# Sweep", ""]
     levels = sorted({lv["concurrency"] for r in results.values() for lv in r["levels"]})
     for c in levels:
