@@ -42,6 +42,33 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+SCHEMA_VERSION = 1
+"""The ``schema_version`` this ddtree-ops writes and the newest it reads (the typed contract,
+:mod:`ddtree_ops.config.plandoc_model`). Bump it for a change an older reader would misread (a
+field removed, renamed or given a new meaning); adding a field keeps it."""
+
+
+def newer_schema(doc: dict[str, Any]) -> str | None:
+    """The refusal of a document written by a newer ddtree-ops (``schema_version`` above
+    :data:`SCHEMA_VERSION`), else None. Every reader applies it before reading a field: the typed
+    loader, and the standard-library readers of ``preflight`` and ``diagnose``."""
+    version = doc.get("schema_version", 1)
+    if type(version) is int and version > SCHEMA_VERSION:
+        return (f"plan.json schema_version {version} is newer than this ddtree-ops ({SCHEMA_VERSION}): "
+                "upgrade ddtree-ops on this host")
+    return None
+
+
+def schema_problem(doc: dict[str, Any]) -> str | None:
+    """:func:`newer_schema`, or a ``schema_version`` that is no integer >= 1, else None (absent:
+    version 1, written before the field existed)."""
+    version = doc.get("schema_version", 1)
+    if type(version) is not int or version < 1:
+        return (f"schema_version = {shown(repr(version), 40)}: must be an integer >= 1: "
+                "not a plan.json rendered by ddtree-ops")
+    return newer_schema(doc)
+
+
 class PlanFileError(ValueError):
     """A plan.json that cannot be used. ``str()`` is one line: ``OPTION PATH: problem. Fix: ...``.
 

@@ -274,3 +274,26 @@ def test_file_level_problems_are_the_same_error_type(tmp_path: Path):
         with pytest.raises(PlanDocError) as exc:
             load_plan(f)
         assert words in str(exc.value) and str(exc.value).startswith(f"--plan {f}: ") and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION + 1, 10**18, 0, -1, "1", True, 1.0, None])
+def test_preflight_and_diagnose_apply_the_schema_version_rule_too(rendered, tmp_path, capsys, version):
+    """Attack pass 6: the standard-library readers (preflight's zipapp, diagnose) read schema_version by the
+    same rule as the typed loader: a newer version or one that is no integer >= 1 is refused (exit 2)."""
+    from ddtree_ops.ops.diagnose import DiagnoseError
+    from ddtree_ops.ops.diagnose import load_plan as diagnose_plan
+    from ddtree_ops.ops.preflight import PreflightUsageError
+    from ddtree_ops.ops.preflight import load_plan as preflight_plan
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(good_doc(rendered) | {"schema_version": version}))
+    with pytest.raises(PlanDocError):
+        load_plan(plan)
+    for reader, error in ((preflight_plan, PreflightUsageError), (diagnose_plan, DiagnoseError)):
+        with pytest.raises(error) as exc:
+            reader(str(plan))
+        assert "schema_version" in str(exc.value) and "\n" not in str(exc.value)
+    log = tmp_path / "x.log"
+    log.write_text("hello\n")
+    assert main(["diagnose", "--file", str(log), "--plan", str(plan)]) == 2
+    assert "schema_version" in capsys.readouterr().err

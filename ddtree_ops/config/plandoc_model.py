@@ -55,15 +55,11 @@ from pydantic import (
     field_validator,
 )
 
-from ..plandoc import PlanFileError, read_plan_doc, shown
+from ..plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
+from ..plandoc import PlanFileError, newer_schema, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
 from .hosts import HOST_CLASSES
 from .models import MAX_PATH, ArgText, BatchSize, Ops, Port, SGLangPin, _bounded
-
-SCHEMA_VERSION = 1
-"""The ``schema_version`` this ddtree-ops writes and the newest it reads. Bump it for a change
-an older reader would misread (a field removed, renamed or given a new meaning); adding a field
-keeps it."""
 
 FIX = "re-render it (ddtree-ops render / deploy.yml) or use the host's /etc/ddtree-ops/<name>/plan.json"
 SOURCE = "plan.json contract: ddtree_ops.config.plandoc_model.PlanDoc"
@@ -268,10 +264,8 @@ class PlanDoc(_Doc):
         if not isinstance(document, dict) or not isinstance(document.get("plan"), dict):
             raise PlanDocError(option, path,
                                "no 'plan' object at the top level: not a plan.json rendered by ddtree-ops")
-        version = document.get("schema_version", 1)
-        if type(version) is int and version > SCHEMA_VERSION:
-            problem = (f"plan.json schema_version {version} is newer than this ddtree-ops ({SCHEMA_VERSION}): "
-                       "upgrade ddtree-ops on this host")
+        problem = newer_schema(document)
+        if problem:
             raise PlanDocError(option, path, problem, line=f"{option} {shown(path)}: {problem}")
         _preflight_fields(document, option, path)
         data = document

@@ -210,12 +210,16 @@ def load_plan(path: str | Path) -> PlanFacts:
         DiagnoseError: unreadable, not a regular file, too large, not JSON (nested too deeply
             included), not a plan.
     """
-    from ..plandoc import PlanFileError, read_plan_doc
+    from ..plandoc import PlanFileError, read_plan_doc, schema_problem, shown
 
     try:
-        return plan_facts(read_plan_doc(path))
+        doc = read_plan_doc(path)
     except PlanFileError as exc:
         raise DiagnoseError(str(exc)) from None
+    problem = schema_problem(doc)
+    if problem:
+        raise DiagnoseError(f"--plan {shown(path)}: {problem}")
+    return plan_facts(doc)
 
 
 def _read_regular(path: str | Path, option: str, max_bytes: int, tail: bool = False) -> bytes:

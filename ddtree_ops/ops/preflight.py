@@ -1094,12 +1094,16 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
 
 def load_plan(path: str) -> dict:
     """Read a ``plan.json`` (:func:`ddtree_ops.plandoc.read_plan_doc`). Raises PreflightUsageError."""
-    from ..plandoc import PlanFileError, read_plan_doc
+    from ..plandoc import PlanFileError, read_plan_doc, schema_problem, shown
 
     try:
-        return read_plan_doc(path)
+        doc = read_plan_doc(path)
     except PlanFileError as exc:
         raise PreflightUsageError(str(exc)) from None
+    problem = schema_problem(doc)
+    if problem:
+        raise PreflightUsageError(f"--plan {shown(path)}: {problem}")
+    return doc
 
 
 def disk_bytes(gib: float | None) -> int | None:
