@@ -238,6 +238,10 @@ HOSTILE = {
                                             b"a" * 65536, total=8 << 20), "byte cap"),
     "chat delta not an object": (lambda c, m, p: _sse(c, [b'{"choices": [{"delta": [1]}]}', b"[DONE]"]), "no token"),
     "error event": (lambda c, m, p: _sse(c, [b'{"error": {"message": "bad\\u0007 input"}}']), "bad\\x07 input"),
+    # attack pass 6: a fixed output (ignore_eos) of 8 answered with 32 or 3 tokens, or [DONE] before the data
+    "too many tokens": (lambda c, m, p: _sse(c, [_meta(16), _meta(32), b"[DONE]"]), "reported 32 tokens"),
+    "too few tokens": (lambda c, m, p: _sse(c, [_meta(3), b"[DONE]"]), "reported 3 tokens"),
+    "[DONE] first": (lambda c, m, p: _sse(c, [b"[DONE]", _meta(8)]), "no token"),
 }
 
 
@@ -557,3 +561,19 @@ def test_sweep_of_only_invalid_points_fails(tmp_path: Path, capsys) -> None:
     rc = main(["sweep", str(spec), "-i", str(_inventory(tmp_path)), "--out", str(tmp_path / "o"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and all(c["detail"].startswith("invalid") and not c["ok"] for c in doc["checks"]), doc
+
+
+def test_side_requests_are_bounded_by_the_request_timeout() -> None:
+    """Attack pass 6: /server_info and /metrics before and after each level used a fixed 10 s each;
+    a server that accepts and never answers now costs at most request_timeout per side request."""
+    srv = Hostile(lambda c, m, p: c.idle(), None)
+    try:
+        t0 = time.monotonic()
+        res = run(BenchOptions(url=srv.url, concurrency=(1, 2), requests=1, max_new_tokens=8, warmup_requests=0,
+                               request_timeout_s=0.5), [Prompt("p")])
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert [lv.failed for lv in res.levels] == [1, 1] and res.server == {}
+    # identity (0.5) + per level: counters before/after (2 x 0.5) + the requests (0.5)
+    assert took < 0.5 + 2 * 1.5 + 2.0, took

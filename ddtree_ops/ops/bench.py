@@ -393,6 +393,7 @@ class _Tokens:
         self.res, self.t0 = res, t0
         self.last_t: float | None = None
         self.count = 0
+        self.server_count: int | None = None  # the last count the server reported (meta_info / usage)
 
     def at(self, now: float, total: int | None) -> None:
         """A chunk arrived at ``now`` and the running count is ``total`` (None: +1, a content chunk
@@ -438,7 +439,8 @@ def _generate_event(obj: dict[str, Any], tok: _Tokens, res: RequestResult, now: 
     meta = obj.get("meta_info")
     if not isinstance(meta, dict):
         raise _StreamError("a /generate stream event without a meta_info object (not SGLang's /generate)")
-    tok.at(now, _count(meta.get("completion_tokens"), "meta_info.completion_tokens"))
+    tok.server_count = _count(meta.get("completion_tokens"), "meta_info.completion_tokens")
+    tok.at(now, tok.server_count)
     res.completion_tokens = tok.count
     if "prompt_tokens" in meta:
         res.prompt_tokens = _count(meta["prompt_tokens"], "meta_info.prompt_tokens")
@@ -461,7 +463,7 @@ def _openai_event(obj: dict[str, Any], api: str, tok: _Tokens, res: RequestResul
         raise _StreamError("an OpenAI stream event without a choices list")
     running = None
     if isinstance(usage, dict):
-        running = _count(usage.get("completion_tokens"), "usage.completion_tokens")
+        running = tok.server_count = _count(usage.get("completion_tokens"), "usage.completion_tokens")
         if "prompt_tokens" in usage:
             res.prompt_tokens = _count(usage["prompt_tokens"], "usage.prompt_tokens")
     has_text = any(isinstance(c, dict) and bool(_piece(c.get("delta"), "content") if api == "chat" else c.get("text"))
@@ -507,6 +509,9 @@ async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, re
         res.e2e_s = time.perf_counter() - t0
         if tok.count == 0:
             raise _StreamError("no token in the stream")
+        if opts.ignore_eos and tok.server_count is not None and res.completion_tokens != n:
+            raise _StreamError(f"the server reported {res.completion_tokens} tokens for a fixed output of {n} "
+                               "(ignore_eos): its figures would not compare with other runs")
         res.ok = True
     except TimeoutError:
         res.error = f"no complete answer within {opts.request_timeout_s:g} s (total deadline)"
@@ -544,6 +549,7 @@ async def _read_events(r: httpx.Response, api: str, tok: _Tokens, res: RequestRe
                 raise _StreamError(f"more than {limit} stream events for {n} tokens; stopped reading")
             if _handle_event(line[5:].strip(), api, tok, res, time.perf_counter()):
                 done = True
+                break  # nothing after [DONE] counts
         if len(buf) > cap:
             raise _StreamError(f"a stream event exceeds the {cap} byte cap; stopped reading")
         if done:
@@ -552,13 +558,19 @@ async def _read_events(r: httpx.Response, api: str, tok: _Tokens, res: RequestRe
 
 
 # ------------------------------------------------------------------ server side
-async def _server_counters(client: httpx.AsyncClient) -> tuple[float, float] | None:
-    """``(generation tokens, verify calls)`` from ``/metrics``; None when it is not served
-    (no ``--enable-metrics``) or holds no speculative counters."""
+SIDE_DEADLINE_S = 10.0
+"""Most seconds each side request (``/server_info``, ``/metrics`` before and after a level) may take;
+never more than the run's ``request_timeout_s``."""
+
+
+async def _server_counters(client: httpx.AsyncClient,
+                           deadline_s: float = SIDE_DEADLINE_S) -> tuple[float, float] | None:
+    """``(generation tokens, verify calls)`` from ``/metrics`` within ``deadline_s``; None when it is
+    not served (no ``--enable-metrics``) or holds no speculative counters."""
     from ddtree_ops.ops.exporter import parse_upstream
 
     try:
-        a = await fetch(client, "GET", "/metrics", 10.0)
+        a = await fetch(client, "GET", "/metrics", deadline_s)
         if a.status != 200:
             return None
         up = parse_upstream(a.text())
@@ -569,12 +581,17 @@ async def _server_counters(client: httpx.AsyncClient) -> tuple[float, float] | N
     return up.gen_tokens, up.verify_calls
 
 
-async def server_identity(client: httpx.AsyncClient) -> dict[str, Any]:
+async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DEADLINE_S) -> dict[str, Any]:
     """What the server says it is: ``version`` and a few server args from ``/server_info``
-    (``/get_server_info`` on older builds). Values are server-controlled text, shortened."""
+    (``/get_server_info`` on older builds), both tries within ``deadline_s`` in total. Values are
+    server-controlled text, shortened."""
+    end = time.monotonic() + deadline_s
     for path in ("/server_info", "/get_server_info"):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
         try:
-            a = await fetch(client, "GET", path, 10.0)
+            a = await fetch(client, "GET", path, left)
             if a.status != 200:
                 continue
             info = loads_json(a.body, path)
@@ -717,15 +734,16 @@ async def run_async(opts: BenchOptions, prompts: list[Prompt], plan: dict[str, A
     async with async_client(opts.url, max_connections=max(opts.concurrency) + 4) as client:
         if opts.api_key:
             client.headers["Authorization"] = f"Bearer {opts.api_key}"
-        server = await server_identity(client)
+        side = min(SIDE_DEADLINE_S, opts.request_timeout_s)
+        server = await server_identity(client, side)
         if opts.warmup_requests:
             await _level(client, opts, prompts, opts.concurrency[0], 0, headers, None, opts.warmup_requests, None)
         index = 0
         for level in opts.concurrency:
-            before = await _server_counters(client)
+            before = await _server_counters(client, side)
             results, wall = await _level(client, opts, prompts, level, index, headers, on_request,
                                          opts.requests, opts.duration_s)
-            after = await _server_counters(client)
+            after = await _server_counters(client, side)
             index += len(results)
             lv = summarize(level, results, wall, (before, after))
             levels.append(lv)
