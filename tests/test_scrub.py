@@ -99,3 +99,21 @@ def test_attack5_shapes_are_redacted_and_refused_as_values(text, secret):
     assert secret not in scrub(text)
     if "ApiKey" not in text:
         assert looks_like_token(text) is not None
+
+
+@pytest.mark.parametrize("host", ["monkey-01", "turkey-01", "host-key-01", "token-ring-01", "pass-01", "auth-01"])
+def test_a_host_name_never_eats_the_field_of_its_findings(host):
+    """Attack pass 6: 'monkey-01: ddtree_sglang.repo = None' was scrubbed as a secret named monkey-01."""
+    from ddtree_ops.config.errors import Finding
+
+    line = Finding("warning", "ddtree_sglang.repo", None, "must be x", "fix it", host=host).message()
+    assert line == f"{host}: ddtree_sglang.repo = None: must be x. Fix: fix it"
+    line = Finding("warning", "ddtree_service.name", "monkey", "must be x", "fix it", host=host).message()
+    assert line == f"{host}: ddtree_service.name = 'monkey': must be x. Fix: fix it"
+
+
+def test_a_token_shaped_host_name_is_still_redacted():
+    from ddtree_ops.config.errors import Finding
+
+    line = Finding("error", "inventory_hostname", None, "r", "f", host="sk-" + "a1B2c3D4" * 5).message()
+    assert "a1B2c3D4" not in line and REDACTED in line

@@ -15,11 +15,14 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-SECRET_NAME = re.compile(r"[a-z0-9]*(token|key)|pass(?:wd|words?|phrases?)?[0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
+SECRET_NAME = re.compile(r"(?!(?:mon|don|tur|hoc|joc|whis|lac|malar)key\Z)"
+                         r"[a-z0-9]*(token|key)|pass(?:wd|words?|phrases?)?[0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
                          r"|credentials?|auth[a-z0-9]*|pat|bearer|cookies?|salt|jwt|signature", re.IGNORECASE)
 """One word (between ``_``, ``.``, ``-``) of a name whose value is a secret: ``*token``,
 ``*key``, ``password``/``passwd``, ``*secret*``, ``credential(s)``, ``auth*``, ``pat`` (a
 personal access token), ``bearer``, ``cookie(s)``, ``salt``, ``jwt``, ``signature``, any case
+(English words that merely end in "key" -- monkey, donkey, turkey, hockey, jockey, whiskey, lackey,
+malarkey -- are not)
 (``HF_TOKEN``, ``hf_token``, ``WANDB_API_KEY``, ``DB_PASSWORD``, ``ddtree_secret_env``);
 ``tokens`` (a count, e.g. ``draft_tokens_per_req``) is not one. Such values are never
 printed; findings say ``(redacted)``."""
@@ -356,11 +359,13 @@ class Finding:
         cached = self.__dict__.get("_message")
         if cached is not None and cached[0] is _known_secrets and cached[1] == len(_known_secrets):
             return cached[2]
-        where = f"{show_host(self.host)}: " if self.host else ""
+        # the host is scrubbed apart (a token-shaped name is still redacted): scrubbing
+        # "monkey-01: field = ..." whole would read the host as a secret's name and eat the field
+        where = f"{scrub(show_host(self.host))}: " if self.host else ""
         src = f" [{self.source}]" if self.source else ""
-        text = (f"{where}{shorten(self.field, 300)} = {self._shown_value()}: {shorten(self.rule, 2000)}. "
+        text = (f"{shorten(self.field, 300)} = {self._shown_value()}: {shorten(self.rule, 2000)}. "
                 f"Fix: {shorten(self.fix, 1000)}{src}")
-        line = scrub(text).replace("\n", "\\n").replace("\r", "\\r")
+        line = where + scrub(text).replace("\n", "\\n").replace("\r", "\\r")
         object.__setattr__(self, "_message", (_known_secrets, len(_known_secrets), line))
         return line
 
