@@ -1,7 +1,9 @@
-"""``ddtree-ops sweep --deploy`` on the booted test host (issue 13): four points, one refused by
-the validator, two deployed through the real ``deploy.yml`` with their own settings and
-benchmarked at the host's address, the last one with the inventory's own settings (so the host is
-left as the inventory says, without a fourth deploy); the report ranks the three."""
+"""``ddtree-ops sweep --deploy`` on the booted test host (issue 13): four points -- DDTree budget 16,
+an autoregressive baseline (no speculation), one refused by the validator, the inventory's own
+DDTree 8/32 last (so the host is left as the inventory says without a fourth deploy) -- deployed
+through the real ``deploy.yml`` and benchmarked at the host's address; the report ranks the three,
+and ``bench-compare`` of the inventory's point against the baseline gives the speedup report and
+plots."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def test_sweep_deploys_points_through_the_real_play(deployed, tmp_path, capsys):
 points:
   - {{name: budget16, set: {{ddtree_speculative.budget: 16}}}}
   - {{name: budget0, set: {{ddtree_speculative.budget: 0}}}}
-  - {{name: budget24, set: {{ddtree_speculative.budget: 24}}}}
+  - {{name: autoregressive, set: {{ddtree_speculative: {{algorithm: none}}}}}}
   - {{name: inventory, set: {{}}}}
 """)
     out = tmp_path / "out"
@@ -40,17 +42,29 @@ points:
                "--max-new-tokens", "17", "--warmup", "1", "--json"])
     doc = json.loads(capsys.readouterr().out)
     status = {c["name"]: c["detail"].split(":")[0] for c in doc["checks"]}
-    assert rc == 0 and status == {"point budget16": "done", "point budget0": "invalid", "point budget24": "done",
-                                  "point inventory": "done"}, doc
+    assert rc == 0 and status == {"point budget16": "done", "point budget0": "invalid",
+                                  "point autoregressive": "done", "point inventory": "done"}, doc
     state = json.loads((out / "sweep.json").read_text())
     assert state["restore"]["ok"] and "last deployed point" in state["restore"]["detail"]
     assert not (out / "budget0").exists()  # never deployed, never run
-    for name, budget in (("budget16", 16), ("budget24", 24), ("inventory", 32)):
+    for name, budget in (("budget16", 16), ("inventory", 32)):
         res = json.loads((out / name / "bench.json").read_text())
         assert res["plan"]["deployment"]["speculative"]["budget"] == budget
         assert res["options"]["url"] == f"http://{address}:30000"
         assert all(lv["failed"] == 0 and lv["accept_length_server"] for lv in res["levels"]), res["levels"]
+    base = json.loads((out / "autoregressive" / "bench.json").read_text())
+    assert base["plan"]["deployment"]["speculative"]["algorithm"] == "none"
+    assert all(lv["failed"] == 0 and lv["accept_length"] is None for lv in base["levels"]), base["levels"]
     md = (out / "sweep.md").read_text()
     assert "## concurrency 4" in md and "| budget0 | invalid |" in md
-    assert len(re.findall(r"^\| [123] \| (budget16|budget24|inventory) \|", md, re.M)) == 6, md
+    assert len(re.findall(r"^\| [123] \| (budget16|autoregressive|inventory) \|", md, re.M)) == 6, md
     assert _deployed_budget(address) == 32  # the host is left with the inventory's settings
+    # the speculative deployment against its autoregressive baseline, as measured on the host
+    rc = main(["bench-compare", str(out / "inventory"), str(out / "autoregressive"), "--out", str(out / "report"),
+               "--json"])
+    cmp = json.loads(capsys.readouterr().out)
+    assert rc == 0, cmp
+    report = (out / "report" / "report.md").read_text()
+    speedups = [float(x) for x in re.findall(r"\| (\d+\.\d+)x \|", report)]
+    assert speedups and min(speedups) > 1.5, report
+    assert {p.name for p in (out / "report").glob("*.png")} == {"tok_s.png", "accept_length.png", "itl.png"}
