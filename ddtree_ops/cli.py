@@ -25,6 +25,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from .ops.release import app as release_app
+
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
 # `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
 if TYPE_CHECKING:
@@ -51,6 +53,9 @@ HubOpt = Annotated[bool, typer.Option(
 
 class CheckFailed(Exception):
     """A check ran and failed (exit 1)."""
+
+
+app.add_typer(release_app, name="release")  # host-side releases (issue 12): ddtree_ops/ops/release.py
 
 
 def say(console: Console, label: str, style: str, message: str) -> None:
@@ -410,6 +415,10 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
             except OSError as exc:
                 raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
             say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
+    from .render.release import build_release
+
+    for v in validated:  # the same id the deploy play installs under (ddtree_render's `release`)
+        say(out, "release", "bold", f"{v.deployment.host}: {build_release(v).id}")
 
 
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:
