@@ -105,7 +105,7 @@ class ReleaseError(Exception):
 
 
 def _shown(value: object, limit: int = 200) -> str:
-    text = repr(value) if not isinstance(value, str) else repr(value)
+    text = repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -424,7 +424,7 @@ def rollback(root: Path, keep: int = 3) -> dict:
 
 # --- the gate -------------------------------------------------------------------------------
 
-GATE_PROMPT_TOKENS = 64
+GATE_MAX_NEW_TOKENS = 64
 """Tokens per request of the gate's synthetic load (short: the gate measures acceptance, not speed)."""
 
 
@@ -442,7 +442,7 @@ class GateOptions:
     deadline_s: float = 120.0
     requests: int = 16
     concurrency: int = 4
-    max_new_tokens: int = GATE_PROMPT_TOKENS
+    max_new_tokens: int = GATE_MAX_NEW_TOKENS
 
 
 def gate(plan_doc: dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:
@@ -592,7 +592,7 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option("--plan", help="The host's 
              deadline: Annotated[float, typer.Option(help="Total seconds for the whole gate.")] = 120.0,
              requests: Annotated[int, typer.Option(help="Requests of the synthetic load (1..1000).")] = 16,
              concurrency: Annotated[int, typer.Option(help="Requests in flight (1..256).")] = 4,
-             max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (1..4096).")] = GATE_PROMPT_TOKENS,
+             max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (1..4096).")] = GATE_MAX_NEW_TOKENS,
              as_json: JsonOpt = False) -> None:
     """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
     length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
