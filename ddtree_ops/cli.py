@@ -521,7 +521,7 @@ def health(url: UrlArg = None,
     Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
     Exit 0 healthy, 1 a check failed, 2 usage or configuration error.
     """
-    from .ops.health import HealthOptions, bound_s, check_health, wait_ready
+    from .ops.health import HealthOptions, bound_s, check_health, pid_alive, wait_ready
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
@@ -534,7 +534,10 @@ def health(url: UrlArg = None,
     _positive("--wait", wait, zero_ok=True)
     o = HealthOptions(timeout=timeout, failures=failures, interval_s=interval, progress_window_s=progress_window,
                       plan_doc=doc, warm_marker=warm_marker)
-    checks = wait_ready(target, wait, options=o) if wait > 0 else check_health(target, options=o)
+    # systemd gives ExecStartPost= its unit's main PID (systemd.exec(5), $MAINPID): stop waiting once it is gone
+    main_pid = os.environ.get("MAINPID", "")
+    alive = (lambda: pid_alive(int(main_pid))) if main_pid.isdigit() and int(main_pid) > 1 else None
+    checks = wait_ready(target, wait, options=o, alive=alive) if wait > 0 else check_health(target, options=o)
     _print_checks([c.as_dict() for c in checks], as_json, {"url": target, "bound_s": round(bound_s(o) + wait, 3)})
 
 

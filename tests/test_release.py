@@ -364,3 +364,28 @@ def test_gate_on_a_dead_server_fails_within_its_deadline(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and doc["checks"][0]["name"] == "reachable" and not doc["checks"][0]["ok"]
     assert doc["elapsed_s"] < 5
+
+
+def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsys):
+    """Under systemd, `health --wait` (the unit's first ExecStartPost) stops waiting once $MAINPID
+    is gone: a server that crashed during start-up fails the start (and a rolling canary) at once,
+    not after start_timeout_s."""
+    import subprocess
+    import sys
+    import time
+
+    from test_sim import free_port
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setenv("MAINPID", str(dead.pid))
+    t0 = time.monotonic()
+    rc = main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "60", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and time.monotonic() - t0 < 10
+    assert doc["checks"][0]["name"] == "reachable" and "exited before it was ready" in doc["checks"][0]["detail"]
+    monkeypatch.setenv("MAINPID", str(os.getpid()))  # alive: waits for the deadline as before
+    t0 = time.monotonic()
+    assert main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "2", "--json"]) == 1
+    assert time.monotonic() - t0 >= 0.9  # probed until (about) the deadline
+    assert "exited" not in capsys.readouterr().out
