@@ -77,7 +77,7 @@ def _summary(out: str) -> dict[str, str]:
     """The last rollout summary the play printed: host -> its line."""
     blocks = out.split("TASK [Rollout summary")
     assert len(blocks) > 1, out[-3000:]
-    return {h: m.group(0) for h in HOSTS if (m := re.search(rf"{h}: [^\n\"]*", blocks[-1]))}
+    return {h: m.group(0) for h in HOSTS if (m := re.search(rf"{h}: [^\n]*", blocks[-1]))}
 
 
 def _fail(r: subprocess.CompletedProcess[str], addr: str) -> str:
