@@ -22,7 +22,10 @@ the host reaches SGLang: ``Server.local_url``), ``rendezvous_port`` (SGLang's ``
 secrets file, removed by the role when none is rendered), ``deployment`` (no secrets),
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
 non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-node unit's
-name and the binary it runs). Fails with every finding (field, value, rule, fix) when the config is invalid;
+name and the binary it runs), ``release`` (the service's release:
+:func:`ddtree_ops.render.release.release_result`: ``id`` (the same id ``ddtree-ops render``
+prints), ``root``, ``dir``, ``keep``, ``files`` to install in the release dir, ``links``: the live
+paths as symlinks through ``current``). Fails with every finding (field, value, rule, fix) when the config is invalid;
 secret values never appear in ``msg`` or ``findings`` (:class:`ddtree_ops.config.errors.Finding` redacts them).
 """
 
@@ -41,6 +44,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_host
         from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE, plan_document, service_env
+        from ddtree_ops.render.release import release_result
         from ddtree_ops.sglang.expect import probe_request
 
         result = super().run(tmp, task_vars)
@@ -78,5 +82,6 @@ class ActionModule(ActionBase):
             service_env=service_env(validated),
             devices_unit=DEVICES_UNIT,
             nvidia_modprobe=NVIDIA_MODPROBE,
+            release=release_result(validated),
         )
         return result

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .fleet_cli import app as fleet_app
+from .ops.release import app as release_app
 
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
 # `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
@@ -55,6 +56,9 @@ HubOpt = Annotated[bool, typer.Option(
 
 class CheckFailed(Exception):
     """A check ran and failed (exit 1)."""
+
+
+app.add_typer(release_app, name="release")  # host-side releases (issue 12): ddtree_ops/ops/release.py
 
 
 def say(console: Console, label: str, style: str, message: str) -> None:
@@ -415,6 +419,10 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
             except OSError as exc:
                 raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
             say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
+    from .render.release import build_release
+
+    for v in validated:  # the same id the deploy play installs under (ddtree_render's `release`)
+        say(out, "release", "bold", f"{v.deployment.host}: {build_release(v).id}")
 
 
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:
@@ -526,7 +534,7 @@ def health(
     Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
     Exit 0 healthy, 1 a check failed, 2 usage or configuration error.
     """
-    from .ops.health import HealthOptions, bound_s, check_health, wait_ready
+    from .ops.health import HealthOptions, bound_s, check_health, pid_alive, wait_ready
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
@@ -540,7 +548,10 @@ def health(
     _positive("--wait", wait, zero_ok=True)
     o = HealthOptions(timeout=timeout, failures=failures, interval_s=interval, progress_window_s=progress_window,
                       plan_doc=doc, warm_marker=warm_marker)
-    checks = wait_ready(target, wait, options=o) if wait > 0 else check_health(target, options=o)
+    # systemd gives ExecStartPost= its unit's main PID (systemd.exec(5), $MAINPID): stop waiting once it is gone
+    main_pid = os.environ.get("MAINPID", "")
+    alive = (lambda: pid_alive(int(main_pid))) if main_pid.isdigit() and int(main_pid) > 1 else None
+    checks = wait_ready(target, wait, options=o, alive=alive) if wait > 0 else check_health(target, options=o)
     _print_checks([c.as_dict() for c in checks], as_json, {"url": target, "bound_s": round(bound_s(o) + wait, 3)})
 
 

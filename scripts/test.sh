@@ -21,10 +21,11 @@ fi
 trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
 phase "downloads the tests need (Triton 3.6.0 venv)"
 PYTHON=.venv/bin/python bash scripts/triton-venv.sh >/dev/null
-phase "boot the test host"
-bash scripts/testhost.sh up
+# Three hosts: tests/hosts/test_rolling.py rolls an upgrade over three (canary + two untouched).
+phase "boot the test hosts (ddt-th1..3)"
+bash scripts/testhost.sh up 3
 phase "test-host stand-ins (NVIDIA apt repository, nvidia-smi)"
-bash scripts/testhost-standins.sh up   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
+bash scripts/testhost-standins.sh up 3   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 phase "pytest"
 rc=0
 DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -ra "$@" || rc=$?

@@ -4,7 +4,7 @@
 #
 #   * NVIDIA's CUDA apt repository -> scripts/cuda_apt_standin.py (signed, NVIDIA's package
 #     names; its cuda-toolkit-X-Y packages hold only the real ptxas of NVIDIA's PyPI wheels),
-#     served over HTTP at http://10.213.1.1:8765 — the address inventory/test gives as
+#     served over HTTP at http://10.213.I.1:8765 for host ddt-thI — for ddt-th1 the address inventory/test gives as
 #     cuda_toolkit_repo_url (10.213.1.1 is the root namespace's end of ddt-th1's veth).
 #   * the NVIDIA driver's nvidia-smi -> /usr/local/bin/nvidia-smi on the host, a script
 #     that prints `--query-gpu=driver_version,compute_cap --format=csv,noheader` for 8 GPUs,
@@ -18,7 +18,7 @@
 #     journal and exits 0: there is no driver to load and no GPU to make nodes for, but the
 #     device-node unit (and the SGLang unit that Wants= it) must start cleanly.
 #
-#   scripts/testhost-standins.sh up                       serve the repo, stand-in nvidia-smi on ddt-th1
+#   scripts/testhost-standins.sh up [N]                   serve the repo, stand-ins on ddt-th1..N (default 1)
 #   scripts/testhost-standins.sh down                     stop serving the repo
 #   scripts/testhost-standins.sh nvidia-smi HOST DRIVER [CC]   set the stand-in (DRIVER "none": remove it)
 #
@@ -27,7 +27,6 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNDIR="${DDTREE_TESTHOST_RUNDIR:-/run/ddtree-ops/testhost}"
-BIND=10.213.1.1
 PORT=8765
 PIDFILE="$RUNDIR/cuda-apt-standin.pid"
 DEFAULT_DRIVER=580.159.04
@@ -38,7 +37,6 @@ STANDIN_SHARE=/usr/local/share/ddtree-standin
 die() { printf 'testhost-standins: error: %s\n' "$*" >&2; exit 1; }
 log() { printf 'testhost-standins: %s\n' "$*" >&2; }
 
-serving() { [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
 nvidia_smi() {
   local host=$1 driver=$2 cc=${3:-$DEFAULT_CC} script
@@ -66,27 +64,40 @@ EOF
 chmod 755 /usr/local/bin/nvidia-smi"
 }
 
+# Serve the stand-in repository on the root namespace's end of host I's veth (10.213.I.1): each
+# test host reaches only its own veth (no route elsewhere).
+serve_repo() {
+  local i=$1 bind pidfile root
+  bind="10.213.$i.1"
+  pidfile="$RUNDIR/cuda-apt-standin.pid"
+  [[ $i == 1 ]] || pidfile="$RUNDIR/cuda-apt-standin-$i.pid"
+  if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then return; fi
+  root=$("$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/cuda_apt_standin.py" | tail -n 1)
+  [[ -d $root/$'debian12/x86_64' ]] || die "stand-in repository not built: $root"
+  setsid "$REPO_ROOT/.venv/bin/python" -m http.server --bind "$bind" --directory "$root" "$PORT" \
+    >"$RUNDIR/cuda-apt-standin-$i.log" 2>&1 < /dev/null &
+  echo $! >"$pidfile"
+  for _ in $(seq 50); do
+    curl -fsS -o /dev/null "http://$bind:$PORT/debian12/x86_64/Release" 2>/dev/null && break
+    sleep 0.1
+  done
+  curl -fsS -o /dev/null "http://$bind:$PORT/debian12/x86_64/Release" \
+    || die "stand-in repository does not answer on $bind:$PORT (log: $RUNDIR/cuda-apt-standin-$i.log)"
+  log "stand-in CUDA apt repository on http://$bind:$PORT ($root)"
+}
+
+# up [N]: hosts ddt-th1..ddt-thN (default 1), as `testhost.sh up N` booted them.
 cmd_up() {
+  local n=${1:-1} i
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 20)) || die "up N: N must be 1..20, got '$n'"
   mkdir -p "$RUNDIR"
-  if ! serving; then
-    local root
-    root=$("$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/cuda_apt_standin.py" | tail -n 1)
-    [[ -d $root/$'debian12/x86_64' ]] || die "stand-in repository not built: $root"
-    setsid "$REPO_ROOT/.venv/bin/python" -m http.server --bind "$BIND" --directory "$root" "$PORT" \
-      >"$RUNDIR/cuda-apt-standin.log" 2>&1 < /dev/null &
-    echo $! >"$PIDFILE"
-    for _ in $(seq 50); do
-      curl -fsS -o /dev/null "http://$BIND:$PORT/debian12/x86_64/Release" 2>/dev/null && break
-      sleep 0.1
-    done
-    curl -fsS -o /dev/null "http://$BIND:$PORT/debian12/x86_64/Release" \
-      || die "stand-in repository does not answer on $BIND:$PORT (log: $RUNDIR/cuda-apt-standin.log)"
-    log "stand-in CUDA apt repository on http://$BIND:$PORT ($root)"
-  fi
-  nvidia_smi ddt-th1 "$DEFAULT_DRIVER" "$DEFAULT_CC"
-  log "stand-in nvidia-smi on ddt-th1: driver $DEFAULT_DRIVER, compute capability $DEFAULT_CC"
-  nvidia_modprobe ddt-th1
-  log "stand-in nvidia-modprobe on ddt-th1 (logs only)"
+  for ((i = 1; i <= n; i++)); do
+    serve_repo "$i"
+    nvidia_smi "ddt-th$i" "$DEFAULT_DRIVER" "$DEFAULT_CC"
+    log "stand-in nvidia-smi on ddt-th$i: driver $DEFAULT_DRIVER, compute capability $DEFAULT_CC"
+    nvidia_modprobe "ddt-th$i"
+    log "stand-in nvidia-modprobe on ddt-th$i (logs only)"
+  done
 }
 
 nvidia_modprobe() {
@@ -103,12 +114,16 @@ chmod 755 /usr/bin/nvidia-modprobe"
 }
 
 cmd_down() {
-  if serving; then kill "$(cat "$PIDFILE")" 2>/dev/null || true; fi
-  rm -f "$PIDFILE"
+  local f
+  for f in "$PIDFILE" "$RUNDIR"/cuda-apt-standin-*.pid; do
+    [[ -f $f ]] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
 }
 
 case ${1:-} in
-  up) cmd_up ;;
+  up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   nvidia-smi) shift; [[ $# -ge 2 ]] || die "usage: $0 nvidia-smi HOST DRIVER|none [CC]"; nvidia_smi "$@" ;;
   *) die "usage: $0 up | down | nvidia-smi HOST DRIVER|none [CC]" ;;

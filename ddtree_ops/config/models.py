@@ -690,6 +690,9 @@ class Service(_Model):
             64 names. Secret-looking names (:data:`~.errors.SECRET_NAME`: token, key, password,
             secret, credential, auth) are refused: this env file is 0644 and copied into
             plan.json; put them in ``ddtree_secret_env``.
+        keep_releases: previous releases kept on the host besides the current one (1..50;
+            older ones are pruned at each activation, never the current or the previous one:
+            :mod:`ddtree_ops.ops.release`).
     """
 
     name: str = "sglang"
@@ -705,6 +708,7 @@ class Service(_Model):
     start_limit_burst: _bounded(1, 100) = 3
     start_limit_interval_s: _bounded(60, 86400) = 7200
     env: Annotated[dict[str, EnvText], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
+    keep_releases: _bounded(1, 50) = 3
 
     @field_validator("name", "user", "group")
     @classmethod

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -331,12 +332,15 @@ def _check(c: SGLangClient, o: HealthOptions, options_given: bool) -> list[Check
 
 
 def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: float = 1.0,
-               options: HealthOptions | None = None) -> list[Check]:
+               options: HealthOptions | None = None, alive: Callable[[], bool] | None = None) -> list[Check]:
     """Poll until ``reachable`` and ``ready`` pass or ``deadline_s`` seconds pass, then run
     one full round of checks (drift does not heal by waiting).
 
     Every probe's deadline is cut to the time left, so the whole call finishes within
-    ``deadline_s + bound_s(options)`` seconds.
+    ``deadline_s + bound_s(options)`` seconds. ``alive`` (e.g. "the unit's main process still
+    exists", :func:`pid_alive`) is asked before each probe: once it answers False the wait
+    ends at once with ``reachable`` failed, so a server that crashed during start-up fails the
+    unit's start in seconds, not after ``start_timeout_s``.
 
     Returns:
         The last round of checks (all ok, or the failing round at the deadline).
@@ -346,6 +350,10 @@ def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: fl
     one = HealthOptions(timeout=o.timeout, failures=1)
     with SGLangClient(url, timeout=o.timeout) as c:
         while True:
+            if alive is not None and not alive():
+                return [Check("reachable", False, "the server process exited before it was ready (it crashed during "
+                                                  "start-up: see its log, e.g. journalctl -u <unit>); not waiting "
+                                                  "for the rest of the deadline")]
             left = end - time.monotonic()
             reachable, ready = _probe_ready(c, one, timeout=max(0.0, min(o.timeout, left)))
             if reachable.ok and ready.ok:
@@ -353,3 +361,16 @@ def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: fl
             if time.monotonic() + o.interval_s >= end:
                 return [reachable, ready] if reachable.ok else [reachable]
             time.sleep(o.interval_s)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (``kill(pid, 0)``: a process of another user counts)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

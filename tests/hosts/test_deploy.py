@@ -53,7 +53,7 @@ def test_installed_files_byte_identical_to_cli_render(deployed, tmp_path):
         )
         assert got.returncode == 0, got.stderr
         assert got.stdout == p.read_bytes(), f"{remote} differs from `ddtree-ops render`"
-        mode = ssh(deployed["address"], f"stat -c %a {remote}").stdout.strip()
+        mode = ssh(deployed["address"], f"stat -L -c %a {remote}").stdout.strip()  # through the release links
         assert mode == f"{p.stat().st_mode & 0o777:o}", remote
 
 

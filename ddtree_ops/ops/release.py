@@ -1,0 +1,618 @@
+"""Host-side releases: ``ddtree-ops release list | activate | rollback | gate`` (issue 12 items 1, 2).
+
+Runs ON the host, from the service's ops venv, as root (the ``ddtree_service`` role, the
+rolling playbook and ``ddtree-ops fleet rollback`` over SSH call it). The release layout and
+the id are defined in :mod:`ddtree_ops.render.release` (the controller renders a release;
+this module only switches between releases already on disk). The content key itself
+(:func:`compute_id`) lives here, so these commands import no pydantic, Jinja or Ansible.
+
+Interface other tools rely on (keep it stable)::
+
+    <ops venv>/bin/ddtree-ops release list     --root R [--json]
+    <ops venv>/bin/ddtree-ops release activate --root R --id ID [--keep N] [--json]
+    <ops venv>/bin/ddtree-ops release rollback --root R [--keep N] [--json]
+    <ops venv>/bin/ddtree-ops release gate     --plan P [--deadline S] [--requests N] [--concurrency C] [--json]
+
+``R`` is the release root (``{config_dir}/releases``, e.g. ``/etc/ddtree-ops/sglang/releases``).
+``activate`` and ``rollback`` only switch the ``current`` symlink (and record the history);
+the caller then runs ``systemctl daemon-reload`` and restarts the unit (the role's handler,
+``playbooks/rolling.yml``, ``ddtree-ops fleet rollback``), and should gate it again.
+
+``--json`` prints one object: ``{"ok", "checks": [{name, ok, detail}], "root", ...}`` with, per
+command: ``list``: ``current``, ``previous``, ``history`` (ids, newest last), ``releases``
+(``{id, current, in_history}``); ``activate``: ``id``, ``from`` (the previous current or
+null), ``changed``, ``pruned``; ``rollback``: ``from``, ``to``, ``changed``, ``pruned``;
+``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``.
+
+Exit codes as every ddtree-ops command: 0 ok, 1 refused or failed (one line naming what, the
+rule and the fix: an id of the wrong shape, a symlink pointing outside the root, a release
+whose files do not match its manifest, no previous release, a failed gate), 2 usage.
+
+Safety (every path stays inside ``R``):
+
+* ``R`` must be a real directory (not a symlink), owned by the caller, not writable by group
+  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.render.write`);
+  every operation goes through a descriptor of ``R`` (``dir_fd``), never a path re-resolved later;
+* an id must match :data:`ID_RE` (12 lower-case hex digits) before it names anything;
+* ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
+  (an absolute target, a path out of ``R``, a directory in its place) is refused, not followed;
+* a release is activated only when its directory is a real directory, its manifest and files
+  are regular files (opened ``O_NOFOLLOW``), every file's sha256 matches the manifest and the
+  id recomputed from the manifest is the directory's name;
+* ``current`` is switched atomically: a symlink made under a temporary name, then ``rename``
+  over ``current`` (rename(2) replaces atomically: readers see the old or the new, never none).
+
+Prune rule (after each activate and rollback): keep the current release and the newest
+``keep`` other releases of the history (the previous one always among them, ``keep >= 1``);
+remove every other directory of ``R`` whose name is an id. Names that are no id are never
+touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from ..config.plandoc_model import PlanDoc
+
+ID_LENGTH = 12
+"""Hex digits of a release id (the first 12 of a sha256)."""
+ID_RE = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
+"""The shape of a release id; anything else is refused before it names a path."""
+MANIFEST = "release.json"
+"""The manifest inside a release directory."""
+CURRENT = "current"
+"""The symlink to the active release inside the release root."""
+HISTORY = "history"
+"""The activation history inside the release root: ids, newest last, one per line."""
+FORMAT = 1
+"""Manifest format this code writes and reads."""
+MAX_FILE_BYTES = 4 << 20
+"""Largest manifest, history or release file read (plan.json's own cap: :data:`ddtree_ops.plandoc.MAX_BYTES`)."""
+MAX_HISTORY = 1000
+"""Most ids kept in the history file (older lines dropped when it is rewritten)."""
+KEEP_MAX = 50
+"""Largest ``--keep`` (``ddtree_service.keep_releases`` has the same bound)."""
+
+
+def file_entry(name: str, data: bytes, mode: str) -> dict:
+    """One manifest entry: ``{name, sha256, mode}`` (``mode`` an octal string such as ``"0644"``)."""
+    return {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "mode": mode}
+
+
+def compute_id(entries: list[dict], ident: dict) -> str:
+    """The release id: the first :data:`ID_LENGTH` hex digits of sha256 over the canonical JSON
+    (sorted keys, no spaces, ASCII) of ``{"files": entries, "identity": ident}``.
+
+    The one definition of the id: ``ddtree-ops render`` and the ``ddtree_render`` action
+    (:func:`ddtree_ops.render.release.build_release`) compute it from the rendered bytes, the
+    commands here recompute it from a manifest and the files on disk."""
+    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:ID_LENGTH]
+
+
+class ReleaseError(Exception):
+    """A refused or failed release operation (one line: what, the rule, the fix)."""
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def check_id(rid: object, what: str = "--id") -> str:
+    """``rid`` if it has the shape of a release id, else :class:`ReleaseError`."""
+    if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
+        raise ReleaseError(f"{what} {_shown(rid)}: not a release id (must be {ID_LENGTH} lower-case hex digits, "
+                           "as `ddtree-ops render` and `ddtree-ops release list` print them)")
+    return rid
+
+
+# --- the root and what is in it -------------------------------------------------------------
+
+def open_root(root: Path) -> int:
+    """A descriptor of the release root, checked (see the module docstring). The caller closes it.
+
+    Raises:
+        ReleaseError: missing, a symlink, not a directory, not ours, or writable by group/others.
+    """
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        raise ReleaseError(f"--root {root}: no such directory (no release was ever installed here; deploy first, "
+                           "or give the service's {config_dir}/releases)") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ReleaseError(f"--root {root}: is a symlink; give the real directory (releases are never switched "
+                           "through a symlink)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ReleaseError(f"--root {root}: not a directory")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ReleaseError(f"--root {root}: cannot open: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = (f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()}): its owner could swap releases. "
+                   "Fix: run as the root's owner (root on a host)")
+    elif st.st_mode & 0o022:
+        problem = (f"mode {stat.S_IMODE(st.st_mode):04o} lets other users write in it. "
+                   f"Fix: chmod go-w {root}")
+    if problem:
+        os.close(fd)
+        raise ReleaseError(f"--root {root}: {problem}")
+    return fd
+
+
+def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file of at most ``limit`` bytes under ``dir_fd``, opened without following a
+    symlink and without blocking on a FIFO."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReleaseError(f"{shown}: is a symlink; release files are never read through one") from None
+        raise ReleaseError(f"{shown}: cannot open: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReleaseError(f"{shown}: not a regular file")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise ReleaseError(f"{shown}: larger than {limit} bytes; not a release file")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_current(root_fd: int, root: Path) -> str | None:
+    """The id ``current`` points at, or None when there is no ``current``.
+
+    Raises:
+        ReleaseError: ``current`` is no symlink, or points anywhere but one id inside the root.
+    """
+    try:
+        st = os.stat(CURRENT, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(st.st_mode):
+        raise ReleaseError(f"{root}/{CURRENT}: not a symlink (a {stat.filemode(st.st_mode)[0]} entry); remove it "
+                           "and activate a release")
+    target = os.readlink(CURRENT, dir_fd=root_fd)
+    if not ID_RE.fullmatch(target):
+        raise ReleaseError(f"{root}/{CURRENT} -> {_shown(target)}: points outside the release root or at no release "
+                           f"id (it must name one <id> directory inside {root}); refusing to follow it. Fix: "
+                           "`ddtree-ops release activate --id <id>` with an id from `release list`")
+    return target
+
+
+def read_history(root_fd: int, root: Path) -> list[str]:
+    """The activation history (ids, newest last; duplicates keep their last place).
+
+    Raises:
+        ReleaseError: the file is no regular file or holds a line that is no id.
+    """
+    try:
+        raw = _read_file(root_fd, HISTORY, f"{root}/{HISTORY}")
+    except FileNotFoundError:
+        return []
+    out: list[str] = []
+    for n, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        if not ID_RE.fullmatch(line.strip()):
+            raise ReleaseError(f"{root}/{HISTORY} line {n} = {_shown(line)}: not a release id. Fix: remove the file "
+                               "(the next activation starts a new history)")
+        rid = line.strip()
+        if rid in out:
+            out.remove(rid)
+        out.append(rid)
+    return out
+
+
+def _write_history(root_fd: int, ids: list[str]) -> None:
+    data = "".join(f"{i}\n" for i in ids[-MAX_HISTORY:]).encode()
+    tmp = f".{HISTORY}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=root_fd)
+    try:
+        os.fchmod(fd, 0o644)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=root_fd)
+        raise
+    os.close(fd)
+    os.replace(tmp, HISTORY, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+
+
+def release_ids(root_fd: int) -> list[str]:
+    """Names in the root that are ids and real directories (symlinks and other names ignored), sorted."""
+    out = []
+    for name in os.listdir(root_fd):
+        if ID_RE.fullmatch(name):
+            try:
+                st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out.append(name)
+    return sorted(out)
+
+
+def verify(root_fd: int, root: Path, rid: str) -> dict:
+    """Check release ``rid`` is complete and unchanged (see the module docstring); its manifest.
+
+    Raises:
+        ReleaseError: what is wrong, naming the file.
+    """
+    check_id(rid)
+    where = f"{root}/{rid}"
+    try:
+        dfd = os.open(rid, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except FileNotFoundError:
+        raise ReleaseError(f"release {rid}: no directory {where} (never installed here, or pruned); "
+                           "`ddtree-ops release list` shows what is there") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ReleaseError(f"{where}: a symlink or not a directory; a release is a real directory inside "
+                               f"{root}. Fix: remove it and deploy again") from None
+        raise
+    try:
+        try:
+            raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}")
+        except FileNotFoundError:
+            raise ReleaseError(f"{where}/{MANIFEST}: missing (an interrupted install?). Fix: deploy again") from None
+        try:
+            doc = json.loads(raw)
+            entries, ident, fmt = doc["files"], doc["identity"], doc["format"]
+            if fmt != FORMAT or not isinstance(entries, list) or not isinstance(ident, dict) or not entries:
+                raise ValueError(f"format {fmt!r}, {len(entries) if isinstance(entries, list) else 0} files")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ReleaseError(f"{where}/{MANIFEST}: not a release manifest of format {FORMAT} "
+                               f"({_shown(str(exc), 120)}). Fix: deploy again") from None
+        seen = set()
+        for e in entries:
+            name = e.get("name") if isinstance(e, dict) else None
+            if (not isinstance(name, str) or "/" in name or name in (".", "..", MANIFEST, "") or "\0" in name
+                    or name in seen):
+                raise ReleaseError(f"{where}/{MANIFEST}: file name {_shown(name)} is not one plain name inside the "
+                                   "release. Fix: deploy again")
+            seen.add(name)
+            try:
+                data = _read_file(dfd, name, f"{where}/{name}")
+            except FileNotFoundError:
+                raise ReleaseError(f"{where}/{name}: missing (an interrupted install?). Fix: deploy again") from None
+            if hashlib.sha256(data).hexdigest() != e.get("sha256"):
+                raise ReleaseError(f"{where}/{name}: changed since it was installed (sha256 differs from the "
+                                   f"manifest). Fix: deploy again; never edit a release in place")
+        if compute_id(entries, ident) != rid or doc.get("id") != rid:
+            raise ReleaseError(f"{where}/{MANIFEST}: its content key is not {rid} (a manifest of another release, "
+                               "or edited). Fix: deploy again")
+        return doc
+    finally:
+        os.close(dfd)
+
+
+def _switch(root_fd: int, rid: str) -> None:
+    """Point ``current`` at ``rid`` atomically (symlink under a temporary name, then rename)."""
+    tmp = f".{CURRENT}.{secrets.token_hex(6)}.tmp"
+    os.symlink(rid, tmp, dir_fd=root_fd)
+    try:
+        os.replace(tmp, CURRENT, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    except OSError:
+        os.unlink(tmp, dir_fd=root_fd)
+        raise
+    os.fsync(root_fd)
+
+
+def prune(root_fd: int, root: Path, keep: int, current: str | None, history: list[str]) -> list[str]:
+    """Remove releases beyond the prune rule (module docstring); the ids removed, sorted.
+
+    Never removes ``current``, nor the newest ``keep`` other ids of ``history`` (so never the
+    previous one: ``keep >= 1``)."""
+    import shutil
+
+    if not 1 <= keep <= KEEP_MAX:
+        raise ReleaseError(f"--keep {keep}: must be 1..{KEEP_MAX} (ddtree_service.keep_releases)")
+    others = [i for i in history if i != current]
+    kept = set(others[-keep:]) | ({current} if current else set())
+    removed = []
+    for rid in release_ids(root_fd):
+        if rid in kept:
+            continue
+        # rmtree with dir_fd never follows a symlink inside (shutil's fd-based walk)
+        shutil.rmtree(rid, dir_fd=root_fd)
+        removed.append(rid)
+    return removed
+
+
+# --- the operations -------------------------------------------------------------------------
+
+def list_releases(root: Path) -> dict:
+    """``{root, current, previous, history, releases: [{id, current, in_history}]}``."""
+    fd = open_root(root)
+    try:
+        current = read_current(fd, root)
+        history = read_history(fd, root)
+        others = [i for i in history if i != current]
+        ids = release_ids(fd)
+        return {"root": str(root), "current": current, "previous": others[-1] if others else None,
+                "history": history,
+                "releases": [{"id": i, "current": i == current, "in_history": i in history} for i in ids]}
+    finally:
+        os.close(fd)
+
+
+def activate(root: Path, rid: str, keep: int = 3) -> dict:
+    """Make ``rid`` (already installed under ``root``) the current release; prune.
+
+    Returns:
+        ``{root, id, from, changed, pruned}``; ``changed`` False when it already was current.
+
+    Raises:
+        ReleaseError: a bad id, root, ``current`` or release (see :func:`verify`).
+    """
+    check_id(rid)
+    fd = open_root(root)
+    try:
+        old = read_current(fd, root)
+        history = read_history(fd, root)
+        verify(fd, root, rid)
+        if old is not None and (not history or history[-1] != old):
+            history = [i for i in history if i != old] + [old]  # a current that predates the history file
+        changed = old != rid
+        if changed:
+            _switch(fd, rid)
+        history = [i for i in history if i != rid] + [rid]
+        _write_history(fd, history)
+        pruned = prune(fd, root, keep, rid, history)
+        return {"root": str(root), "id": rid, "from": old, "changed": changed, "pruned": pruned}
+    finally:
+        os.close(fd)
+
+
+def rollback(root: Path, keep: int = 3) -> dict:
+    """Switch ``current`` back to the release activated before it; the rolled-back release
+    leaves the history (a second rollback goes one further back) and is pruned later.
+
+    Returns:
+        ``{root, from, to, changed, pruned}``.
+
+    Raises:
+        ReleaseError: no current or no previous release still on disk, or a bad root or release.
+    """
+    fd = open_root(root)
+    try:
+        current = read_current(fd, root)
+        if current is None:
+            raise ReleaseError(f"{root}: no current release; nothing to roll back (deploy first)")
+        history = [i for i in read_history(fd, root) if i != current]
+        on_disk = set(release_ids(fd))
+        candidates = [i for i in history if i in on_disk]
+        if not candidates:
+            raise ReleaseError(f"{root}: no previous release on disk to roll back to (current {current}; history "
+                               f"{history[-5:] or 'empty'}). Fix: deploy the previous configuration")
+        target = candidates[-1]
+        verify(fd, root, target)
+        _switch(fd, target)
+        history = history[:history.index(target) + 1]
+        _write_history(fd, history)
+        pruned = prune(fd, root, keep, target, history + [current])  # the rolled-back one stays until the next prune
+        return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned}
+    finally:
+        os.close(fd)
+
+
+# --- the gate -------------------------------------------------------------------------------
+
+GATE_MAX_NEW_TOKENS = 64
+"""Tokens per request of the gate's synthetic load (short: the gate measures acceptance, not speed)."""
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """The gate's load and bound.
+
+    Attributes:
+        deadline_s: total seconds for the whole gate (health checks + load).
+        requests: requests of the synthetic load.
+        concurrency: requests in flight.
+        max_new_tokens: tokens per request.
+    """
+
+    deadline_s: float = 120.0
+    requests: int = 16
+    concurrency: int = 4
+    max_new_tokens: int = GATE_MAX_NEW_TOKENS
+
+
+def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:
+    """The rolling upgrade's per-host gate, all within ``o.deadline_s``:
+
+    1. ``ddtree-ops health`` with the deployed plan (drift) and the unit's warm marker
+       (``paths.warm_marker`` of plan.json): every check must pass;
+    2. a short synthetic load (:func:`ddtree_ops.ops.bench.run_async`: ``o.requests`` requests
+       at ``o.concurrency``, ``o.max_new_tokens`` tokens each), every request answered;
+    3. the load's acceptance length (per request ``meta_info``, else the server's counters)
+       at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.models.Ops`)
+       when the deployment speculates.
+
+    Returns:
+        ``(checks, extra)``: the checks (``{name, ok, detail}``) and ``{accept_length, floor, elapsed_s}``.
+        Never raises for server faults.
+    """
+    import asyncio
+
+    from ..config.plandoc_model import as_plan_doc
+    from .bench import BenchOptions, load_prompts, run_async
+    from .health import HealthOptions, bound_s, check_health
+
+    t0 = time.monotonic()
+    plan_doc = as_plan_doc(plan_doc)  # the typed contract (PlanDocError for a document that breaks it)
+    ops = plan_doc.deployment.ops
+    floor = float(ops.accept_length_floor)
+    speculative = plan_doc.plan.algorithm != "none"
+    marker = (plan_doc.document.get("paths") or {}).get("warm_marker")  # not a typed field: read as written
+    if not isinstance(marker, str) or not marker.startswith("/") or "\0" in marker:
+        marker = None
+    ho = HealthOptions(timeout=float(ops.health_timeout_s), failures=1, interval_s=0.5,
+                       progress_window_s=1.0, plan_doc=plan_doc, warm_marker=Path(marker) if marker else None)
+    if bound_s(ho) >= o.deadline_s:
+        ho = HealthOptions(timeout=max(1.0, o.deadline_s / 8), failures=1, interval_s=0.5, progress_window_s=1.0,
+                           plan_doc=plan_doc, warm_marker=ho.warm_marker)
+    checks = [c.as_dict() for c in check_health(url, options=ho)]
+    extra: dict[str, Any] = {"accept_length": None, "floor": floor if speculative else None}
+    if not all(c["ok"] for c in checks):
+        extra["elapsed_s"] = round(time.monotonic() - t0, 3)
+        return checks, extra
+    left = o.deadline_s - (time.monotonic() - t0)
+    bo = BenchOptions(url=url, concurrency=(o.concurrency,), requests=o.requests, max_new_tokens=o.max_new_tokens,
+                      warmup_requests=0, request_timeout_s=max(1.0, left))
+    try:
+        result = asyncio.run(asyncio.wait_for(run_async(bo, load_prompts(None)), timeout=max(0.1, left)))
+    except TimeoutError:
+        checks.append({"name": "load", "ok": False, "detail": f"the synthetic load ({o.requests} requests at "
+                       f"concurrency {o.concurrency}) did not finish within the gate's {o.deadline_s:g} s"})
+        extra["elapsed_s"] = round(time.monotonic() - t0, 3)
+        return checks, extra
+    except Exception as exc:  # noqa: BLE001 - a misbehaving server is a failed check, never a crash
+        checks.append({"name": "load", "ok": False, "detail": f"the synthetic load failed: {_shown(str(exc), 200)}"})
+        extra["elapsed_s"] = round(time.monotonic() - t0, 3)
+        return checks, extra
+    lv = result.levels[0]
+    first = next(iter(lv.errors), "")
+    checks.append({"name": "load", "ok": lv.failed == 0,
+                   "detail": f"{lv.ok}/{lv.requests} requests answered in {lv.wall_s:.2f} s "
+                             f"({lv.output_tok_s:.0f} tok/s)" + (f"; first error: {first}" if lv.failed else "")})
+    acc = lv.accept_length if lv.accept_length is not None else lv.accept_length_server
+    extra["accept_length"] = acc
+    if speculative:
+        if acc is None:
+            checks.append({"name": "accept_length_floor", "ok": False,
+                           "detail": "the server reported no acceptance length under load (speculative decoding "
+                                     "off or broken)"})
+        else:
+            checks.append({"name": "accept_length_floor", "ok": acc >= floor,
+                           "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor "
+                                     f"{floor:g} (ddtree_ops.accept_length_floor)"})
+    extra["elapsed_s"] = round(time.monotonic() - t0, 3)
+    return checks, extra
+
+
+# --- the CLI (registered in ddtree_ops/cli.py as `ddtree-ops release`) -----------------------
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
+
+RootOpt = Annotated[Path, typer.Option("--root", help="The release root, {config_dir}/releases "
+                                                      "(e.g. /etc/ddtree-ops/sglang/releases).")]
+KeepOpt = Annotated[int, typer.Option(
+    "--keep", help=f"Previous releases to keep (1..{KEEP_MAX}; ddtree_service.keep_releases).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = None) -> None:
+    from ..cli import _print_checks
+
+    _print_checks([{"name": name, "ok": ok, "detail": detail}], as_json, extra)
+
+
+def _refused(name: str, exc: ReleaseError, as_json: bool, extra: dict | None = None) -> None:
+    _emit(False, name, str(exc), as_json, extra)
+
+
+def _keep(keep: int) -> int:
+    if not 1 <= keep <= KEEP_MAX:
+        raise typer.BadParameter(f"--keep {keep}: must be 1..{KEEP_MAX} (ddtree_service.keep_releases)")
+    return keep
+
+
+@app.command("list")
+def list_cmd(root: RootOpt, as_json: JsonOpt = False) -> None:
+    """The releases under ROOT: which is current, which is previous, the history."""
+    try:
+        info = list_releases(root)
+    except ReleaseError as exc:
+        return _refused("release-list", exc, as_json, {"root": str(root)})
+    if as_json:
+        _emit(True, "release-list", f"{len(info['releases'])} releases, current {info['current']}", True, info)
+        return
+    from ..cli import out
+
+    for r in info["releases"]:
+        mark = "current " if r["current"] else ("previous" if r["id"] == info["previous"] else "        ")
+        out.print(f"{mark} {r['id']}", highlight=False)
+    if not info["releases"]:
+        out.print(f"no releases under {root}", highlight=False)
+
+
+@app.command("activate")
+def activate_cmd(root: RootOpt, rid: Annotated[str, typer.Option("--id", help="The release id (12 hex digits).")],
+                 keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
+    """Make release ID (installed under ROOT) current; prune beyond --keep. Then: daemon-reload + restart."""
+    _keep(keep)
+    try:
+        res = activate(root, rid, keep)
+    except ReleaseError as exc:
+        return _refused("release-activate", exc, as_json, {"root": str(root)})
+    what = f"{res['from']} -> {res['id']}" if res["changed"] else f"{res['id']} was already current"
+    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
+    _emit(True, "release-activate", what + pruned, as_json, res)
+
+
+@app.command("rollback")
+def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
+    """Switch ROOT's current release back to the previous one. Then: daemon-reload + restart + gate."""
+    _keep(keep)
+    try:
+        res = rollback(root, keep)
+    except ReleaseError as exc:
+        return _refused("release-rollback", exc, as_json, {"root": str(root)})
+    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
+    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{pruned}", as_json, res)
+
+
+@app.command("gate")
+def gate_cmd(plan_file: Annotated[Path, typer.Option(
+                 "--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")],
+             url: Annotated[str | None, typer.Option(help="Server base URL (default: the plan's url).")] = None,
+             deadline: Annotated[float, typer.Option(help="Total seconds for the whole gate.")] = 120.0,
+             requests: Annotated[int, typer.Option(help="Requests of the synthetic load (1..1000).")] = 16,
+             concurrency: Annotated[int, typer.Option(help="Requests in flight (1..256).")] = 4,
+             max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (1..4096).")] = GATE_MAX_NEW_TOKENS,
+             as_json: JsonOpt = False) -> None:
+    """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
+    length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
+    from ..cli import _deployed, _positive, _print_checks, _target
+
+    _positive("--deadline", deadline, 3600)
+    for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
+                            ("--max-new-tokens", max_new_tokens, 4096)):
+        if not 1 <= value <= hi:
+            raise typer.BadParameter(f"{name} {value}: must be 1..{hi}")
+    doc, default_url = _deployed(plan_file, None, None)
+    target = _target(url, default_url)
+    checks, extra = gate(doc, target, GateOptions(deadline, requests, concurrency, max_new_tokens))
+    _print_checks(checks, as_json, {"url": target, **extra})

@@ -1,0 +1,391 @@
+"""Releases (issue 12 item 1): the content key (``ddtree_ops.render.release``), the host-side
+``ddtree-ops release`` commands (``ddtree_ops.ops.release``) on a temporary release root,
+hostile ids and symlinks, prune rules, and the gate against the simulator on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import REPO, base_hostvars
+from test_sim import Sim
+from test_warmup_health import _launch
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import validate_hostvars
+from ddtree_ops.ops import release as hr
+from ddtree_ops.render.files import plan_document
+from ddtree_ops.render.release import MANIFEST, build_release, live_links, release_result
+
+
+def _validated(**service):
+    hv = base_hostvars()
+    hv.setdefault("ddtree_service", {}).update(service)
+    return validate_hostvars("h1", hv)
+
+
+def _install(root: Path, v) -> str:
+    """Install a release the way the role does (files under root/<id>/), returning its id."""
+    res = release_result(v)
+    for f in res["files"]:
+        rel = Path(f["path"]).relative_to(res["root"])
+        p = root / rel
+        p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        p.write_text(f["content"])
+        p.chmod(int(f["mode"], 8))
+    return res["id"]
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "releases"
+    r.mkdir(mode=0o755)
+    r.chmod(0o755)
+    return r
+
+
+def _versions(n: int) -> list:
+    """n validated deployments with n different release ids (budget varies)."""
+    out = []
+    for budget in (32, 24, 16, 12, 40, 48, 20)[:n]:
+        hv = base_hostvars()
+        hv["ddtree_speculative"]["budget"] = budget
+        out.append(validate_hostvars("h1", hv))
+    return out
+
+
+def _deploy_all(root: Path, versions: list, keep: int = 3) -> list[str]:
+    """Install and activate each version in turn (as deploys do); their ids."""
+    ids = []
+    for v in versions:
+        ids.append(_install(root, v))
+        hr.activate(root, ids[-1], keep=keep)
+    return ids
+
+
+# --- the id ---------------------------------------------------------------------------------
+
+def test_release_id_is_deterministic_and_content_keyed():
+    a, b = build_release(_validated()), build_release(_validated())
+    assert a.id == b.id and a.manifest == b.manifest and hr.ID_RE.fullmatch(a.id)
+    assert build_release(_validated(keep_releases=5)).id != a.id  # plan.json bytes changed
+    hv = base_hostvars()
+    hv["ddtree_speculative"]["budget"] = 16
+    assert build_release(validate_hostvars("h1", hv)).id != a.id
+    doc = json.loads(a.manifest)
+    assert hr.compute_id(doc["files"], doc["identity"]) == a.id == doc["id"]
+    assert [e["name"] for e in doc["files"]] == ["ddtree-sglang.service", "sglang.env", "plan.json"]
+
+
+def test_release_leaves_secrets_out():
+    hv = base_hostvars()
+    hv["ddtree_hf_token"] = "hf_abcdefghijklmnopqrstuvwxyz012345"
+    v = validate_hostvars("h1", hv)
+    res = release_result(v)
+    assert "hf_abcdefghij" not in json.dumps(res)
+    assert not any(f["path"].endswith("secrets.env") for f in res["files"])
+    assert build_release(v).id == build_release(_validated()).id  # a secret is no new release
+
+
+def test_live_links_go_through_current():
+    links = {ln["path"]: ln["src"] for ln in live_links(build_release(_validated()))}
+    assert links == {
+        "/etc/systemd/system/ddtree-sglang.service": "/etc/ddtree-ops/sglang/releases/current/ddtree-sglang.service",
+        "/etc/ddtree-ops/sglang/sglang.env": "releases/current/sglang.env",
+        "/etc/ddtree-ops/sglang/plan.json": "releases/current/plan.json",
+    }
+
+
+def test_render_prints_the_same_id_as_the_play(tmp_path, capsys):
+    """`ddtree-ops render` prints the id the ddtree_render action (the play) returns for the host."""
+    import sys
+    from types import SimpleNamespace
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("sglang_servers:\n  children:\n    b300:\n      hosts:\n        h1: {}\n")
+    hv = base_hostvars()
+    (inv / "group_vars" / "all.yml").write_text(json.dumps(hv))
+    assert main(["render", "--out", str(tmp_path / "out"), "-i", str(inv)]) == 0
+    printed = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("release")]
+    sys.path.insert(0, str(REPO / "action_plugins"))
+    try:
+        from ddtree_render import ActionModule
+    finally:
+        sys.path.pop(0)
+    task = Task()
+    task.args = {}
+    loader = DataLoader()
+    task_vars = {**hv, "inventory_hostname": "h1", "group_names": ["b300", "sglang_servers"]}
+    result = ActionModule(task=task, connection=SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")),
+                          play_context=None, loader=loader, templar=Templar(loader=loader, variables=task_vars),
+                          shared_loader_obj=None).run(task_vars=task_vars)
+    assert not result.get("failed"), result.get("msg")
+    assert printed == [["release", "h1:", result["release"]["id"]]]
+    assert result["release"]["dir"] == f"/etc/ddtree-ops/sglang/releases/{result['release']['id']}"
+    assert result["release"]["keep"] == 3
+
+
+def test_keep_releases_validated(capsys):
+    from ddtree_ops.config import ConfigError
+
+    for bad in (0, 51, True, "many"):
+        with pytest.raises(ConfigError) as exc:
+            _validated(keep_releases=bad)
+        assert "keep_releases" in str(exc.value)
+
+
+# --- activate / rollback / prune on a tmp root ------------------------------------------------
+
+def test_activate_switches_current_and_records_history(root):
+    v1, v2 = _versions(2)
+    i1 = _install(root, v1)
+    r = hr.activate(root, i1)
+    assert r == {"root": str(root), "id": i1, "from": None, "changed": True, "pruned": []}
+    assert os.readlink(root / "current") == i1
+    assert hr.activate(root, i1)["changed"] is False
+    i2 = _install(root, v2)
+    r = hr.activate(root, i2)
+    assert r["from"] == i1 and r["changed"] and os.readlink(root / "current") == i2
+    info = hr.list_releases(root)
+    assert info["current"] == i2 and info["previous"] == i1 and info["history"] == [i1, i2]
+    assert not [p for p in os.listdir(root) if p.endswith(".tmp")]
+
+
+def test_rollback_goes_back_and_then_further_back(root):
+    ids = _deploy_all(root, _versions(3))
+    r = hr.rollback(root)
+    assert (r["from"], r["to"]) == (ids[2], ids[1]) and os.readlink(root / "current") == ids[1]
+    assert (root / ids[2]).is_dir()  # kept until the next activation prunes it
+    r = hr.rollback(root)
+    assert (r["from"], r["to"]) == (ids[1], ids[0])
+    with pytest.raises(hr.ReleaseError, match="no previous release"):
+        hr.rollback(root)
+    assert os.readlink(root / "current") == ids[0]
+
+
+def test_rollback_without_anything_refused(root):
+    with pytest.raises(hr.ReleaseError, match="no current release"):
+        hr.rollback(root)
+
+
+def test_prune_removes_releases_never_activated(root):
+    """A directory left by an interrupted install (never activated) is garbage: pruned."""
+    ids = _deploy_all(root, _versions(2))
+    stray = _install(root, _versions(3)[2])
+    assert hr.activate(root, ids[0])["pruned"] == [stray]
+
+
+def test_prune_keeps_current_and_newest_previous(root):
+    ids, pruned = [], []
+    for v in _versions(6):
+        ids.append(_install(root, v))
+        pruned += hr.activate(root, ids[-1], keep=2)["pruned"]
+    on_disk = set(hr.release_ids(os.open(root, os.O_RDONLY)))
+    assert on_disk == set(ids[-3:]) and sorted(pruned) == sorted(ids[:3])
+    (root / "not-a-release").mkdir()
+    hr.activate(root, ids[-1], keep=1)
+    assert (root / "not-a-release").is_dir()  # names that are no id are never touched
+    assert set(hr.release_ids(os.open(root, os.O_RDONLY))) == set(ids[-2:])  # current + previous
+    with pytest.raises(hr.ReleaseError, match="--keep 0"):
+        hr.prune(os.open(root, os.O_RDONLY), root, 0, ids[-1], ids)
+
+
+def test_rolled_back_release_is_pruned_first(root):
+    ids = _deploy_all(root, _versions(3), keep=1)  # ids[0] pruned: current ids[2], previous ids[1]
+    hr.rollback(root, keep=1)  # back to ids[1]; ids[2] stays (newest) until the next activation
+    again = _install(root, _versions(4)[3])
+    r = hr.activate(root, again, keep=1)
+    assert r["from"] == ids[1] and r["pruned"] == [ids[2]]
+
+
+@pytest.mark.parametrize("bad", ["../etc", "ABCDEF012345", "abc", "0123456789abc", "/etc/passwd", "01234567890g",
+                                 "0123456789ab\n", ""])
+def test_hostile_ids_refused(root, bad, capsys):
+    with pytest.raises(hr.ReleaseError, match="not a release id"):
+        hr.activate(root, bad)
+    assert main(["release", "activate", "--root", str(root), "--id", bad, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and "not a release id" in doc["checks"][0]["detail"]
+    assert not (root / "current").exists()
+
+
+@pytest.mark.parametrize("target", ["/etc", "../x", "../../tmp/evil", "0123456789ab/../..", "."])
+def test_current_pointing_outside_refused(root, target):
+    i1 = _install(root, _versions(1)[0])
+    os.symlink(target, root / "current")
+    for op in (lambda: hr.activate(root, i1), lambda: hr.rollback(root), lambda: hr.list_releases(root)):
+        with pytest.raises(hr.ReleaseError, match="points outside"):
+            op()
+    assert os.readlink(root / "current") == target  # refused, not followed or replaced
+
+
+def test_current_that_is_a_directory_refused(root):
+    i1 = _install(root, _versions(1)[0])
+    (root / "current").mkdir()
+    with pytest.raises(hr.ReleaseError, match="not a symlink"):
+        hr.activate(root, i1)
+
+
+def test_release_dir_that_is_a_symlink_refused(root, tmp_path):
+    v = _versions(1)[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rid = _install(elsewhere, v)
+    os.symlink(elsewhere / rid, root / rid)
+    with pytest.raises(hr.ReleaseError, match="symlink or not a directory"):
+        hr.activate(root, rid)
+    hr.activate(root, _install(root, _versions(2)[1]))
+    assert (elsewhere / rid).is_dir()  # prune never follows a symlinked "release" (it is no release dir)
+
+
+def test_root_that_is_a_symlink_or_group_writable_refused(root, tmp_path):
+    link = tmp_path / "link"
+    os.symlink(root, link)
+    with pytest.raises(hr.ReleaseError, match="is a symlink"):
+        hr.list_releases(link)
+    root.chmod(0o777)
+    with pytest.raises(hr.ReleaseError, match="lets other users write"):
+        hr.list_releases(root)
+    with pytest.raises(hr.ReleaseError, match="no such directory"):
+        hr.list_releases(tmp_path / "missing")
+
+
+def test_tampered_or_incomplete_release_refused(root):
+    rid = _install(root, _versions(1)[0])
+    plan = root / rid / "plan.json"
+    plan.write_text(plan.read_text().replace("32", "31"))
+    with pytest.raises(hr.ReleaseError, match="changed since it was installed"):
+        hr.activate(root, rid)
+    plan.unlink()
+    with pytest.raises(hr.ReleaseError, match="missing"):
+        hr.activate(root, rid)
+    os.symlink("/etc/hostname", plan)
+    with pytest.raises(hr.ReleaseError, match="is a symlink"):
+        hr.activate(root, rid)
+    (root / rid / MANIFEST).unlink()
+    with pytest.raises(hr.ReleaseError, match="missing"):
+        hr.activate(root, rid)
+    assert not (root / "current").exists()
+
+
+def test_manifest_of_another_release_refused(root):
+    a, b = (_install(root, v) for v in _versions(2))
+    (root / a / MANIFEST).write_bytes((root / b / MANIFEST).read_bytes())
+    for name in ("ddtree-sglang.service", "sglang.env", "plan.json"):
+        (root / a / name).write_bytes((root / b / name).read_bytes())
+    with pytest.raises(hr.ReleaseError, match="content key is not"):
+        hr.activate(root, a)
+
+
+def test_manifest_with_hostile_names_refused(root):
+    rid = _install(root, _versions(1)[0])
+    m = root / rid / MANIFEST
+    doc = json.loads(m.read_text())
+    doc["files"][0]["name"] = "../../outside"
+    m.write_text(json.dumps(doc))
+    with pytest.raises(hr.ReleaseError, match="not one plain name"):
+        hr.activate(root, rid)
+
+
+def test_hostile_history_refused(root):
+    rid = _install(root, _versions(1)[0])
+    (root / "history").write_text("../../etc\n")
+    with pytest.raises(hr.ReleaseError, match="history line 1"):
+        hr.activate(root, rid)
+
+
+def test_cli_list_activate_rollback_json(root, capsys):
+    ids = []
+    for v in _versions(2):
+        ids.append(_install(root, v))
+        assert main(["release", "activate", "--root", str(root), "--id", ids[-1], "--keep", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.split("\n}\n")[-2] + "\n}")["id"] == ids[1]
+    assert main(["release", "list", "--root", str(root), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["ok"] and info["current"] == ids[1] and info["previous"] == ids[0]
+    assert main(["release", "rollback", "--root", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and (doc["from"], doc["to"]) == (ids[1], ids[0])
+    assert main(["release", "rollback", "--root", str(root), "--json"]) == 1
+    assert "no previous release" in json.loads(capsys.readouterr().out)["checks"][0]["detail"]
+    assert main(["release", "activate", "--root", str(root), "--id", ids[0], "--keep", "0"]) == 2
+
+
+# --- the gate against the simulator -----------------------------------------------------------
+
+def _sim_deployment(tmp_path, accept: str | None):
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    hv["ddtree_ops"] = {**hv.get("ddtree_ops", {}), "accept_length_floor": 3.0}
+    v = validate_hostvars("h1", hv)
+    env = {"SGLANG_SIM_ACCEPT_LENGTH": accept} if accept else {}
+    sim = Sim(tmp_path, _launch(v), env=env)
+    sim.wait_ready()
+    doc = plan_document(v)
+    marker = tmp_path / "warm.json"
+    marker.write_text(json.dumps({"batch_sizes": [1], "elapsed_s": 0.1}))
+    doc["paths"]["warm_marker"] = str(marker)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    return sim, plan
+
+
+@pytest.mark.parametrize(("accept", "ok"), [(None, True), ("1.2", False)])
+def test_gate_passes_a_good_server_and_catches_collapsed_acceptance(tmp_path, capsys, accept, ok):
+    sim, plan = _sim_deployment(tmp_path, accept)
+    try:
+        rc = main(["release", "gate", "--plan", str(plan), "--url", sim.base, "--requests", "8", "--deadline", "30",
+                   "--max-new-tokens", "32", "--json"])
+    finally:
+        sim.stop()
+    doc = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert rc == (0 if ok else 1), doc
+    assert checks["drift"]["ok"] and checks["warm"]["ok"] and checks["load"]["ok"]
+    assert checks["accept_length_floor"]["ok"] is ok and doc["floor"] == 3.0
+    assert doc["elapsed_s"] < 30
+
+
+def test_gate_on_a_dead_server_fails_within_its_deadline(tmp_path, capsys):
+    from test_sim import free_port
+
+    hv = base_hostvars()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_document(validate_hostvars("h1", hv))))
+    rc = main(["release", "gate", "--plan", str(plan), "--url", f"http://127.0.0.1:{free_port()}",
+               "--deadline", "5", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["checks"][0]["name"] == "reachable" and not doc["checks"][0]["ok"]
+    assert doc["elapsed_s"] < 5
+
+
+def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsys):
+    """Under systemd, `health --wait` (the unit's first ExecStartPost) stops waiting once $MAINPID
+    is gone: a server that crashed during start-up fails the start (and a rolling canary) at once,
+    not after start_timeout_s."""
+    import subprocess
+    import sys
+    import time
+
+    from test_sim import free_port
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setenv("MAINPID", str(dead.pid))
+    t0 = time.monotonic()
+    rc = main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "60", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and time.monotonic() - t0 < 10
+    assert doc["checks"][0]["name"] == "reachable" and "exited before it was ready" in doc["checks"][0]["detail"]
+    monkeypatch.setenv("MAINPID", str(os.getpid()))  # alive: waits for the deadline as before
+    t0 = time.monotonic()
+    assert main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "2", "--json"]) == 1
+    assert time.monotonic() - t0 >= 0.9  # probed until (about) the deadline
+    assert "exited" not in capsys.readouterr().out
