@@ -18,8 +18,8 @@ from ddtree_ops.cli import main
 pytestmark = pytest.mark.hosts
 
 
-def _deployed_budget(address: str) -> int:
-    r = ssh(address, "systemctl cat sglang.service")
+def _deployed_budget(address: str, unit: str) -> int:
+    r = ssh(address, f"systemctl cat {unit}")
     assert r.returncode == 0, r.stderr
     m = re.search(r"--speculative-ddtree-budget[ '\"=]+(\d+)", r.stdout)
     assert m, r.stdout[-2000:]
@@ -58,7 +58,8 @@ points:
     md = (out / "sweep.md").read_text()
     assert "## concurrency 4" in md and "| budget0 | invalid |" in md
     assert len(re.findall(r"^\| [123] \| (budget16|autoregressive|inventory) \|", md, re.M)) == 6, md
-    assert _deployed_budget(address) == 32  # the host is left with the inventory's settings
+    unit = json.loads((out / "inventory" / "bench.json").read_text())["plan"]["unit"]
+    assert _deployed_budget(address, unit) == 32  # the host is left with the inventory's settings
     # the speculative deployment against its autoregressive baseline, as measured on the host
     rc = main(["bench-compare", str(out / "inventory"), str(out / "autoregressive"), "--out", str(out / "report"),
                "--json"])
