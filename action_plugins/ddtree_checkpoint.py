@@ -23,6 +23,8 @@ from ansible.plugins.action import ActionBase
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
+    # Reads and computes only (nothing on the host changes): runs under --check as well.
+    _supports_check_mode = True
 
     def _read(self, path: str, task_vars: dict) -> tuple[bytes | None, str | None]:
         """(content, None), (None, None) when absent, or (None, why) when refused."""

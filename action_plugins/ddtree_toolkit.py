@@ -23,6 +23,8 @@ from ansible.plugins.action import ActionBase
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
+    # Reads and computes only (nothing on the host changes): runs under --check as well.
+    _supports_check_mode = True
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):

@@ -124,9 +124,10 @@ def live_links(rel: Release) -> list[dict]:
 def release_result(v: Validated) -> dict:
     """What the ``ddtree_render`` action returns as ``release`` (the role installs from it):
     ``id``, ``root``, ``dir``, ``keep`` (``ddtree_service.keep_releases``), ``files``
-    (``{path in the release dir, content, mode}``, the manifest last), ``links`` (:func:`live_links`)."""
+    (``{path in the release dir, content, mode}``, the manifest last), ``links`` (:func:`live_links`),
+    ``current`` (the ``current`` switch's path: ``--check --diff`` compares the new files with it)."""
     rel = build_release(v)
     files = [{"path": f"{rel.dir}/{name}", "content": f.content, "mode": f.mode} for name, _live, f in rel.files]
     files.append({"path": f"{rel.dir}/{MANIFEST}", "content": rel.manifest, "mode": "0644"})
     return {"id": rel.id, "root": rel.root, "dir": rel.dir, "keep": v.deployment.service.keep_releases,
-            "files": files, "links": live_links(rel)}
+            "files": files, "links": live_links(rel), "current": f"{rel.root}/{CURRENT}"}

@@ -55,9 +55,10 @@ TEST_INVENTORY = REPO_ROOT / "inventory" / "test"
 HOST = "ddt-th1"
 
 
-def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST) -> tuple[subprocess.CompletedProcess[str], float]:
+def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST,
+           args: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.monotonic()
-    r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-l", limit, "deploy.yml"],
+    r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-l", limit, "deploy.yml", *args],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     return r, time.monotonic() - t0
 

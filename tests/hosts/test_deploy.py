@@ -2,7 +2,8 @@
 
 Proves: the service is active and healthy, a second run reports changed=0, what Ansible
 installed is byte-identical to ``ddtree-ops render``, every rendered unit passes
-``systemd-analyze verify``, warmup covers the plan, and bad input changes nothing.
+``systemd-analyze verify``, warmup covers the plan, bad input changes nothing, and
+``--check --diff`` reports what a run would change and changes nothing (issue 14 item 9).
 """
 
 from __future__ import annotations
@@ -111,3 +112,47 @@ def test_bad_input_changes_nothing_on_the_host(deployed, tmp_path, bad):
     assert "Fix:" in r.stdout and "Traceback" not in r.stdout + r.stderr
     assert recap(r.stdout)["changed"] == 0
     assert ssh(addr, probe).stdout == before
+
+
+# What a deployed host is, for the check-mode tests: the unit and every file of the deployment
+# (the live paths, which are links through `current`), the release the `current` link names,
+# the releases on the host, and the service's process.
+HOST_STATE = ("sha256sum /etc/systemd/system/ddtree-sglang.service /etc/ddtree-ops/sglang/*; "
+              "readlink /etc/ddtree-ops/sglang/releases/current; ls /etc/ddtree-ops/sglang/releases; "
+              "systemctl show -p MainPID -p ActiveEnterTimestamp -p NRestarts ddtree-sglang.service")
+
+
+def test_check_mode_on_a_deployed_host_reports_and_changes_nothing(deployed):
+    """`deploy.yml --check --diff` on a host deployed with the same inventory: rc 0, changed=0,
+    the host exactly as it was."""
+    addr = deployed["address"]
+    before = ssh(addr, HOST_STATE).stdout
+    r, _ = deploy(args=("--check", "--diff"))
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    got = recap(r.stdout)
+    assert got["changed"] == 0 and got["failed"] == 0, r.stdout[-5000:]
+    assert ssh(addr, HOST_STATE).stdout == before
+
+
+def test_check_mode_shows_a_config_change_and_makes_none(deployed, tmp_path):
+    """A changed budget (32 -> 16) under `--check --diff`: the run says what would change (the
+    rendered argv in plan.json and the unit's env, as diffs) and changes nothing on the host."""
+    addr = deployed["address"]
+    before = ssh(addr, HOST_STATE).stdout
+    inv = tmp_path / "inv"
+    shutil.copytree(TEST_INVENTORY, inv)
+    hosts = inv / "hosts.yml"  # the key path is relative to the inventory: make it this checkout's
+    hosts.write_text(hosts.read_text().replace("{{ inventory_dir }}/../..", str(REPO_ROOT)))
+    gv = inv / "group_vars" / "testhosts.yml"
+    data = yaml.safe_load(gv.read_text())
+    assert data["ddtree_speculative"]["budget"] == 32
+    data["ddtree_speculative"]["budget"] = 16
+    gv.write_text(yaml.safe_dump(data))
+    r, _ = deploy(inv, args=("--check", "--diff"))
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    got = recap(r.stdout)
+    assert got["changed"] > 0 and got["failed"] == 0, r.stdout[-5000:]
+    diff_lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("+", "-")) and "budget" in ln]
+    assert any(ln.startswith("-") and "32" in ln for ln in diff_lines), r.stdout[-5000:]
+    assert any(ln.startswith("+") and "16" in ln for ln in diff_lines), r.stdout[-5000:]
+    assert ssh(addr, HOST_STATE).stdout == before
