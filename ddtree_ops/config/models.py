@@ -1151,7 +1151,8 @@ def _reachable_vars(all_vars: dict[str, Any], memo: dict | None = None) -> set[s
     """Names of the variables whose values can reach the loader's output: the deployment
     variables (:data:`INVENTORY_VARS`, ``ddtree_*``) and, transitively, every variable named
     anywhere inside their Jinja (``{{ x }}``, ``hostvars[h]['x']``, ``lookup('vars', 'x')``).
-    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed (README: limits).
+    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed
+    (docs/configuration.md: the limit of the secret check).
     ``memo``: one load's (:func:`_memo_get`); a container walked whole before gives its names again."""
     known = {str(n) for n in all_vars if n not in SKIP_VARS}
     todo = [n for n in known if n in INVENTORY_VARS.values() or is_deployment_var(n)]
