@@ -12,6 +12,8 @@ failed probe stops.
 
 from __future__ import annotations
 
+import json
+
 from ansible.plugins.action import ActionBase
 
 
@@ -23,7 +25,10 @@ class ActionModule(ActionBase):
         from ddtree_ops.sglang.probe import failure_detail, read_report, report_lines
 
         result = super().run(tmp, task_vars)
-        report = read_report(str(self._task.args.get("stdout") or ""), str(self._task.args.get("stderr") or ""))
+        stdout = self._task.args.get("stdout") or ""
+        if isinstance(stdout, (dict, list)):  # a templating layer that turned the JSON text into data
+            stdout = json.dumps(stdout)
+        report = read_report(str(stdout), str(self._task.args.get("stderr") or ""))
         result.update(changed=False, probe=report, ok=report["ok"], lines=report_lines(report),
                       failure=failure_detail(report))
         return result

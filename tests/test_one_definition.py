@@ -340,6 +340,12 @@ def test_probe_action_reads_every_output(stdout, stderr, ok, first_detail):
     assert r["failure"] == " | ".join(c["detail"] for c in r["probe"]["checks"] if not c["ok"])
 
 
+def test_probe_action_takes_the_report_as_data_too():
+    """Should templating hand the action the parsed JSON instead of the text, it reads the same."""
+    assert _action("ddtree_probe", {"stdout": REPORT, "stderr": ""}, {})["lines"] == _action(
+        "ddtree_probe", {"stdout": json.dumps(REPORT), "stderr": ""}, {})["lines"]
+
+
 def test_probe_text_output_is_the_roles_lines(tmp_path, capsys, monkeypatch):
     """``--json``-less runs print :func:`report_lines`, the same lines the role shows."""
     from ddtree_ops.sglang import probe
