@@ -5,7 +5,11 @@ Runs on the controller only. Options:
 
 * ``servers`` (list of inventory host names, required): hosts whose deployments to scrape
   (usually ``groups['sglang_servers']``); each is validated like ``ddtree_render`` does.
-* ``rules_path`` (str, required unless ``fleet_only``): where the rules file lands (goes into ``rule_files:``).
+* ``config_dir`` (str): Prometheus' configuration directory; ``rules_path`` and ``dashboard_path``
+  (str, optional) default to its files named :data:`~ddtree_ops.render.monitoring.RULES_FILE`
+  and :data:`~ddtree_ops.render.monitoring.DASHBOARD_FILE`
+  (:func:`~ddtree_ops.render.monitoring.monitoring_paths`). One of ``config_dir`` and
+  ``rules_path`` is required unless ``fleet_only``; the rules path goes into ``rule_files:``.
 * ``fleet_only`` (bool, default false): only validate ``servers`` and check them against each
   other (deploy.yml's first play, run once before anything changes); returns ``targets`` and
   ``waves`` (host -> deploy wave: instances of one machine deploy one after the other,
@@ -13,7 +17,8 @@ Runs on the controller only. Options:
 * ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
-Returns ``prometheus_yml``, ``rules``, ``dashboard`` (text) and ``targets`` (host names).
+Returns ``prometheus_yml``, ``rules``, ``dashboard`` (text), ``rules_path`` and ``dashboard_path``
+(where the role installs them) and ``targets`` (host names).
 Fails with every finding when any server's config is invalid, when two servers clash on one
 machine (:mod:`ddtree_ops.config.fleet`: same address and port, or same unit), or on a bad
 alert setting. A host listed twice in ``servers`` is scraped once.
@@ -35,15 +40,22 @@ class ActionModule(ActionBase):
         from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
         from ddtree_ops.config.models import deployment_vars
         from ddtree_ops.render import render_prometheus
-        from ddtree_ops.render.monitoring import AlertSettings, AlertSettingsError, render_dashboard, render_rules
+        from ddtree_ops.render.monitoring import (
+            AlertSettings,
+            AlertSettingsError,
+            monitoring_paths,
+            render_dashboard,
+            render_rules,
+        )
 
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self._task.args
         servers = args.get("servers") or []
         fleet_only = bool(args.get("fleet_only", False))
-        if not isinstance(servers, list) or not (args.get("rules_path") or fleet_only):
-            result.update(failed=True, msg="ddtree_prometheus: servers (list of hosts) and rules_path are required")
+        if not isinstance(servers, list) or not (args.get("rules_path") or args.get("config_dir") or fleet_only):
+            result.update(failed=True, msg="ddtree_prometheus: servers (list of hosts) and config_dir (or rules_path) "
+                                           "are required")
             return result
         validated, findings = [], []
         for host in sorted(dict.fromkeys(map(str, servers))):  # a host listed twice is one target
@@ -75,15 +87,18 @@ class ActionModule(ActionBase):
             return result
         try:
             settings = AlertSettings.from_dict(dict(args.get("alerts") or {}))
-        except AlertSettingsError as exc:
+            paths = monitoring_paths(str(args.get("config_dir") or ""), str(args.get("rules_path") or ""),
+                                     str(args.get("dashboard_path") or ""))
+        except (AlertSettingsError, ValueError) as exc:
             result.update(failed=True, msg=str(exc))
             return result
         kw = {k: str(args[k]) for k in ("scrape_interval", "scrape_timeout", "evaluation_interval") if args.get(k)}
         result.update(
             changed=False,
-            prometheus_yml=render_prometheus(validated, rule_files=[str(args["rules_path"])], **kw),
+            prometheus_yml=render_prometheus(validated, rule_files=[paths["rules_path"]], **kw),
             rules=render_rules(settings, validated),
             dashboard=render_dashboard(),
             targets=[v.deployment.host for v in validated],
+            **paths,
         )
         return result

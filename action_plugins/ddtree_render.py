@@ -25,8 +25,14 @@ non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-no
 name and the binary it runs), ``release`` (the service's release:
 :func:`ddtree_ops.render.release.release_result`: ``id`` (the same id ``ddtree-ops render``
 prints), ``root``, ``dir``, ``keep``, ``files`` to install in the release dir, ``links``: the live
-paths as symlinks through ``current``). Fails with every finding (field, value, rule, fix) when the config is invalid;
-secret values never appear in ``msg`` or ``findings`` (:class:`ddtree_ops.config.errors.Finding` redacts them).
+paths as symlinks through ``current``), and values the roles share with Python, each defined once
+there: ``installs_sglang`` (:attr:`ddtree_ops.config.models.SGLangPin.installs_sglang`),
+``python_tag_code`` (:data:`ddtree_ops.python_tag.PYTHON_TAG_CODE`), ``driver_query`` (the
+arguments of ``nvidia-smi`` for the driver check: :data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`)
+and ``managed_by`` (how the header of a file ddtree-ops writes starts:
+:data:`ddtree_ops.render.files.MANAGED_BY`). Fails with every finding (field, value, rule, fix) when the
+config is invalid; secret values never appear in ``msg`` or ``findings``
+(:class:`ddtree_ops.config.errors.Finding` redacts them).
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ class ActionModule(ActionBase):
         from ddtree_ops.config import ConfigError
         from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
         from ddtree_ops.config.models import deployment_vars
+        from ddtree_ops.ops.toolkit import QUERY_COMMAND
+        from ddtree_ops.python_tag import PYTHON_TAG_CODE
         from ddtree_ops.render import render_host
-        from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE, plan_document, service_env
+        from ddtree_ops.render.files import DEVICES_UNIT, MANAGED_BY, NVIDIA_MODPROBE, plan_document, service_env
         from ddtree_ops.render.release import release_result
         from ddtree_ops.sglang.expect import probe_request
 
@@ -75,7 +83,7 @@ class ActionModule(ActionBase):
             unit=doc["unit"],
             url=doc["url"],
             rendezvous_port=validated.deployment.server.rendezvous_port,
-            exporter_url=f"http://127.0.0.1:{validated.deployment.ops.exporter_port}",
+            exporter_url=validated.deployment.ops.exporter_url,
             exporter_unit=next((f.path.rsplit("/", 1)[1] for f in files if f.component == "exporter"), None),
             paths=doc["paths"],
             deployment=doc["deployment"],
@@ -85,5 +93,9 @@ class ActionModule(ActionBase):
             devices_unit=DEVICES_UNIT,
             nvidia_modprobe=NVIDIA_MODPROBE,
             release=release_result(validated),
+            installs_sglang=validated.deployment.sglang.installs_sglang,
+            python_tag_code=PYTHON_TAG_CODE,
+            driver_query=QUERY_COMMAND[1:],
+            managed_by=MANAGED_BY,
         )
         return result

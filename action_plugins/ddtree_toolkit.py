@@ -4,8 +4,9 @@ on the controller (no version logic in YAML). Option ``check`` picks one:
 * ``repo``: ``distribution``, ``version``, ``machine`` (Ansible facts), ``base_url`` ->
   ``repo_path`` (e.g. ``debian12/x86_64``), ``url``, ``list_file``, ``keyring_deb_url``,
   ``keyring_path``, ``keyring_package``. Fails for a distro NVIDIA has no repository for.
-* ``driver``: ``stdout``, ``rc``, ``stderr`` of ``nvidia-smi --query-gpu=driver_version,compute_cap
-  --format=csv,noheader``, ``cuda``, ``arch`` -> ``gpus``; fails with one clear message when the
+* ``driver``: ``stdout``, ``rc``, ``stderr`` of :data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`
+  (the ``cuda_toolkit`` role runs it: ``ddtree_render``'s ``driver_query``), ``cuda``, ``arch``
+  -> ``gpus``; fails with one clear message when the
   driver is absent, too old for the toolkit, or the GPUs are not the host class' arch.
   ``min_driver`` / ``min_driver_reason`` (``plan.toolchain``: the pinned build's floor, if higher).
 * ``build_driver``: ``wheelhouse`` (controller directory of the SGLang wheelhouse) and

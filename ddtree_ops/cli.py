@@ -400,10 +400,17 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     validated = _require_valid(inventory, limit, vault, hub)
     writes = [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
-    from .render.monitoring import DASHBOARD_FILE, RULES_FILE, render_dashboard, render_rules
+    from .render.monitoring import (
+        DASHBOARD_FILE,
+        PROMETHEUS_CONFIG_DIR,
+        RULES_FILE,
+        monitoring_paths,
+        render_dashboard,
+        render_rules,
+    )
 
-    writes.append(("prometheus/prometheus.yml",
-                   render_prometheus(validated, rule_files=[f"/etc/prometheus/{RULES_FILE}"]), 0o644, False))
+    rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
+    writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
     try:

@@ -20,7 +20,7 @@ Usage: .venv/bin/python scripts/bench-controller.py [--sizes 1,10,100,1000] [--r
 Prints figures; it is not a test. CPU figures are the ones to trust on a loaded machine.
 ``--tmp`` puts the inventories and the rendered trees on another file system (e.g. ``/dev/shm``,
 a tmpfs): render's system time is almost all the file system's cost of creating ~6000
-directories and ~5000 files at 1000 hosts (see the README, "Speed at a thousand hosts").
+directories and ~5000 files at 1000 hosts (docs/performance.md, "Speed at a thousand hosts").
 
 Two things the figures depend on that are not the commands' own:
 

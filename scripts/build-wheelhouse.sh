@@ -12,7 +12,8 @@ out=${1:?usage: build-wheelhouse.sh OUT_DIR [PYTHON]}
 py=${2:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 hash=$(cd "$root" && { cat pyproject.toml; find ddtree_ops -name '*.py' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
-tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+# the CPython tag of $py, as ddtree_ops/python_tag.py defines it (standard library only)
+tag=$(cd "$root" && "$py" -m ddtree_ops.python_tag)
 dir="$out/$tag-$hash"
 if [ ! -f "$dir/.complete" ]; then
   rm -rf "$dir.tmp"

@@ -263,6 +263,21 @@ Port = _bounded(1024, 65535)
 """TCP port the service or exporter listens on: 1024-65535. The units run as an
 unprivileged user without ``CAP_NET_BIND_SERVICE``, so ports below 1024 cannot be bound
 (Linux ``ip(7)``, ``net.ipv4.ip_unprivileged_port_start`` default 1024)."""
+
+
+LOOPBACK = {4: "127.0.0.1", 6: "::1"}
+"""The loopback address of each IP version (RFC 1122 §3.2.1.3, RFC 4291 §2.5.3): where a process
+on a host reaches a server listening on every address (``0.0.0.0`` / ``::``)."""
+
+
+def loopback_url(port: int, version: int = 4) -> str:
+    """``http://`` URL of ``port`` on the loopback address of IP ``version`` (4 or 6, IPv6
+    bracketed), e.g. ``http://127.0.0.1:30000``, ``http://[::1]:30000``: the one place the
+    loopback URL is written (:attr:`Server.local_url`, :attr:`Ops.exporter_url`)."""
+    host = LOOPBACK[version]
+    return f"http://{host if version == 4 else f'[{host}]'}:{port}"
+
+
 Tokens = _bounded(0, 1 << 20, gt=True)
 BatchSize = _bounded(0, 4096, gt=True)
 Seconds = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=86400, allow_inf_nan=False)]
@@ -347,6 +362,15 @@ class SGLangPin(_Model):
     patches: Annotated[list[PatchPin], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     requirements: AbsPathOrRelative | None = None
     install_release: bool = False
+
+    @property
+    def installs_sglang(self) -> bool:
+        """Whether the host gets a real SGLang build in its SGLang venv: every source but
+        ``simulator``, and ``simulator`` with :attr:`install_release`. The one definition of that
+        condition: the plan's build-CUDA floor, the wheelhouse builder, the ``sglang`` role (install
+        or skip) and the ``triton`` role (check or skip) read it (the roles via ``ddtree_render``'s
+        ``installs_sglang``)."""
+        return self.source != "simulator" or self.install_release
 
     @field_validator("url", "repo")
     @classmethod
@@ -653,7 +677,7 @@ class Server(_Model):
         commands, the exporter's upstream and the roles' readiness checks."""
         ip = ipaddress.ip_address(self.host)
         if ip.is_unspecified:
-            return f"http://{'127.0.0.1' if ip.version == 4 else '[::1]'}:{self.port}"
+            return loopback_url(self.port, ip.version)
         if ip.version == 6:
             return f"http://[{str(ip).replace('%', '%25')}]:{self.port}"
         return f"http://{ip}:{self.port}"
@@ -807,6 +831,13 @@ class Ops(_Model):
     exporter_port: Port = 19400
     scrape_host: HostText | None = None
     accept_length_floor: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=1024, allow_inf_nan=False)] = 1.5
+
+    @property
+    def exporter_url(self) -> str:
+        """Where a process on the host reaches the exporter (it listens on every address):
+        :func:`loopback_url` of :attr:`exporter_port`, e.g. ``http://127.0.0.1:19400``. Read by the
+        ``ddtree_exporter`` role (``ddtree_render``'s ``exporter_url``) and ``fleet status``."""
+        return loopback_url(self.exporter_port)
 
 
 class RiskAcceptance(_Model):
@@ -1120,7 +1151,8 @@ def _reachable_vars(all_vars: dict[str, Any], memo: dict | None = None) -> set[s
     """Names of the variables whose values can reach the loader's output: the deployment
     variables (:data:`INVENTORY_VARS`, ``ddtree_*``) and, transitively, every variable named
     anywhere inside their Jinja (``{{ x }}``, ``hostvars[h]['x']``, ``lookup('vars', 'x')``).
-    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed (README: limits).
+    A name computed at run time (``lookup('vars', 'a' ~ 'b')``) is not followed
+    (docs/configuration.md: the limit of the secret check).
     ``memo``: one load's (:func:`_memo_get`); a container walked whole before gives its names again."""
     known = {str(n) for n in all_vars if n not in SKIP_VARS}
     todo = [n for n in known if n in INVENTORY_VARS.values() or is_deployment_var(n)]

@@ -202,7 +202,7 @@ def _build_cuda(d: Deployment) -> tuple[int | None, str]:
     (simulator) or the release was never read."""
     from .build_table import BUILD_REQUIRES_CUDA
 
-    if d.sglang.source == "simulator" and not d.sglang.install_release:
+    if not d.sglang.installs_sglang:
         return None, ""
     row = BUILD_REQUIRES_CUDA.get(d.sglang.base_version)
     if row is None:

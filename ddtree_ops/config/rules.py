@@ -539,7 +539,7 @@ def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
                 yield _warn(f"ddtree_sglang.{f}", None, "source git needs repo and commit (a full 40-hex SHA) "
                             "before the sglang role can install it",
                             "set repo to the repository and commit to the SHA you tested (git rev-parse HEAD)")
-    if pin.source == "simulator" and pin.requirements is not None and not pin.install_release:
+    if pin.requirements is not None and not pin.installs_sglang:
         yield _err("ddtree_sglang.requirements", pin.requirements,
                    "a simulator installs no SGLang unless install_release is true",
                    "set install_release: true to also install the real release, or remove requirements")

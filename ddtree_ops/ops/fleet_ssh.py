@@ -454,7 +454,9 @@ def status_command(t: Target, nonce: str) -> str:
     so nothing a host prints can fake a section)."""
     metrics_py = ("import sys,urllib.request as u;"
                   "sys.stdout.buffer.write(u.urlopen(sys.argv[1],timeout=3).read(1<<20))")
-    url = f"http://127.0.0.1:{t.exporter_port}/metrics"
+    from ..config.models import loopback_url
+
+    url = f"{loopback_url(t.exporter_port)}/metrics"
     parts = [
         ("show", f"systemctl show {_q(t.unit)} -p ActiveState -p SubState -p InvocationID --no-pager"),
         ("release", f"readlink {_q(t.releases_root + '/current')}"),

@@ -24,8 +24,13 @@ from ..config.instance import MULTIPROC_ENV, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from .argv import build_argv
+from .monitoring import EXPORTER_JOB, SGLANG_JOB
 
-MANAGED = "Managed by ddtree-ops: do not edit; re-render with `ddtree-ops render` or deploy.yml."
+MANAGED_BY = "Managed by ddtree-ops: do not edit"
+"""The start of the header of every file ddtree-ops writes on a host: the rendered files'
+(:data:`MANAGED`) and the ``cuda_toolkit`` role's own (``ddtree_render`` returns it as ``managed_by``)."""
+MANAGED = f"{MANAGED_BY}; re-render with `ddtree-ops render` or deploy.yml."
+"""Header comment of every file :func:`render_host` and :func:`render_prometheus` render."""
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """The YAML emitter of rendered documents: libyaml's safe dumper where PyYAML has it (half
@@ -352,10 +357,10 @@ def prometheus_document(validated: list[Validated], scrape_interval: str = "15s"
     if rule_files:
         doc["rule_files"] = [str(f) for f in rule_files]
     doc["scrape_configs"] = [
-        {"job_name": "sglang", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+        {"job_name": SGLANG_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
          "static_configs": static(lambda v: v.deployment.server.port)},
         # the exporter sets host/host_class/model itself; keep its values
-        {"job_name": "ddtree_exporter", "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+        {"job_name": EXPORTER_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
          "honor_labels": True, "static_configs": static(lambda v: v.deployment.ops.exporter_port)},
     ]
     return doc

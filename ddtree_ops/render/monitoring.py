@@ -24,12 +24,39 @@ if TYPE_CHECKING:
     from ..config.load import Validated
 
 EXPORTER_JOB = "ddtree_exporter"
+"""Prometheus job of the exporters (``prometheus.yml`` of :func:`~.files.prometheus_document`, the rules' selectors)."""
 SGLANG_JOB = "sglang"
+"""Prometheus job of the SGLang servers' own ``/metrics``."""
 RULES_FILE = "ddtree-rules.yml"
+"""File name of the alert rules in the Prometheus config directory (``prometheus_targets`` role: ``rules_path``)."""
 DASHBOARD_FILE = "ddtree-dashboard.json"
+"""File name of the Grafana dashboard in the Prometheus config directory (role: ``dashboard_path``)."""
+PROMETHEUS_CONFIG_DIR = "/etc/prometheus"
+"""Prometheus' configuration directory in Debian's and Ubuntu's ``prometheus`` package (where
+``ddtree-ops render`` points ``rule_files`` at; the ``prometheus_targets`` role's
+``prometheus_targets_config_dir`` default)."""
 DASHBOARD_UID = "ddtree-ops"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 _BY = "host, host_class, model"
+
+
+def monitoring_paths(config_dir: str, rules_path: str = "", dashboard_path: str = "") -> dict[str, str]:
+    """Where the rules and the dashboard land on the monitoring host: ``rules_path`` and
+    ``dashboard_path`` as given, an empty one ``<config_dir>/`` + :data:`RULES_FILE` /
+    :data:`DASHBOARD_FILE` (what the ``ddtree_prometheus`` action returns to the
+    ``prometheus_targets`` role, whose path variables default to empty).
+
+    Raises:
+        ValueError: a path that is not absolute or holds a control character (one line naming it).
+    """
+    paths = {"rules_path": rules_path or f"{config_dir.rstrip('/')}/{RULES_FILE}",
+             "dashboard_path": dashboard_path or f"{config_dir.rstrip('/')}/{DASHBOARD_FILE}"}
+    for name, path in paths.items():
+        if not path.startswith("/") or re.search(r"[\x00-\x1f\x7f]", path):
+            raise ValueError(f"ddtree_prometheus {name} = {path[:200]!r}{'…' if len(path) > 200 else ''}: must be "
+                             "an absolute path without control characters. Fix: set prometheus_targets_config_dir "
+                             "(or the file variable) to an absolute path, e.g. /etc/prometheus")
+    return paths
 
 
 class AlertSettingsError(ValueError):

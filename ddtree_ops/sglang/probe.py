@@ -286,6 +286,62 @@ def _sizing_check(req: dict[str, Any], has_ddtree: bool, plugin: dict[str, Any],
     return _check("verify-graph-sizing", ok, detail)
 
 
+REPORT_CAP = 1 << 20
+"""Characters of the probe's stdout the controller reads (a real report is a few KB)."""
+DETAIL_CAP = 2000
+"""Characters of one check's name or detail kept by :func:`read_report` (longer: cut, with ``…``)."""
+
+
+def _cut(text: str, cap: int) -> str:
+    return text if len(text) <= cap else text[:cap] + "…"
+
+
+def read_report(stdout: str, stderr: str = "") -> dict[str, Any]:
+    """The probe's ``--json`` output as the controller reads it (the ``ddtree_probe`` action of
+    the ``sglang`` role): ``{"ok", "checks", "plugin", ...}`` as printed, each check's name and
+    detail as text cut to :data:`DETAIL_CAP`. Output that is not such an object (the process died
+    before printing, e.g. SGLang's import killed it; a cut or hostile stdout) is a failed report
+    with one ``probe`` check whose detail is the last line of ``stderr`` (or what was wrong).
+    Never raises; ``stdout`` beyond :data:`REPORT_CAP` characters is refused, not parsed."""
+    def failed(detail: str) -> dict[str, Any]:
+        return {"ok": False, "checks": [_check("probe", False, _cut(detail, DETAIL_CAP))], "plugin": {}}
+
+    last = next((ln.strip() for ln in reversed(str(stderr)[-REPORT_CAP:].splitlines()) if ln.strip()), "no output")
+    text = str(stdout)
+    if len(text) > REPORT_CAP:
+        return failed(f"the probe printed more than {REPORT_CAP} characters; last line of its stderr: {last}")
+    if not text.lstrip().startswith("{"):
+        return failed(last)
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return failed(f"the probe's output is not JSON ({exc}); last line of its stderr: {last}")
+    checks = doc.get("checks") if isinstance(doc, dict) else None
+    if (not isinstance(checks, list) or not checks or not isinstance(doc.get("ok"), bool)
+            or not all(isinstance(c, dict) and isinstance(c.get("ok"), bool) for c in checks)):
+        return failed("the probe's output is not a report ({ok, checks: [{name, ok, detail}]}); "
+                      f"last line of its stderr: {last}")
+    doc["checks"] = [_check(_cut(str(c.get("name", "?")), DETAIL_CAP), c["ok"],
+                            _cut(str(c.get("detail", "")), DETAIL_CAP)) for c in checks]
+    doc["ok"] = doc["ok"] and all(c["ok"] for c in doc["checks"])
+    if not isinstance(doc.get("plugin"), dict):
+        doc["plugin"] = {}
+    return doc
+
+
+def report_lines(result: dict[str, Any]) -> list[str]:
+    """The text form of a probe result: ``ok   NAME: DETAIL`` / ``FAIL NAME: DETAIL`` per check,
+    then ``info plugin: SUMMARY`` (``unknown`` when the result has none). What ``--json``-less
+    runs print and what the ``sglang`` role shows."""
+    lines = [f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}" for c in result["checks"]]
+    return lines + [f"info plugin: {_cut(str(result.get('plugin', {}).get('summary', 'unknown')), DETAIL_CAP)}"]
+
+
+def failure_detail(result: dict[str, Any]) -> str:
+    """The details of the failed checks of a probe result, joined with `` | `` (``""`` when none failed)."""
+    return " | ".join(c["detail"] for c in result["checks"] if not c["ok"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ddtree_ops.sglang.probe``; see the module docstring for exit codes."""
     ap = argparse.ArgumentParser(prog="python -m ddtree_ops.sglang.probe",
@@ -307,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        for c in result["checks"]:
-            print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}")
-        print(f"info plugin: {result['plugin']['summary']}")
+        print("\n".join(report_lines(result)))
     return 0 if result["ok"] else 1
 
 

@@ -37,6 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..python_tag import PYTHON_TAG_CODE
+
 BUILDER_VERSION = "1"
 """Bumped when the wheelhouse layout changes (part of the id)."""
 
@@ -109,14 +111,14 @@ def _check_pin(pin: dict[str, Any]) -> None:
     from ..config.models import SGLangPin
 
     try:  # the role passes a validated dump; a hand-written --pin gets the same field rules
-        SGLangPin.model_validate(pin)
+        model = SGLangPin.model_validate(pin)
     except ValidationError as exc:
         raise WheelhouseError(f"ddtree_sglang.{findings_from_validation_error(exc, '', {})[0].message()}") from None
     src = pin.get("source")
+    if not model.installs_sglang:
+        raise WheelhouseError("ddtree_sglang.source = 'simulator': nothing to install. "
+                              "Fix: set install_release: true to install the real release as well")
     if src == "simulator":
-        if not pin.get("install_release"):
-            raise WheelhouseError("ddtree_sglang.source = 'simulator': nothing to install. "
-                                  "Fix: set install_release: true to install the real release as well")
         return
     if src == "wheel" and not (pin.get("sha256") and (pin.get("url") or pin.get("path"))):
         raise WheelhouseError("ddtree_sglang.sha256: source wheel needs url or path and sha256. "
@@ -235,7 +237,7 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
     _check_pin(pin)
     if pin["source"] == "git":
         _patch_files(pin, root)  # also on a cache hit: a patch file that changed or vanished is refused
-    tag = _run([python, "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
+    tag = _run([python, "-c", PYTHON_TAG_CODE],
                "reading the Python tag").strip()
     wid = wheelhouse_id(pin, root, tag)
     final = out / f"{tag}-{wid}"
