@@ -7,9 +7,12 @@ and ``testhost-standins.sh up``), and then fail when the hosts are down; otherwi
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "testhost.sh"
@@ -53,6 +56,17 @@ def ssh(address: str, command: str) -> subprocess.CompletedProcess[str]:
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 TEST_INVENTORY = REPO_ROOT / "inventory" / "test"
 HOST = "ddt-th1"
+
+
+def copy_test_inventory(dest: Path) -> Path:
+    """inventory/test copied to ``dest`` (a directory to create) with the SSH key pinned to this
+    checkout's: the inventory names it relative to itself (``inventory_dir``), which a copy elsewhere
+    would not find. Returns ``dest``."""
+    shutil.copytree(TEST_INVENTORY, dest)
+    hosts = yaml.safe_load((TEST_INVENTORY / "hosts.yml").read_text())
+    hosts["all"]["children"]["testhosts"]["vars"]["ansible_ssh_private_key_file"] = str(KEY)
+    (dest / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return dest
 
 
 def deploy(inventory: Path = TEST_INVENTORY, limit: str = HOST,

@@ -9,13 +9,12 @@ installed is byte-identical to ``ddtree-ops render``, every rendered unit passes
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, VENV_BIN, deploy, recap, ssh, ssh_options
+from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, VENV_BIN, copy_test_inventory, deploy, recap, ssh, ssh_options
 
 pytestmark = pytest.mark.hosts
 
@@ -100,9 +99,7 @@ def test_bad_input_changes_nothing_on_the_host(deployed, tmp_path, bad):
     probe = ("sha256sum /etc/systemd/system/ddtree-sglang.service /etc/ddtree-ops/sglang/*; "
              "systemctl show -p MainPID -p ActiveEnterTimestamp ddtree-sglang.service")
     before = ssh(addr, probe).stdout
-    inv = tmp_path / "inv"
-    shutil.copytree(TEST_INVENTORY, inv)
-    (inv / "hosts.yml").write_text((TEST_INVENTORY / "hosts.yml").read_text())
+    inv = copy_test_inventory(tmp_path / "inv")
     gv = inv / "group_vars" / "testhosts.yml"
     data = yaml.safe_load(gv.read_text())
     data.update(bad)
@@ -139,10 +136,7 @@ def test_check_mode_shows_a_config_change_and_makes_none(deployed, tmp_path):
     rendered argv in plan.json and the unit's env, as diffs) and changes nothing on the host."""
     addr = deployed["address"]
     before = ssh(addr, HOST_STATE).stdout
-    inv = tmp_path / "inv"
-    shutil.copytree(TEST_INVENTORY, inv)
-    hosts = inv / "hosts.yml"  # the key path is relative to the inventory: make it this checkout's
-    hosts.write_text(hosts.read_text().replace("{{ inventory_dir }}/../..", str(REPO_ROOT)))
+    inv = copy_test_inventory(tmp_path / "inv")
     gv = inv / "group_vars" / "testhosts.yml"
     data = yaml.safe_load(gv.read_text())
     assert data["ddtree_speculative"]["budget"] == 32

@@ -7,12 +7,11 @@ anything changes on it.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
 import yaml
-from hostutil import HOST, TEST_INVENTORY, deploy, recap, ssh, ssh_options
+from hostutil import HOST, copy_test_inventory, deploy, recap, ssh, ssh_options
 
 from ddtree_ops.ops.preflight import build_zipapp
 
@@ -87,7 +86,7 @@ def test_deploy_stops_the_unfit_host_before_anything_changes(deployed, holder, t
     addr = deployed["address"]
     before = ssh(addr, PROBE).stdout
     inv = tmp_path / "inv"
-    shutil.copytree(TEST_INVENTORY, inv)
+    copy_test_inventory(inv)
     gv = inv / "group_vars" / "testhosts.yml"
     data = yaml.safe_load(gv.read_text())
     data["ddtree_server"]["port"] = TAKEN
