@@ -147,7 +147,7 @@ def test_activate_switches_current_and_records_history(root):
     v1, v2 = _versions(2)
     i1 = _install(root, v1)
     r = hr.activate(root, i1)
-    assert r == {"root": str(root), "id": i1, "from": None, "changed": True, "pruned": []}
+    assert r == {"root": str(root), "id": i1, "from": None, "changed": True, "pruned": [], "prune_failed": {}}
     assert os.readlink(root / "current") == i1
     assert hr.activate(root, i1)["changed"] is False
     i2 = _install(root, v2)
@@ -299,6 +299,128 @@ def test_hostile_history_refused(root):
     (root / "history").write_text("../../etc\n")
     with pytest.raises(hr.ReleaseError, match="history line 1"):
         hr.activate(root, rid)
+
+
+def test_concurrent_activates_and_rollbacks_leave_the_root_consistent(root):
+    """Attack pass 7: two activates at once used to interleave switch, history and prune, so one
+    pruned the release the other had just made current (current dangling, both exit 0). The
+    root's lock serialises them: after every round current names a release on disk and is the
+    history's last id."""
+    import threading
+
+    vs = _versions(3)
+    ids = [_install(root, v) for v in vs[:1]]
+    hr.activate(root, ids[0], keep=1)
+    errors: list[BaseException] = []
+
+    def run(op) -> None:
+        try:
+            op()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    for n in range(12):
+        a, b = _install(root, vs[(n + 1) % 3]), _install(root, vs[(n + 2) % 3])
+        ops = [lambda a=a: hr.activate(root, a, keep=1), lambda b=b: hr.activate(root, b, keep=1)]
+        if n % 3 == 2:
+            ops[0] = lambda: hr.rollback(root, keep=1)
+        threads = [threading.Thread(target=run, args=(op,)) for op in ops]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        cur = os.readlink(root / "current")
+        assert (root / cur).is_dir(), (n, cur, errors)
+        assert (root / "history").read_text().split()[-1] == cur
+    # a release that the other activate pruned before this one verified it is a clean refusal
+    assert all(isinstance(e, hr.ReleaseError) and "no directory" in str(e) or "no previous" in str(e)
+               for e in errors), errors
+
+
+def test_a_held_lock_makes_activate_wait_then_refuse(root, monkeypatch):
+    import fcntl
+
+    rid = _install(root, _versions(1)[0])
+    monkeypatch.setattr(hr, "LOCK_WAIT_S", 0.3)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(hr.ReleaseError, match="another release activate/rollback"):
+            hr.activate(root, rid)
+        assert not (root / "current").exists() and not (root / "history").exists()
+    finally:
+        os.close(fd)
+    assert hr.activate(root, rid)["changed"]  # the lock went with its descriptor
+
+
+def test_long_history_is_read_in_linear_time(root, capsys):
+    """Attack pass 7: 100 000 distinct ids in history hung list/activate (quadratic dedupe)."""
+    import time
+
+    rid = _install(root, _versions(1)[0])
+    (root / "history").write_text("".join(f"{i:012x}\n" for i in range(300_000)) + "000000000005\n")
+    t0 = time.monotonic()
+    info = hr.list_releases(root)
+    assert len(info["history"]) == 300_000 and info["history"][-1] == "000000000005"
+    assert hr.activate(root, rid)["changed"]
+    assert time.monotonic() - t0 < 5
+    assert len((root / "history").read_text().split()) == hr.MAX_HISTORY  # rewritten to its bound
+
+
+def test_history_line_with_a_unicode_line_separator_refused(root):
+    i1 = _install(root, _versions(1)[0])
+    (root / "history").write_text(f"{i1}\u2028{i1}\n")
+    with pytest.raises(hr.ReleaseError, match="history line 1"):
+        hr.list_releases(root)
+
+
+def test_manifest_nested_to_the_recursion_limit_is_refused_not_a_crash(root):
+    """Attack pass 7: a manifest nested just shallow enough for json.loads but too deep for
+    compute_id's json.dumps ended in RecursionError (exit 70)."""
+    import sys
+
+    rid = _install(root, _versions(1)[0])
+    m = root / rid / MANIFEST
+    good = m.read_text()
+    for depth in range(sys.getrecursionlimit() - 400, sys.getrecursionlimit() + 5):  # wherever the stack is
+        m.write_text(good.replace('"identity": {', '"identity": {"z": ' + "[" * depth + "]" * depth + ", ", 1))
+        with pytest.raises(hr.ReleaseError, match="not a release manifest|content key is not"):
+            hr.activate(root, rid)
+    assert not (root / "current").exists()
+
+
+def test_a_release_that_cannot_be_pruned_does_not_fail_the_switch(root, monkeypatch, capsys):
+    import shutil
+
+    ids = _deploy_all(root, _versions(2))
+    stray = _install(root, _versions(3)[2])
+    real = shutil.rmtree
+
+    def rmtree(path, *a, **kw):
+        if path == stray:
+            raise PermissionError(1, "Operation not permitted", "sub")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert main(["release", "activate", "--root", str(root), "--id", ids[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"could not prune 1 release(s), e.g. {stray}" in out and "Operation not permitted" in out, out
+    assert os.readlink(root / "current") == ids[0] and (root / stray).is_dir()
+
+
+@pytest.mark.parametrize(("given", "rc", "what"), [
+    ("a\x1b]0;pwn\x07\nok   forged line", 2, "without control characters"),
+    ("/" + "a" * 5000, 2, "at most 4096"),
+    ("/" + "a" * 300 + "/r", 1, "cannot be looked at: File name too long"),
+])
+def test_root_that_cannot_be_named_in_one_line_is_refused(tmp_path, capsys, given, rc, what):
+    assert main(["release", "list", "--root", given]) == rc
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert what in text and "\x1b" not in text and "Traceback" not in text, text
+    (tmp_path / "f").write_text("x")
+    assert main(["release", "list", "--root", str(tmp_path / "f" / "r")]) == 1
+    assert "cannot be looked at: Not a directory" in capsys.readouterr().out
 
 
 def test_cli_list_activate_rollback_json(root, capsys):

@@ -21,7 +21,8 @@ the caller then runs ``systemctl daemon-reload`` and restarts the unit (the role
 ``--json`` prints one object: ``{"ok", "checks": [{name, ok, detail}], "root", ...}`` with, per
 command: ``list``: ``current``, ``previous``, ``history`` (ids, newest last), ``releases``
 (``{id, current, in_history}``); ``activate``: ``id``, ``from`` (the previous current or
-null), ``changed``, ``pruned``; ``rollback``: ``from``, ``to``, ``changed``, ``pruned``;
+null), ``changed``, ``pruned``, ``prune_failed`` (``{id: why}`` of releases that could not be
+removed: the switch stands); ``rollback``: ``from``, ``to``, ``changed``, ``pruned``, ``prune_failed``;
 ``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``.
 
 Exit codes as every ddtree-ops command: 0 ok, 1 refused or failed (one line naming what, the
@@ -41,6 +42,9 @@ Safety (every path stays inside ``R``):
   id recomputed from the manifest is the directory's name;
 * ``current`` is switched atomically: a symlink made under a temporary name, then ``rename``
   over ``current`` (rename(2) replaces atomically: readers see the old or the new, never none).
+* ``activate`` and ``rollback`` hold the root's exclusive lock (``flock`` on its descriptor,
+  waited for at most :data:`LOCK_WAIT_S`) from reading ``current`` to the end of the prune, so
+  two of them at once never prune the release the other just made current.
 
 Prune rule (after each activate and rollback): keep the current release and the newest
 ``keep`` other releases of the history (the previous one always among them, ``keep >= 1``);
@@ -133,6 +137,8 @@ def open_root(root: Path) -> int:
     except FileNotFoundError:
         raise ReleaseError(f"--root {root}: no such directory (no release was ever installed here; deploy first, "
                            "or give the service's {config_dir}/releases)") from None
+    except OSError as exc:  # a path too long, a file where a directory should be, no permission
+        raise ReleaseError(f"--root {root}: cannot be looked at: {exc.strerror or exc}") from None
     if stat.S_ISLNK(st.st_mode):
         raise ReleaseError(f"--root {root}: is a symlink; give the real directory (releases are never switched "
                            "through a symlink)")
@@ -215,18 +221,17 @@ def read_history(root_fd: int, root: Path) -> list[str]:
         raw = _read_file(root_fd, HISTORY, f"{root}/{HISTORY}")
     except FileNotFoundError:
         return []
-    out: list[str] = []
-    for n, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+    out: dict[str, None] = {}  # insertion-ordered: linear in the file's lines, however many (up to its byte cap)
+    for n, line in enumerate(raw.decode("utf-8", "replace").split("\n"), 1):
         if not line.strip():
             continue
         if not ID_RE.fullmatch(line.strip()):
             raise ReleaseError(f"{root}/{HISTORY} line {n} = {_shown(line)}: not a release id. Fix: remove the file "
                                "(the next activation starts a new history)")
         rid = line.strip()
-        if rid in out:
-            out.remove(rid)
-        out.append(rid)
-    return out
+        out.pop(rid, None)
+        out[rid] = None
+    return list(out)
 
 
 def _write_history(root_fd: int, ids: list[str]) -> None:
@@ -307,7 +312,11 @@ def verify(root_fd: int, root: Path, rid: str) -> dict:
             if hashlib.sha256(data).hexdigest() != e.get("sha256"):
                 raise ReleaseError(f"{where}/{name}: changed since it was installed (sha256 differs from the "
                                    f"manifest). Fix: deploy again; never edit a release in place")
-        if compute_id(entries, ident) != rid or doc.get("id") != rid:
+        try:
+            key = compute_id(entries, ident)
+        except (RecursionError, ValueError, TypeError):  # nested deeper than the encoder goes, or no JSON value
+            key = None
+        if key != rid or doc.get("id") != rid:
             raise ReleaseError(f"{where}/{MANIFEST}: its content key is not {rid} (a manifest of another release, "
                                "or edited). Fix: deploy again")
         return doc
@@ -327,11 +336,14 @@ def _switch(root_fd: int, rid: str) -> None:
     os.fsync(root_fd)
 
 
-def prune(root_fd: int, root: Path, keep: int, current: str | None, history: list[str]) -> list[str]:
+def prune(root_fd: int, root: Path, keep: int, current: str | None, history: list[str],
+          failed: dict[str, str] | None = None) -> list[str]:
     """Remove releases beyond the prune rule (module docstring); the ids removed, sorted.
 
     Never removes ``current``, nor the newest ``keep`` other ids of ``history`` (so never the
-    previous one: ``keep >= 1``)."""
+    previous one: ``keep >= 1``). A release that cannot be removed (an immutable file, a
+    read-only mount) is left and recorded in ``failed`` (id -> why) when given, else raises
+    :class:`ReleaseError`; it never undoes the switch that came before."""
     import shutil
 
     if not 1 <= keep <= KEEP_MAX:
@@ -343,7 +355,14 @@ def prune(root_fd: int, root: Path, keep: int, current: str | None, history: lis
         if rid in kept:
             continue
         # rmtree with dir_fd never follows a symlink inside (shutil's fd-based walk)
-        shutil.rmtree(rid, dir_fd=root_fd)
+        try:
+            shutil.rmtree(rid, dir_fd=root_fd)
+        except OSError as exc:
+            why = f"{exc.filename or rid}: {exc.strerror or exc}"
+            if failed is None:
+                raise ReleaseError(f"{root}/{rid}: cannot be pruned ({_shown(why, 160)})") from None
+            failed[rid] = why
+            continue
         removed.append(rid)
     return removed
 
@@ -358,11 +377,46 @@ def list_releases(root: Path) -> dict:
         history = read_history(fd, root)
         others = [i for i in history if i != current]
         ids = release_ids(fd)
+        in_history = set(history)
         return {"root": str(root), "current": current, "previous": others[-1] if others else None,
                 "history": history,
-                "releases": [{"id": i, "current": i == current, "in_history": i in history} for i in ids]}
+                "releases": [{"id": i, "current": i == current, "in_history": i in in_history} for i in ids]}
+    except OSError as exc:
+        raise _os_failure(root, "listing", exc) from None
     finally:
         os.close(fd)
+
+
+LOCK_WAIT_S = 30.0
+"""Longest wait for another activate/rollback on the same root to finish (total, seconds)."""
+
+
+def _lock(root_fd: int, root: Path, wait_s: float | None = None) -> None:
+    """Take the root's exclusive lock (``flock`` on the root's own descriptor; released when it
+    is closed), so two activates/rollbacks never interleave their switch, history and prune.
+
+    Raises:
+        ReleaseError: another operation held it for ``wait_s`` seconds."""
+    import fcntl
+
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(root_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise ReleaseError(f"{root}: another release activate/rollback has held it for {wait_s:g} s; "
+                                   "nothing changed. Fix: wait for it to finish (a deploy or fleet rollback in "
+                                   "progress), then run again") from None
+            time.sleep(0.05)
+
+
+def _os_failure(root: Path, what: str, exc: OSError) -> ReleaseError:
+    where = exc.filename if isinstance(exc.filename, str) and exc.filename else str(root)
+    return ReleaseError(f"{root}: {what} failed at {_shown(where, 120)}: {exc.strerror or exc} (see `release list`; "
+                        "current is switched atomically, so it names the old or the new release)")
 
 
 def activate(root: Path, rid: str, keep: int = 3) -> dict:
@@ -377,6 +431,7 @@ def activate(root: Path, rid: str, keep: int = 3) -> dict:
     check_id(rid)
     fd = open_root(root)
     try:
+        _lock(fd, root)
         old = read_current(fd, root)
         history = read_history(fd, root)
         verify(fd, root, rid)
@@ -387,8 +442,12 @@ def activate(root: Path, rid: str, keep: int = 3) -> dict:
             _switch(fd, rid)
         history = [i for i in history if i != rid] + [rid]
         _write_history(fd, history)
-        pruned = prune(fd, root, keep, rid, history)
-        return {"root": str(root), "id": rid, "from": old, "changed": changed, "pruned": pruned}
+        failed: dict[str, str] = {}
+        pruned = prune(fd, root, keep, rid, history, failed)
+        return {"root": str(root), "id": rid, "from": old, "changed": changed, "pruned": pruned,
+                "prune_failed": failed}
+    except OSError as exc:
+        raise _os_failure(root, "activate", exc) from None
     finally:
         os.close(fd)
 
@@ -405,6 +464,7 @@ def rollback(root: Path, keep: int = 3) -> dict:
     """
     fd = open_root(root)
     try:
+        _lock(fd, root)
         current = read_current(fd, root)
         if current is None:
             raise ReleaseError(f"{root}: no current release; nothing to roll back (deploy first)")
@@ -419,8 +479,12 @@ def rollback(root: Path, keep: int = 3) -> dict:
         _switch(fd, target)
         history = history[:history.index(target) + 1]
         _write_history(fd, history)
-        pruned = prune(fd, root, keep, target, history + [current])  # the rolled-back one stays until the next prune
-        return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned}
+        failed: dict[str, str] = {}
+        pruned = prune(fd, root, keep, target, history + [current], failed)  # the rolled-back one stays until next
+        return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned,
+                "prune_failed": failed}
+    except OSError as exc:
+        raise _os_failure(root, "rollback", exc) from None
     finally:
         os.close(fd)
 
@@ -526,8 +590,22 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
 
+ROOT_MAX = 4096
+"""Longest ``--root`` (PATH_MAX)."""
+
+
+def _root_ok(root: Path) -> Path:
+    """``--root`` as given, if it is a path that can be named in one line: no control character
+    (a newline or a terminal escape would forge or garble the output), at most :data:`ROOT_MAX`."""
+    text = str(root)
+    if len(text) > ROOT_MAX or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in text):
+        raise typer.BadParameter(f"--root {_shown(text)}: must be a path of at most {ROOT_MAX} characters without "
+                                 "control characters (the service's {config_dir}/releases)")
+    return root
+
+
 RootOpt = Annotated[Path, typer.Option("--root", help="The release root, {config_dir}/releases "
-                                                      "(e.g. /etc/ddtree-ops/sglang/releases).")]
+                                                      "(e.g. /etc/ddtree-ops/sglang/releases).", callback=_root_ok)]
 KeepOpt = Annotated[int, typer.Option(
     "--keep", help=f"Previous releases to keep (1..{KEEP_MAX}; ddtree_service.keep_releases).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -541,6 +619,17 @@ def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = 
 
 def _refused(name: str, exc: ReleaseError, as_json: bool, extra: dict | None = None) -> None:
     _emit(False, name, str(exc), as_json, extra)
+
+
+def _pruned(res: dict) -> str:
+    """The pruned ids for the one-line summary (at most 10 named) and any that could not be removed."""
+    ids, failed = res["pruned"], res.get("prune_failed") or {}
+    text = f"; pruned {', '.join(ids[:10])}" + (f" and {len(ids) - 10} more" if len(ids) > 10 else "") if ids else ""
+    if failed:
+        rid, why = next(iter(failed.items()))
+        text += (f"; could not prune {len(failed)} release(s), e.g. {rid} ({_shown(why, 120)}): remove by hand "
+                 "(the switch itself is done)")
+    return text
 
 
 def _keep(keep: int) -> int:
@@ -578,8 +667,7 @@ def activate_cmd(root: RootOpt, rid: Annotated[str, typer.Option("--id", help="T
     except ReleaseError as exc:
         return _refused("release-activate", exc, as_json, {"root": str(root)})
     what = f"{res['from']} -> {res['id']}" if res["changed"] else f"{res['id']} was already current"
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-activate", what + pruned, as_json, res)
+    _emit(True, "release-activate", what + _pruned(res), as_json, res)
 
 
 @app.command("rollback")
@@ -590,8 +678,7 @@ def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> 
         res = rollback(root, keep)
     except ReleaseError as exc:
         return _refused("release-rollback", exc, as_json, {"root": str(root)})
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{pruned}", as_json, res)
+    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{_pruned(res)}", as_json, res)
 
 
 @app.command("gate")
