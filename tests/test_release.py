@@ -475,6 +475,32 @@ def test_gate_passes_a_good_server_and_catches_collapsed_acceptance(tmp_path, ca
     assert doc["elapsed_s"] < 30
 
 
+def test_gate_fails_an_acceptance_length_no_verify_pass_can_reach(tmp_path, capsys, monkeypatch):
+    """Attack pass 7: a server whose meta_info says 64 tokens came from one verify pass
+    (spec_verify_ct 1) passed the floor; a pass verifies plan.verify_tokens_per_req tokens
+    (33 here) and cannot accept more, so the gate fails it."""
+    import dataclasses
+
+    from ddtree_ops.ops import bench
+
+    real = bench.run_async
+
+    async def lying(*a, **kw):
+        res = await real(*a, **kw)
+        return dataclasses.replace(res, levels=[dataclasses.replace(res.levels[0], accept_length=64.0)])
+
+    monkeypatch.setattr(bench, "run_async", lying)
+    sim, plan = _sim_deployment(tmp_path, None)
+    try:
+        rc = main(["release", "gate", "--plan", str(plan), "--url", sim.base, "--requests", "4", "--deadline", "30",
+                   "--json"])
+    finally:
+        sim.stop()
+    doc = json.loads(capsys.readouterr().out)
+    check = {c["name"]: c for c in doc["checks"]}["accept_length_floor"]
+    assert rc == 1 and not check["ok"] and "64.00 is impossible" in check["detail"] and "33 tokens" in check["detail"]
+
+
 def test_gate_on_a_dead_server_fails_within_its_deadline(tmp_path, capsys):
     from test_sim import free_port
 

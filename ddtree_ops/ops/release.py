@@ -521,7 +521,9 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
        at ``o.concurrency``, ``o.max_new_tokens`` tokens each), every request answered;
     3. the load's acceptance length (per request ``meta_info``, else the server's counters)
        at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.models.Ops`)
-       when the deployment speculates.
+       when the deployment speculates, and at most ``plan.verify_tokens_per_req`` (a verify
+       pass cannot accept more tokens than it verifies: :class:`ddtree_ops.config.plan.Plan`), so
+       a server whose counts are impossible fails rather than passes.
 
     Returns:
         ``(checks, extra)``: the checks (``{name, ok, detail}``) and ``{accept_length, floor, elapsed_s}``.
@@ -577,6 +579,12 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
             checks.append({"name": "accept_length_floor", "ok": False,
                            "detail": "the server reported no acceptance length under load (speculative decoding "
                                      "off or broken)"})
+        elif not acc <= (ceiling := float(plan_doc.plan.verify_tokens_per_req)):
+            checks.append({"name": "accept_length_floor", "ok": False,
+                           "detail": f"acceptance length {acc:.2f} is impossible: a verify pass checks "
+                                     f"{ceiling:g} tokens per request (plan.verify_tokens_per_req) and cannot "
+                                     "accept more; the server's counts (meta_info spec_verify_ct, or its "
+                                     "/metrics counters) are wrong"})
         else:
             checks.append({"name": "accept_length_floor", "ok": acc >= floor,
                            "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor "
