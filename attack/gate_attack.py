@@ -10,7 +10,6 @@ Run: cd <worktree> && .venv/bin/python attack/gate_attack.py [MODE...]
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import subprocess
@@ -24,12 +23,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from ddtree_ops.config import validate_hostvars  # noqa: E402
+from ddtree_ops.render.files import plan_document  # noqa: E402
 from helpers import base_hostvars  # noqa: E402
 from test_sim import Sim  # noqa: E402
 from test_warmup_health import _launch  # noqa: E402
-
-from ddtree_ops.config import validate_hostvars  # noqa: E402
-from ddtree_ops.render.files import plan_document  # noqa: E402
 
 PY = str(REPO / ".venv/bin/python")
 MODE = {"name": "honest"}
