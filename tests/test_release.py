@@ -537,3 +537,79 @@ def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsy
     assert main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "2", "--json"]) == 1
     assert time.monotonic() - t0 >= 0.9  # probed until (about) the deadline
     assert "exited" not in capsys.readouterr().out
+
+
+# --- playbooks/rolling.yml's inputs (attack pass 7) -------------------------------------------
+
+@pytest.mark.parametrize(("name", "value", "rule"), [
+    ("rolling_batches", 0, "every host at once"),  # Ansible's serial 0: the whole fleet, no canary
+    ("rolling_batches", [1, -1], "every host at once"),
+    ("rolling_batches", "1000%", "every host at once"),
+    ("rolling_batches", "abc", "host count"),  # ansible-core crashed ("Unexpected Exception") on it
+    ("rolling_batches", [], "list of 1..100"),
+    ("rolling_batches", [1.5], "host count"),
+    ("rolling_batches", True, "host count"),
+    ("rolling_batches", "{{ 7 * 7 }}", "Jinja"),
+    ("rolling_max_fail_percentage", -5, "0..100"),
+    ("rolling_max_fail_percentage", 1000, "0..100"),
+    ("rolling_max_fail_percentage", "abc", "0..100"),
+    ("rolling_gate_deadline_s", "abc", "<= 3600"),  # the gate exited 2 after the upgrade: canary rolled back
+    ("rolling_gate_deadline_s", -5, "> 0"),
+    ("rolling_gate_deadline_s", 0, "> 0"),
+    ("rolling_gate_deadline_s", 1e9, "<= 3600"),
+    ("rolling_gate_deadline_s", float("nan"), "<= 3600"),
+    ("rolling_gate_deadline_s", "{{ lookup('pipe', 'id') }}", "Jinja"),
+])
+def test_rolling_settings_refuse_hostile_values(name, value, rule):
+    with pytest.raises(hr.ReleaseError, match=rule) as exc:
+        hr.rolling_settings({name: value})
+    assert str(exc.value).startswith(f"{name} = ") and "\n" not in str(exc.value) and "Fix: " in str(exc.value)
+
+
+def test_rolling_settings_normalise_good_values():
+    assert hr.rolling_settings({}) == {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0.0,
+                                       "rolling_gate_deadline_s": 120.0}
+    assert hr.rolling_settings({"rolling_batches": "5", "rolling_max_fail_percentage": "25",
+                                "rolling_gate_deadline_s": 30})["rolling_batches"] == [5]
+    assert hr.rolling_settings({"rolling_batches": [1, " 100% "]})["rolling_batches"] == [1, "100%"]
+
+
+def test_rolling_playbook_checks_its_settings_before_anything_changes(tmp_path):
+    """The first task of rolling.yml (before any host is touched) is the ddtree_rolling action on the
+    controller; its defaults are the playbook's (one definition each, kept equal here); the action
+    reads the variables as given, so a Jinja value is refused, not run."""
+    from types import SimpleNamespace
+
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    plays = yaml.safe_load((REPO / "playbooks" / "rolling.yml").read_text())
+    first = plays[0]["tasks"][0]
+    assert "ddtree_rolling" in first and first["run_once"] is True and first["delegate_to"] == "localhost"
+    assert plays[0]["any_errors_fatal"] is True
+    assert {k: v for k, v in plays[1]["vars"].items() if k.startswith("rolling_")} == hr.ROLLING_DEFAULTS
+    sys_path = str(REPO / "action_plugins")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        from ddtree_rolling import ActionModule
+    finally:
+        sys.path.remove(sys_path)
+    loader = DataLoader()
+    marker = tmp_path / "ran"
+
+    def run(task_vars):
+        task = Task()
+        task.args = {}
+        return ActionModule(task=task, connection=SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")),
+                            play_context=None, loader=loader, templar=Templar(loader=loader, variables=task_vars),
+                            shared_loader_obj=None).run(task_vars=task_vars)
+
+    ok = run({"rolling_batches": [1, "100%"]})
+    assert not ok.get("failed") and ok["rolling_batches"] == [1, "100%"], ok
+    bad = run({"rolling_gate_deadline_s": f"{{{{ lookup('pipe', 'touch {marker}') }}}}"})
+    assert bad["failed"] and "Jinja" in bad["msg"] and not marker.exists()
+    assert "rolling_batches = 0" in run({"rolling_batches": 0})["msg"]

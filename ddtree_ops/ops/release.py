@@ -57,6 +57,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -489,6 +490,90 @@ def rollback(root: Path, keep: int = 3) -> dict:
         os.close(fd)
 
 
+# --- the rolling upgrade's inputs -----------------------------------------------------------
+
+GATE_DEADLINE_MAX_S = 3600.0
+"""Longest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds."""
+ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
+                                    "rolling_gate_deadline_s": 120}
+"""``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
+ROLLING_BATCH_MAX = 10_000
+"""Largest batch given as a host count (and most batches listed)."""
+_PERCENT_RE = re.compile(r"^([0-9]{1,3})%$")
+
+
+def _rolling_value(name: str, value: Any, rule: str) -> ReleaseError:
+    return ReleaseError(f"{name} = {_shown(value)}: {rule} (playbooks/rolling.yml; README \"Rolling upgrades and "
+                        "rollback\"). Fix: pass it with -e as JSON, e.g. -e '{\"rolling_batches\": [1, \"50%\"], "
+                        "\"rolling_max_fail_percentage\": 0, \"rolling_gate_deadline_s\": 120}'")
+
+
+def _plain_number(value: Any) -> float | None:
+    """``value`` as a finite number when it is one (int/float, or a string of digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,6})?", value.strip()):
+        return float(value)
+    return None
+
+
+def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """Check ``playbooks/rolling.yml``'s inputs before anything changes (its first play).
+
+    Args:
+        values: ``rolling_batches``, ``rolling_max_fail_percentage``, ``rolling_gate_deadline_s``
+            as Ansible holds them (raw: a Jinja expression is refused, not evaluated); a missing
+            one takes :data:`ROLLING_DEFAULTS`.
+
+    Rules (Ansible's ``serial`` reads ``0``, a negative count and a percentage above 100 as
+    "every host at once", which would skip the canary):
+
+    * ``rolling_batches``: a batch, or a list of 1..100 batches; a batch is a host count
+      1..:data:`ROLLING_BATCH_MAX` or a percentage ``"N%"`` with N 1..100;
+    * ``rolling_max_fail_percentage``: a number 0..100;
+    * ``rolling_gate_deadline_s``: seconds, a number > 0 and <= :data:`GATE_DEADLINE_MAX_S`
+      (``release gate --deadline``'s bound).
+
+    Returns:
+        The three values, normalised (batches a list; counts ints; percentages strings).
+
+    Raises:
+        ReleaseError: the first value that breaks its rule (one line: name, value, rule, fix).
+    """
+    v = {k: values[k] if values.get(k) is not None else d for k, d in ROLLING_DEFAULTS.items()}
+    for name, value in v.items():
+        if any("{{" in str(x) or "{%" in str(x) for x in (value if isinstance(value, list) else [value])):
+            raise _rolling_value(name, value, "a Jinja expression; rollout settings are plain values")
+    raw = v["rolling_batches"]
+    items = raw if isinstance(raw, list) else [raw]
+    if not items or len(items) > 100:
+        raise _rolling_value("rolling_batches", raw, "must be a batch or a list of 1..100 batches")
+    batches: list[int | str] = []
+    for item in items:
+        m = _PERCENT_RE.match(item.strip()) if isinstance(item, str) else None
+        n = _plain_number(item)
+        if m and 1 <= int(m.group(1)) <= 100:
+            batches.append(f"{int(m.group(1))}%")
+        elif n is not None and n == int(n) and 1 <= n <= ROLLING_BATCH_MAX:
+            batches.append(int(n))
+        else:
+            raise _rolling_value("rolling_batches", raw, f"each batch must be a host count 1..{ROLLING_BATCH_MAX} "
+                                 "or a percentage \"1%\"..\"100%\" (0, a negative count or more than 100% is "
+                                 "every host at once to Ansible: no canary)")
+    fail = _plain_number(v["rolling_max_fail_percentage"])
+    if fail is None or not 0 <= fail <= 100:
+        raise _rolling_value("rolling_max_fail_percentage", v["rolling_max_fail_percentage"],
+                             "must be a number 0..100 (percent of a batch that may fail before the rollout stops)")
+    deadline = _plain_number(v["rolling_gate_deadline_s"])
+    if deadline is None or not 0 < deadline <= GATE_DEADLINE_MAX_S:
+        raise _rolling_value("rolling_gate_deadline_s", v["rolling_gate_deadline_s"],
+                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline)")
+    return {"rolling_batches": batches, "rolling_max_fail_percentage": fail,
+            "rolling_gate_deadline_s": deadline}
+
+
 # --- the gate -------------------------------------------------------------------------------
 
 GATE_MAX_NEW_TOKENS = 64
@@ -702,7 +787,7 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option(
     length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
     from ..cli import _deployed, _positive, _print_checks, _target
 
-    _positive("--deadline", deadline, 3600)
+    _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
     for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
                             ("--max-new-tokens", max_new_tokens, 4096)):
         if not 1 <= value <= hi:
