@@ -32,6 +32,7 @@ from test_warmup_health import _launch  # noqa: E402
 PY = str(REPO / ".venv/bin/python")
 MODE = {"name": "honest"}
 UPSTREAM = {"base": ""}
+INFLATE = {"n": 0}
 
 
 def tamper_event(obj: dict, mode: str) -> dict:
@@ -49,6 +50,8 @@ def tamper_event(obj: dict, mode: str) -> dict:
             meta["spec_verify_ct"] = 0
         elif mode == "completion_negative":
             meta["completion_tokens"] = -5
+        elif mode == "metrics_gen_inflated":  # no per-request figure: the gate falls back to /metrics
+            meta.pop("spec_verify_ct", None); meta.pop("spec_accept_length", None)
     return obj
 
 
@@ -115,6 +118,9 @@ class Proxy(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
+        if (mode == "hang_server_info" and path in ("/server_info", "/get_server_info")) or (
+                mode == "hang_metrics" and path == "/metrics"):
+            time.sleep(40); return
         if mode == "huge_server_info" and path in ("/server_info", "/get_server_info"):
             return self._send(200, "application/json", b'{"a": "' + b"x" * (50 << 20) + b'"}')
         if mode == "deep_server_info" and path in ("/server_info", "/get_server_info"):
@@ -135,6 +141,16 @@ class Proxy(BaseHTTPRequestHandler):
                     ln = f"{name} {'NaN' if mode == 'metrics_nan' else '1e308'}"
                 lines.append(ln)
             return self._send(st, ct, ("\n".join(lines) + "\n").encode())
+        if mode == "metrics_gen_inflated" and path == "/metrics":
+            st, ct, data = self._forward(body)
+            INFLATE["n"] += 1
+            out = []
+            for ln in data.decode().splitlines():
+                if ln.startswith("sglang:generation_tokens_total"):
+                    name, val = ln.rsplit(" ", 1)
+                    ln = f"{name} {float(val) + INFLATE['n'] * 1e6}"
+                out.append(ln)
+            return self._send(st, ct, ("\n".join(out) + "\n").encode())
         st, ct, data = self._forward(body)
         if gen and mode not in ("honest",):
             out = []
@@ -167,7 +183,7 @@ def gate(plan: Path, url: str, deadline: str = "8") -> tuple:
 SERVER_MODES = ["honest", "lie_verify_ct", "verify_ct_string", "accept_nan", "accept_inf", "verify_ct_zero",
                 "completion_negative", "hang_generate", "trickle_generate", "huge_generate", "malformed_generate",
                 "deep_generate", "trickle_health", "huge_server_info", "deep_server_info", "server_info_nan",
-                "metrics_nan", "metrics_huge_counts"]
+                "metrics_nan", "metrics_huge_counts", "metrics_gen_inflated", "hang_server_info", "hang_metrics"]
 
 
 def plan_cases(tmp: Path, good: dict) -> dict[str, Path]:

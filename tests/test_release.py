@@ -410,6 +410,8 @@ def test_a_release_that_cannot_be_pruned_does_not_fail_the_switch(root, monkeypa
 
 @pytest.mark.parametrize(("given", "rc", "what"), [
     ("a\x1b]0;pwn\x07\nok   forged line", 2, "without control characters"),
+    ("/tmp/\u202erelease", 2, "without control characters"),
+    ("/tmp/a\u2028b", 2, "without control characters"),
     ("/" + "a" * 5000, 2, "at most 4096"),
     ("/" + "a" * 300 + "/r", 1, "cannot be looked at: File name too long"),
 ])

@@ -688,10 +688,15 @@ ROOT_MAX = 4096
 
 
 def _root_ok(root: Path) -> Path:
-    """``--root`` as given, if it is a path that can be named in one line: no control character
-    (a newline or a terminal escape would forge or garble the output), at most :data:`ROOT_MAX`."""
+    """``--root`` as given, if it is a path that can be named in one line: no control or format
+    character (a newline, a terminal escape or a bidi override would forge or garble the
+    output), at most :data:`ROOT_MAX` characters."""
+    import unicodedata
+
     text = str(root)
-    if len(text) > ROOT_MAX or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in text):
+    # Cc: C0/C1 controls (newline, ESC); Cf: format characters (bidi overrides reorder a line);
+    # Zl/Zp: line and paragraph separators
+    if len(text) > ROOT_MAX or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text):
         raise typer.BadParameter(f"--root {_shown(text)}: must be a path of at most {ROOT_MAX} characters without "
                                  "control characters (the service's {config_dir}/releases)")
     return root
