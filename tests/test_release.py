@@ -275,6 +275,22 @@ def test_tampered_or_incomplete_release_refused(root):
     assert not (root / "current").exists()
 
 
+@pytest.mark.parametrize(("what", "mode", "match"), [
+    ("plan.json", 0o666, "lets other users write it"),  # anyone could edit the unit systemd reads through current
+    ("ddtree-sglang.service", 0o600, "the manifest says '0644'"),
+    (MANIFEST, 0o646, "lets other users write it"),
+    (".", 0o777, "could be swapped after this check"),
+])
+def test_release_files_writable_by_others_or_of_another_mode_refused(root, what, mode, match):
+    """Attack pass 7: verify checked bytes but not modes: a world-writable unit in a release was
+    activated (and read by systemd on every daemon-reload)."""
+    rid = _install(root, _versions(1)[0])
+    os.chmod(root / rid / what, mode)
+    with pytest.raises(hr.ReleaseError, match=match):
+        hr.activate(root, rid)
+    assert not (root / "current").exists()
+
+
 def test_manifest_of_another_release_refused(root):
     a, b = (_install(root, v) for v in _versions(2))
     (root / a / MANIFEST).write_bytes((root / b / MANIFEST).read_bytes())

@@ -38,8 +38,9 @@ Safety (every path stays inside ``R``):
 * ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
   (an absolute target, a path out of ``R``, a directory in its place) is refused, not followed;
 * a release is activated only when its directory is a real directory, its manifest and files
-  are regular files (opened ``O_NOFOLLOW``), every file's sha256 matches the manifest and the
-  id recomputed from the manifest is the directory's name;
+  are regular files (opened ``O_NOFOLLOW``), every file's sha256 and mode match the manifest,
+  the directory and its files are ours and writable by nobody else, and the id recomputed from
+  the manifest is the directory's name;
 * ``current`` is switched atomically: a symlink made under a temporary name, then ``rename``
   over ``current`` (rename(2) replaces atomically: readers see the old or the new, never none).
 * ``activate`` and ``rollback`` hold the root's exclusive lock (``flock`` on its descriptor,
@@ -78,6 +79,8 @@ ID_RE = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
 """The shape of a release id; anything else is refused before it names a path."""
 MANIFEST = "release.json"
 """The manifest inside a release directory."""
+MANIFEST_MODE = "0644"
+"""The manifest's file mode (``ddtree_ops.render.release.release_result`` installs it so)."""
 CURRENT = "current"
 """The symlink to the active release inside the release root."""
 HISTORY = "history"
@@ -163,9 +166,21 @@ def open_root(root: Path) -> int:
     return fd
 
 
-def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES) -> bytes:
+def _unsafe_owner(st: os.stat_result) -> str | None:
+    """Why a release file or directory could be changed by someone other than its owner (us), or None."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets other users write it"
+    return None
+
+
+def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES, mode: str | None = None) -> bytes:
     """A regular file of at most ``limit`` bytes under ``dir_fd``, opened without following a
-    symlink and without blocking on a FIFO."""
+    symlink and without blocking on a FIFO. With ``mode`` (a release file's manifest mode, such
+    as ``"0644"``) the file must have exactly that mode, be ours and be writable by nobody else:
+    systemd reads the unit through ``current`` on every daemon-reload, so a file others may write
+    is someone else's unit."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -175,8 +190,16 @@ def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES) 
             raise ReleaseError(f"{shown}: is a symlink; release files are never read through one") from None
         raise ReleaseError(f"{shown}: cannot open: {exc.strerror or exc}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ReleaseError(f"{shown}: not a regular file")
+        if mode is not None:
+            why = _unsafe_owner(st)
+            if why is None and (not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode)
+                                or stat.S_IMODE(st.st_mode) != int(mode, 8)):
+                why = f"mode {stat.S_IMODE(st.st_mode):04o}, the manifest says {_shown(mode, 20)}"
+            if why:
+                raise ReleaseError(f"{shown}: {why}; a release file must be as installed. Fix: deploy again")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, 1 << 16)
@@ -286,8 +309,11 @@ def verify(root_fd: int, root: Path, rid: str) -> dict:
                                f"{root}. Fix: remove it and deploy again") from None
         raise
     try:
+        why = _unsafe_owner(os.fstat(dfd))
+        if why:
+            raise ReleaseError(f"{where}: {why}; its files could be swapped after this check. Fix: deploy again")
         try:
-            raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}")
+            raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}", mode=MANIFEST_MODE)
         except FileNotFoundError:
             raise ReleaseError(f"{where}/{MANIFEST}: missing (an interrupted install?). Fix: deploy again") from None
         try:
@@ -307,7 +333,7 @@ def verify(root_fd: int, root: Path, rid: str) -> dict:
                                    "release. Fix: deploy again")
             seen.add(name)
             try:
-                data = _read_file(dfd, name, f"{where}/{name}")
+                data = _read_file(dfd, name, f"{where}/{name}", mode=e.get("mode"))
             except FileNotFoundError:
                 raise ReleaseError(f"{where}/{name}: missing (an interrupted install?). Fix: deploy again") from None
             if hashlib.sha256(data).hexdigest() != e.get("sha256"):

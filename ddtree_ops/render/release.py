@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, compute_id, file_entry
+from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, MANIFEST_MODE, compute_id, file_entry
 from .files import RenderedFile, render_host
 
 if TYPE_CHECKING:
@@ -127,6 +127,6 @@ def release_result(v: Validated) -> dict:
     (``{path in the release dir, content, mode}``, the manifest last), ``links`` (:func:`live_links`)."""
     rel = build_release(v)
     files = [{"path": f"{rel.dir}/{name}", "content": f.content, "mode": f.mode} for name, _live, f in rel.files]
-    files.append({"path": f"{rel.dir}/{MANIFEST}", "content": rel.manifest, "mode": "0644"})
+    files.append({"path": f"{rel.dir}/{MANIFEST}", "content": rel.manifest, "mode": MANIFEST_MODE})
     return {"id": rel.id, "root": rel.root, "dir": rel.dir, "keep": v.deployment.service.keep_releases,
             "files": files, "links": live_links(rel)}
