@@ -234,6 +234,25 @@ def rollback_previous_tampered():
 
 
 @case
+def release_unit_world_writable():
+    root, ids = fresh(); (root / ids[0] / "ddtree-x.service").chmod(0o666); return act(root, ids[0])
+@case
+def release_file_mode_differs_from_manifest():
+    root, ids = fresh(); (root / ids[0] / "x.env").chmod(0o600); return act(root, ids[0])
+@case
+def release_dir_world_writable():
+    root, ids = fresh(); (root / ids[0]).chmod(0o777); return act(root, ids[0])
+@case
+def rollback_prunes_a_release_being_installed():
+    """A deploy has installed release X (not yet activated) when a fleet rollback runs: the
+    rollback's prune removes X (never activated), so the deploy's activate then fails."""
+    root, ids = fresh(); act(root, ids[0]); ids[1] = mk_release(root, "v1b"); act(root, ids[1])
+    x = mk_release(root, "being-installed")
+    r = cli("rollback", "--root", str(root))
+    return (r[0], r[1], r[2].strip() + f" || {x} still there: {(root / x).is_dir()}")
+
+
+@case
 def concurrent_activates():
     """Two activates (of different ids) in a loop for ~6 s; after each round check that current
     names a release directory that still exists and history's last line is current."""
