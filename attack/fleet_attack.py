@@ -99,6 +99,18 @@ def cases(sshd: tf.Sshd, tmp: Path) -> dict:
         return fleet_ssh.rolling([t], lim(sshd, gate_s=4.0), rollback=True)
     C["rollback_json_lies"] = rollback_lies
 
+    def rollback_huge_output():
+        """The host's release rollback switches current, then prints more than OUTPUT_CAP."""
+        t = sshd.host("rbhuge")
+        vb = Path(t.venv) / "bin" / "ddtree-ops"
+        vb.write_text(vb.read_text().replace("echo '{\"ok\": true, \"current\": \"r1\", \"previous\": \"r2\"}'",
+                                             "head -c 400000 /dev/zero | tr '\\0' x"))
+        res = fleet_ssh.rolling([t], lim(sshd, gate_s=4.0), rollback=True)
+        cur = os.readlink(Path(t.config_dir) / "releases" / "current")
+        calls = (sshd.state / "rbhuge" / "calls").read_text()
+        return f"{res[0].ok} {res[0].detail[:120]!r}; current now {cur}; restarted: {'restart' in calls}"
+    C["rollback_switches_then_prints_too_much"] = rollback_huge_output
+
     def kh_bad_base64():
         kh = tmp / "kh_bad"
         kh.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 AAAA!!notbase64\n")
