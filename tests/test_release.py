@@ -147,7 +147,7 @@ def test_activate_switches_current_and_records_history(root):
     v1, v2 = _versions(2)
     i1 = _install(root, v1)
     r = hr.activate(root, i1)
-    assert r == {"root": str(root), "id": i1, "from": None, "changed": True, "pruned": []}
+    assert r == {"root": str(root), "id": i1, "from": None, "changed": True, "pruned": [], "prune_failed": {}}
     assert os.readlink(root / "current") == i1
     assert hr.activate(root, i1)["changed"] is False
     i2 = _install(root, v2)
@@ -275,6 +275,22 @@ def test_tampered_or_incomplete_release_refused(root):
     assert not (root / "current").exists()
 
 
+@pytest.mark.parametrize(("what", "mode", "match"), [
+    ("plan.json", 0o666, "lets other users write it"),  # anyone could edit the unit systemd reads through current
+    ("ddtree-sglang.service", 0o600, "the manifest says '0644'"),
+    (MANIFEST, 0o646, "lets other users write it"),
+    (".", 0o777, "could be swapped after this check"),
+])
+def test_release_files_writable_by_others_or_of_another_mode_refused(root, what, mode, match):
+    """Attack pass 7: verify checked bytes but not modes: a world-writable unit in a release was
+    activated (and read by systemd on every daemon-reload)."""
+    rid = _install(root, _versions(1)[0])
+    os.chmod(root / rid / what, mode)
+    with pytest.raises(hr.ReleaseError, match=match):
+        hr.activate(root, rid)
+    assert not (root / "current").exists()
+
+
 def test_manifest_of_another_release_refused(root):
     a, b = (_install(root, v) for v in _versions(2))
     (root / a / MANIFEST).write_bytes((root / b / MANIFEST).read_bytes())
@@ -299,6 +315,130 @@ def test_hostile_history_refused(root):
     (root / "history").write_text("../../etc\n")
     with pytest.raises(hr.ReleaseError, match="history line 1"):
         hr.activate(root, rid)
+
+
+def test_concurrent_activates_and_rollbacks_leave_the_root_consistent(root):
+    """Attack pass 7: two activates at once used to interleave switch, history and prune, so one
+    pruned the release the other had just made current (current dangling, both exit 0). The
+    root's lock serialises them: after every round current names a release on disk and is the
+    history's last id."""
+    import threading
+
+    vs = _versions(3)
+    ids = [_install(root, v) for v in vs[:1]]
+    hr.activate(root, ids[0], keep=1)
+    errors: list[BaseException] = []
+
+    def run(op) -> None:
+        try:
+            op()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    for n in range(12):
+        a, b = _install(root, vs[(n + 1) % 3]), _install(root, vs[(n + 2) % 3])
+        ops = [lambda a=a: hr.activate(root, a, keep=1), lambda b=b: hr.activate(root, b, keep=1)]
+        if n % 3 == 2:
+            ops[0] = lambda: hr.rollback(root, keep=1)
+        threads = [threading.Thread(target=run, args=(op,)) for op in ops]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        cur = os.readlink(root / "current")
+        assert (root / cur).is_dir(), (n, cur, errors)
+        assert (root / "history").read_text().split()[-1] == cur
+    # a release that the other activate pruned before this one verified it is a clean refusal
+    assert all(isinstance(e, hr.ReleaseError) and "no directory" in str(e) or "no previous" in str(e)
+               for e in errors), errors
+
+
+def test_a_held_lock_makes_activate_wait_then_refuse(root, monkeypatch):
+    import fcntl
+
+    rid = _install(root, _versions(1)[0])
+    monkeypatch.setattr(hr, "LOCK_WAIT_S", 0.3)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(hr.ReleaseError, match="another release activate/rollback"):
+            hr.activate(root, rid)
+        assert not (root / "current").exists() and not (root / "history").exists()
+    finally:
+        os.close(fd)
+    assert hr.activate(root, rid)["changed"]  # the lock went with its descriptor
+
+
+def test_long_history_is_read_in_linear_time(root, capsys):
+    """Attack pass 7: 100 000 distinct ids in history hung list/activate (quadratic dedupe)."""
+    import time
+
+    rid = _install(root, _versions(1)[0])
+    (root / "history").write_text("".join(f"{i:012x}\n" for i in range(300_000)) + "000000000005\n")
+    t0 = time.monotonic()
+    info = hr.list_releases(root)
+    assert len(info["history"]) == 300_000 and info["history"][-1] == "000000000005"
+    assert hr.activate(root, rid)["changed"]
+    assert time.monotonic() - t0 < 5
+    assert len((root / "history").read_text().split()) == hr.MAX_HISTORY  # rewritten to its bound
+
+
+def test_history_line_with_a_unicode_line_separator_refused(root):
+    i1 = _install(root, _versions(1)[0])
+    (root / "history").write_text(f"{i1}\u2028{i1}\n")
+    with pytest.raises(hr.ReleaseError, match="history line 1"):
+        hr.list_releases(root)
+
+
+def test_manifest_nested_to_the_recursion_limit_is_refused_not_a_crash(root):
+    """Attack pass 7: a manifest nested just shallow enough for json.loads but too deep for
+    compute_id's json.dumps ended in RecursionError (exit 70)."""
+    import sys
+
+    rid = _install(root, _versions(1)[0])
+    m = root / rid / MANIFEST
+    good = m.read_text()
+    for depth in range(sys.getrecursionlimit() - 400, sys.getrecursionlimit() + 5):  # wherever the stack is
+        m.write_text(good.replace('"identity": {', '"identity": {"z": ' + "[" * depth + "]" * depth + ", ", 1))
+        with pytest.raises(hr.ReleaseError, match="not a release manifest|content key is not"):
+            hr.activate(root, rid)
+    assert not (root / "current").exists()
+
+
+def test_a_release_that_cannot_be_pruned_does_not_fail_the_switch(root, monkeypatch, capsys):
+    import shutil
+
+    ids = _deploy_all(root, _versions(2))
+    stray = _install(root, _versions(3)[2])
+    real = shutil.rmtree
+
+    def rmtree(path, *a, **kw):
+        if path == stray:
+            raise PermissionError(1, "Operation not permitted", "sub")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert main(["release", "activate", "--root", str(root), "--id", ids[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"could not prune 1 release(s), e.g. {stray}" in out and "Operation not permitted" in out, out
+    assert os.readlink(root / "current") == ids[0] and (root / stray).is_dir()
+
+
+@pytest.mark.parametrize(("given", "rc", "what"), [
+    ("a\x1b]0;pwn\x07\nok   forged line", 2, "without control characters"),
+    ("/tmp/\u202erelease", 2, "without control characters"),
+    ("/tmp/a\u2028b", 2, "without control characters"),
+    ("/" + "a" * 5000, 2, "at most 4096"),
+    ("/" + "a" * 300 + "/r", 1, "cannot be looked at: File name too long"),
+])
+def test_root_that_cannot_be_named_in_one_line_is_refused(tmp_path, capsys, given, rc, what):
+    assert main(["release", "list", "--root", given]) == rc
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert what in text and "\x1b" not in text and "Traceback" not in text, text
+    (tmp_path / "f").write_text("x")
+    assert main(["release", "list", "--root", str(tmp_path / "f" / "r")]) == 1
+    assert "cannot be looked at: Not a directory" in capsys.readouterr().out
 
 
 def test_cli_list_activate_rollback_json(root, capsys):
@@ -353,6 +493,32 @@ def test_gate_passes_a_good_server_and_catches_collapsed_acceptance(tmp_path, ca
     assert doc["elapsed_s"] < 30
 
 
+def test_gate_fails_an_acceptance_length_no_verify_pass_can_reach(tmp_path, capsys, monkeypatch):
+    """Attack pass 7: a server whose meta_info says 64 tokens came from one verify pass
+    (spec_verify_ct 1) passed the floor; a pass verifies plan.verify_tokens_per_req tokens
+    (33 here) and cannot accept more, so the gate fails it."""
+    import dataclasses
+
+    from ddtree_ops.ops import bench
+
+    real = bench.run_async
+
+    async def lying(*a, **kw):
+        res = await real(*a, **kw)
+        return dataclasses.replace(res, levels=[dataclasses.replace(res.levels[0], accept_length=64.0)])
+
+    monkeypatch.setattr(bench, "run_async", lying)
+    sim, plan = _sim_deployment(tmp_path, None)
+    try:
+        rc = main(["release", "gate", "--plan", str(plan), "--url", sim.base, "--requests", "4", "--deadline", "30",
+                   "--json"])
+    finally:
+        sim.stop()
+    doc = json.loads(capsys.readouterr().out)
+    check = {c["name"]: c for c in doc["checks"]}["accept_length_floor"]
+    assert rc == 1 and not check["ok"] and "64.00 is impossible" in check["detail"] and "33 tokens" in check["detail"]
+
+
 def test_gate_on_a_dead_server_fails_within_its_deadline(tmp_path, capsys):
     from test_sim import free_port
 
@@ -389,3 +555,79 @@ def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsy
     assert main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "2", "--json"]) == 1
     assert time.monotonic() - t0 >= 0.9  # probed until (about) the deadline
     assert "exited" not in capsys.readouterr().out
+
+
+# --- playbooks/rolling.yml's inputs (attack pass 7) -------------------------------------------
+
+@pytest.mark.parametrize(("name", "value", "rule"), [
+    ("rolling_batches", 0, "every host at once"),  # Ansible's serial 0: the whole fleet, no canary
+    ("rolling_batches", [1, -1], "every host at once"),
+    ("rolling_batches", "1000%", "every host at once"),
+    ("rolling_batches", "abc", "host count"),  # ansible-core crashed ("Unexpected Exception") on it
+    ("rolling_batches", [], "list of 1..100"),
+    ("rolling_batches", [1.5], "host count"),
+    ("rolling_batches", True, "host count"),
+    ("rolling_batches", "{{ 7 * 7 }}", "Jinja"),
+    ("rolling_max_fail_percentage", -5, "0..100"),
+    ("rolling_max_fail_percentage", 1000, "0..100"),
+    ("rolling_max_fail_percentage", "abc", "0..100"),
+    ("rolling_gate_deadline_s", "abc", "<= 3600"),  # the gate exited 2 after the upgrade: canary rolled back
+    ("rolling_gate_deadline_s", -5, "> 0"),
+    ("rolling_gate_deadline_s", 0, "> 0"),
+    ("rolling_gate_deadline_s", 1e9, "<= 3600"),
+    ("rolling_gate_deadline_s", float("nan"), "<= 3600"),
+    ("rolling_gate_deadline_s", "{{ lookup('pipe', 'id') }}", "Jinja"),
+])
+def test_rolling_settings_refuse_hostile_values(name, value, rule):
+    with pytest.raises(hr.ReleaseError, match=rule) as exc:
+        hr.rolling_settings({name: value})
+    assert str(exc.value).startswith(f"{name} = ") and "\n" not in str(exc.value) and "Fix: " in str(exc.value)
+
+
+def test_rolling_settings_normalise_good_values():
+    assert hr.rolling_settings({}) == {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0.0,
+                                       "rolling_gate_deadline_s": 120.0}
+    assert hr.rolling_settings({"rolling_batches": "5", "rolling_max_fail_percentage": "25",
+                                "rolling_gate_deadline_s": 30})["rolling_batches"] == [5]
+    assert hr.rolling_settings({"rolling_batches": [1, " 100% "]})["rolling_batches"] == [1, "100%"]
+
+
+def test_rolling_playbook_checks_its_settings_before_anything_changes(tmp_path):
+    """The first task of rolling.yml (before any host is touched) is the ddtree_rolling action on the
+    controller; its defaults are the playbook's (one definition each, kept equal here); the action
+    reads the variables as given, so a Jinja value is refused, not run."""
+    from types import SimpleNamespace
+
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+
+    plays = yaml.safe_load((REPO / "playbooks" / "rolling.yml").read_text())
+    first = plays[0]["tasks"][0]
+    assert "ddtree_rolling" in first and first["run_once"] is True and first["delegate_to"] == "localhost"
+    assert plays[0]["any_errors_fatal"] is True
+    assert {k: v for k, v in plays[1]["vars"].items() if k.startswith("rolling_")} == hr.ROLLING_DEFAULTS
+    sys_path = str(REPO / "action_plugins")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        from ddtree_rolling import ActionModule
+    finally:
+        sys.path.remove(sys_path)
+    loader = DataLoader()
+    marker = tmp_path / "ran"
+
+    def run(task_vars):
+        task = Task()
+        task.args = {}
+        return ActionModule(task=task, connection=SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")),
+                            play_context=None, loader=loader, templar=Templar(loader=loader, variables=task_vars),
+                            shared_loader_obj=None).run(task_vars=task_vars)
+
+    ok = run({"rolling_batches": [1, "100%"]})
+    assert not ok.get("failed") and ok["rolling_batches"] == [1, "100%"], ok
+    bad = run({"rolling_gate_deadline_s": f"{{{{ lookup('pipe', 'touch {marker}') }}}}"})
+    assert bad["failed"] and "Jinja" in bad["msg"] and not marker.exists()
+    assert "rolling_batches = 0" in run({"rolling_batches": 0})["msg"]

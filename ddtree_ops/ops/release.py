@@ -21,7 +21,8 @@ the caller then runs ``systemctl daemon-reload`` and restarts the unit (the role
 ``--json`` prints one object: ``{"ok", "checks": [{name, ok, detail}], "root", ...}`` with, per
 command: ``list``: ``current``, ``previous``, ``history`` (ids, newest last), ``releases``
 (``{id, current, in_history}``); ``activate``: ``id``, ``from`` (the previous current or
-null), ``changed``, ``pruned``; ``rollback``: ``from``, ``to``, ``changed``, ``pruned``;
+null), ``changed``, ``pruned``, ``prune_failed`` (``{id: why}`` of releases that could not be
+removed: the switch stands); ``rollback``: ``from``, ``to``, ``changed``, ``pruned``, ``prune_failed``;
 ``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``.
 
 Exit codes as every ddtree-ops command: 0 ok, 1 refused or failed (one line naming what, the
@@ -37,10 +38,14 @@ Safety (every path stays inside ``R``):
 * ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
   (an absolute target, a path out of ``R``, a directory in its place) is refused, not followed;
 * a release is activated only when its directory is a real directory, its manifest and files
-  are regular files (opened ``O_NOFOLLOW``), every file's sha256 matches the manifest and the
-  id recomputed from the manifest is the directory's name;
+  are regular files (opened ``O_NOFOLLOW``), every file's sha256 and mode match the manifest,
+  the directory and its files are ours and writable by nobody else, and the id recomputed from
+  the manifest is the directory's name;
 * ``current`` is switched atomically: a symlink made under a temporary name, then ``rename``
   over ``current`` (rename(2) replaces atomically: readers see the old or the new, never none).
+* ``activate`` and ``rollback`` hold the root's exclusive lock (``flock`` on its descriptor,
+  waited for at most :data:`LOCK_WAIT_S`) from reading ``current`` to the end of the prune, so
+  two of them at once never prune the release the other just made current.
 
 Prune rule (after each activate and rollback): keep the current release and the newest
 ``keep`` other releases of the history (the previous one always among them, ``keep >= 1``);
@@ -53,6 +58,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -73,6 +79,8 @@ ID_RE = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
 """The shape of a release id; anything else is refused before it names a path."""
 MANIFEST = "release.json"
 """The manifest inside a release directory."""
+MANIFEST_MODE = "0644"
+"""The manifest's file mode (``ddtree_ops.render.release.release_result`` installs it so)."""
 CURRENT = "current"
 """The symlink to the active release inside the release root."""
 HISTORY = "history"
@@ -133,6 +141,8 @@ def open_root(root: Path) -> int:
     except FileNotFoundError:
         raise ReleaseError(f"--root {root}: no such directory (no release was ever installed here; deploy first, "
                            "or give the service's {config_dir}/releases)") from None
+    except OSError as exc:  # a path too long, a file where a directory should be, no permission
+        raise ReleaseError(f"--root {root}: cannot be looked at: {exc.strerror or exc}") from None
     if stat.S_ISLNK(st.st_mode):
         raise ReleaseError(f"--root {root}: is a symlink; give the real directory (releases are never switched "
                            "through a symlink)")
@@ -156,9 +166,21 @@ def open_root(root: Path) -> int:
     return fd
 
 
-def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES) -> bytes:
+def _unsafe_owner(st: os.stat_result) -> str | None:
+    """Why a release file or directory could be changed by someone other than its owner (us), or None."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets other users write it"
+    return None
+
+
+def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES, mode: str | None = None) -> bytes:
     """A regular file of at most ``limit`` bytes under ``dir_fd``, opened without following a
-    symlink and without blocking on a FIFO."""
+    symlink and without blocking on a FIFO. With ``mode`` (a release file's manifest mode, such
+    as ``"0644"``) the file must have exactly that mode, be ours and be writable by nobody else:
+    systemd reads the unit through ``current`` on every daemon-reload, so a file others may write
+    is someone else's unit."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -168,8 +190,16 @@ def _read_file(dir_fd: int, name: str, shown: str, limit: int = MAX_FILE_BYTES) 
             raise ReleaseError(f"{shown}: is a symlink; release files are never read through one") from None
         raise ReleaseError(f"{shown}: cannot open: {exc.strerror or exc}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ReleaseError(f"{shown}: not a regular file")
+        if mode is not None:
+            why = _unsafe_owner(st)
+            if why is None and (not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode)
+                                or stat.S_IMODE(st.st_mode) != int(mode, 8)):
+                why = f"mode {stat.S_IMODE(st.st_mode):04o}, the manifest says {_shown(mode, 20)}"
+            if why:
+                raise ReleaseError(f"{shown}: {why}; a release file must be as installed. Fix: deploy again")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, 1 << 16)
@@ -215,18 +245,17 @@ def read_history(root_fd: int, root: Path) -> list[str]:
         raw = _read_file(root_fd, HISTORY, f"{root}/{HISTORY}")
     except FileNotFoundError:
         return []
-    out: list[str] = []
-    for n, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+    out: dict[str, None] = {}  # insertion-ordered: linear in the file's lines, however many (up to its byte cap)
+    for n, line in enumerate(raw.decode("utf-8", "replace").split("\n"), 1):
         if not line.strip():
             continue
         if not ID_RE.fullmatch(line.strip()):
             raise ReleaseError(f"{root}/{HISTORY} line {n} = {_shown(line)}: not a release id. Fix: remove the file "
                                "(the next activation starts a new history)")
         rid = line.strip()
-        if rid in out:
-            out.remove(rid)
-        out.append(rid)
-    return out
+        out.pop(rid, None)
+        out[rid] = None
+    return list(out)
 
 
 def _write_history(root_fd: int, ids: list[str]) -> None:
@@ -280,8 +309,11 @@ def verify(root_fd: int, root: Path, rid: str) -> dict:
                                f"{root}. Fix: remove it and deploy again") from None
         raise
     try:
+        why = _unsafe_owner(os.fstat(dfd))
+        if why:
+            raise ReleaseError(f"{where}: {why}; its files could be swapped after this check. Fix: deploy again")
         try:
-            raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}")
+            raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}", mode=MANIFEST_MODE)
         except FileNotFoundError:
             raise ReleaseError(f"{where}/{MANIFEST}: missing (an interrupted install?). Fix: deploy again") from None
         try:
@@ -301,13 +333,17 @@ def verify(root_fd: int, root: Path, rid: str) -> dict:
                                    "release. Fix: deploy again")
             seen.add(name)
             try:
-                data = _read_file(dfd, name, f"{where}/{name}")
+                data = _read_file(dfd, name, f"{where}/{name}", mode=e.get("mode"))
             except FileNotFoundError:
                 raise ReleaseError(f"{where}/{name}: missing (an interrupted install?). Fix: deploy again") from None
             if hashlib.sha256(data).hexdigest() != e.get("sha256"):
                 raise ReleaseError(f"{where}/{name}: changed since it was installed (sha256 differs from the "
                                    f"manifest). Fix: deploy again; never edit a release in place")
-        if compute_id(entries, ident) != rid or doc.get("id") != rid:
+        try:
+            key = compute_id(entries, ident)
+        except (RecursionError, ValueError, TypeError):  # nested deeper than the encoder goes, or no JSON value
+            key = None
+        if key != rid or doc.get("id") != rid:
             raise ReleaseError(f"{where}/{MANIFEST}: its content key is not {rid} (a manifest of another release, "
                                "or edited). Fix: deploy again")
         return doc
@@ -327,11 +363,14 @@ def _switch(root_fd: int, rid: str) -> None:
     os.fsync(root_fd)
 
 
-def prune(root_fd: int, root: Path, keep: int, current: str | None, history: list[str]) -> list[str]:
+def prune(root_fd: int, root: Path, keep: int, current: str | None, history: list[str],
+          failed: dict[str, str] | None = None) -> list[str]:
     """Remove releases beyond the prune rule (module docstring); the ids removed, sorted.
 
     Never removes ``current``, nor the newest ``keep`` other ids of ``history`` (so never the
-    previous one: ``keep >= 1``)."""
+    previous one: ``keep >= 1``). A release that cannot be removed (an immutable file, a
+    read-only mount) is left and recorded in ``failed`` (id -> why) when given, else raises
+    :class:`ReleaseError`; it never undoes the switch that came before."""
     import shutil
 
     if not 1 <= keep <= KEEP_MAX:
@@ -343,7 +382,14 @@ def prune(root_fd: int, root: Path, keep: int, current: str | None, history: lis
         if rid in kept:
             continue
         # rmtree with dir_fd never follows a symlink inside (shutil's fd-based walk)
-        shutil.rmtree(rid, dir_fd=root_fd)
+        try:
+            shutil.rmtree(rid, dir_fd=root_fd)
+        except OSError as exc:
+            why = f"{exc.filename or rid}: {exc.strerror or exc}"
+            if failed is None:
+                raise ReleaseError(f"{root}/{rid}: cannot be pruned ({_shown(why, 160)})") from None
+            failed[rid] = why
+            continue
         removed.append(rid)
     return removed
 
@@ -358,11 +404,46 @@ def list_releases(root: Path) -> dict:
         history = read_history(fd, root)
         others = [i for i in history if i != current]
         ids = release_ids(fd)
+        in_history = set(history)
         return {"root": str(root), "current": current, "previous": others[-1] if others else None,
                 "history": history,
-                "releases": [{"id": i, "current": i == current, "in_history": i in history} for i in ids]}
+                "releases": [{"id": i, "current": i == current, "in_history": i in in_history} for i in ids]}
+    except OSError as exc:
+        raise _os_failure(root, "listing", exc) from None
     finally:
         os.close(fd)
+
+
+LOCK_WAIT_S = 30.0
+"""Longest wait for another activate/rollback on the same root to finish (total, seconds)."""
+
+
+def _lock(root_fd: int, root: Path, wait_s: float | None = None) -> None:
+    """Take the root's exclusive lock (``flock`` on the root's own descriptor; released when it
+    is closed), so two activates/rollbacks never interleave their switch, history and prune.
+
+    Raises:
+        ReleaseError: another operation held it for ``wait_s`` seconds."""
+    import fcntl
+
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(root_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise ReleaseError(f"{root}: another release activate/rollback has held it for {wait_s:g} s; "
+                                   "nothing changed. Fix: wait for it to finish (a deploy or fleet rollback in "
+                                   "progress), then run again") from None
+            time.sleep(0.05)
+
+
+def _os_failure(root: Path, what: str, exc: OSError) -> ReleaseError:
+    where = exc.filename if isinstance(exc.filename, str) and exc.filename else str(root)
+    return ReleaseError(f"{root}: {what} failed at {_shown(where, 120)}: {exc.strerror or exc} (see `release list`; "
+                        "current is switched atomically, so it names the old or the new release)")
 
 
 def activate(root: Path, rid: str, keep: int = 3) -> dict:
@@ -377,6 +458,7 @@ def activate(root: Path, rid: str, keep: int = 3) -> dict:
     check_id(rid)
     fd = open_root(root)
     try:
+        _lock(fd, root)
         old = read_current(fd, root)
         history = read_history(fd, root)
         verify(fd, root, rid)
@@ -387,8 +469,12 @@ def activate(root: Path, rid: str, keep: int = 3) -> dict:
             _switch(fd, rid)
         history = [i for i in history if i != rid] + [rid]
         _write_history(fd, history)
-        pruned = prune(fd, root, keep, rid, history)
-        return {"root": str(root), "id": rid, "from": old, "changed": changed, "pruned": pruned}
+        failed: dict[str, str] = {}
+        pruned = prune(fd, root, keep, rid, history, failed)
+        return {"root": str(root), "id": rid, "from": old, "changed": changed, "pruned": pruned,
+                "prune_failed": failed}
+    except OSError as exc:
+        raise _os_failure(root, "activate", exc) from None
     finally:
         os.close(fd)
 
@@ -405,6 +491,7 @@ def rollback(root: Path, keep: int = 3) -> dict:
     """
     fd = open_root(root)
     try:
+        _lock(fd, root)
         current = read_current(fd, root)
         if current is None:
             raise ReleaseError(f"{root}: no current release; nothing to roll back (deploy first)")
@@ -419,10 +506,98 @@ def rollback(root: Path, keep: int = 3) -> dict:
         _switch(fd, target)
         history = history[:history.index(target) + 1]
         _write_history(fd, history)
-        pruned = prune(fd, root, keep, target, history + [current])  # the rolled-back one stays until the next prune
-        return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned}
+        failed: dict[str, str] = {}
+        pruned = prune(fd, root, keep, target, history + [current], failed)  # the rolled-back one stays until next
+        return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned,
+                "prune_failed": failed}
+    except OSError as exc:
+        raise _os_failure(root, "rollback", exc) from None
     finally:
         os.close(fd)
+
+
+# --- the rolling upgrade's inputs -----------------------------------------------------------
+
+GATE_DEADLINE_MAX_S = 3600.0
+"""Longest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds."""
+ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
+                                    "rolling_gate_deadline_s": 120}
+"""``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
+ROLLING_BATCH_MAX = 10_000
+"""Largest batch given as a host count (and most batches listed)."""
+_PERCENT_RE = re.compile(r"^([0-9]{1,3})%$")
+
+
+def _rolling_value(name: str, value: Any, rule: str) -> ReleaseError:
+    return ReleaseError(f"{name} = {_shown(value)}: {rule} (playbooks/rolling.yml; README \"Rolling upgrades and "
+                        "rollback\"). Fix: pass it with -e as JSON, e.g. -e '{\"rolling_batches\": [1, \"50%\"], "
+                        "\"rolling_max_fail_percentage\": 0, \"rolling_gate_deadline_s\": 120}'")
+
+
+def _plain_number(value: Any) -> float | None:
+    """``value`` as a finite number when it is one (int/float, or a string of digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,6})?", value.strip()):
+        return float(value)
+    return None
+
+
+def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """Check ``playbooks/rolling.yml``'s inputs before anything changes (its first play).
+
+    Args:
+        values: ``rolling_batches``, ``rolling_max_fail_percentage``, ``rolling_gate_deadline_s``
+            as Ansible holds them (raw: a Jinja expression is refused, not evaluated); a missing
+            one takes :data:`ROLLING_DEFAULTS`.
+
+    Rules (Ansible's ``serial`` reads ``0``, a negative count and a percentage above 100 as
+    "every host at once", which would skip the canary):
+
+    * ``rolling_batches``: a batch, or a list of 1..100 batches; a batch is a host count
+      1..:data:`ROLLING_BATCH_MAX` or a percentage ``"N%"`` with N 1..100;
+    * ``rolling_max_fail_percentage``: a number 0..100;
+    * ``rolling_gate_deadline_s``: seconds, a number > 0 and <= :data:`GATE_DEADLINE_MAX_S`
+      (``release gate --deadline``'s bound).
+
+    Returns:
+        The three values, normalised (batches a list; counts ints; percentages strings).
+
+    Raises:
+        ReleaseError: the first value that breaks its rule (one line: name, value, rule, fix).
+    """
+    v = {k: values[k] if values.get(k) is not None else d for k, d in ROLLING_DEFAULTS.items()}
+    for name, value in v.items():
+        if any("{{" in str(x) or "{%" in str(x) for x in (value if isinstance(value, list) else [value])):
+            raise _rolling_value(name, value, "a Jinja expression; rollout settings are plain values")
+    raw = v["rolling_batches"]
+    items = raw if isinstance(raw, list) else [raw]
+    if not items or len(items) > 100:
+        raise _rolling_value("rolling_batches", raw, "must be a batch or a list of 1..100 batches")
+    batches: list[int | str] = []
+    for item in items:
+        m = _PERCENT_RE.match(item.strip()) if isinstance(item, str) else None
+        n = _plain_number(item)
+        if m and 1 <= int(m.group(1)) <= 100:
+            batches.append(f"{int(m.group(1))}%")
+        elif n is not None and n == int(n) and 1 <= n <= ROLLING_BATCH_MAX:
+            batches.append(int(n))
+        else:
+            raise _rolling_value("rolling_batches", raw, f"each batch must be a host count 1..{ROLLING_BATCH_MAX} "
+                                 "or a percentage \"1%\"..\"100%\" (0, a negative count or more than 100% is "
+                                 "every host at once to Ansible: no canary)")
+    fail = _plain_number(v["rolling_max_fail_percentage"])
+    if fail is None or not 0 <= fail <= 100:
+        raise _rolling_value("rolling_max_fail_percentage", v["rolling_max_fail_percentage"],
+                             "must be a number 0..100 (percent of a batch that may fail before the rollout stops)")
+    deadline = _plain_number(v["rolling_gate_deadline_s"])
+    if deadline is None or not 0 < deadline <= GATE_DEADLINE_MAX_S:
+        raise _rolling_value("rolling_gate_deadline_s", v["rolling_gate_deadline_s"],
+                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline)")
+    return {"rolling_batches": batches, "rolling_max_fail_percentage": fail,
+            "rolling_gate_deadline_s": deadline}
 
 
 # --- the gate -------------------------------------------------------------------------------
@@ -457,7 +632,9 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
        at ``o.concurrency``, ``o.max_new_tokens`` tokens each), every request answered;
     3. the load's acceptance length (per request ``meta_info``, else the server's counters)
        at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.models.Ops`)
-       when the deployment speculates.
+       when the deployment speculates, and at most ``plan.verify_tokens_per_req`` (a verify
+       pass cannot accept more tokens than it verifies: :class:`ddtree_ops.config.plan.Plan`), so
+       a server whose counts are impossible fails rather than passes.
 
     Returns:
         ``(checks, extra)``: the checks (``{name, ok, detail}``) and ``{accept_length, floor, elapsed_s}``.
@@ -513,6 +690,12 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
             checks.append({"name": "accept_length_floor", "ok": False,
                            "detail": "the server reported no acceptance length under load (speculative decoding "
                                      "off or broken)"})
+        elif not acc <= (ceiling := float(plan_doc.plan.verify_tokens_per_req)):
+            checks.append({"name": "accept_length_floor", "ok": False,
+                           "detail": f"acceptance length {acc:.2f} is impossible: a verify pass checks "
+                                     f"{ceiling:g} tokens per request (plan.verify_tokens_per_req) and cannot "
+                                     "accept more; the server's counts (meta_info spec_verify_ct, or its "
+                                     "/metrics counters) are wrong"})
         else:
             checks.append({"name": "accept_length_floor", "ok": acc >= floor,
                            "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor "
@@ -526,8 +709,27 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
 
+ROOT_MAX = 4096
+"""Longest ``--root`` (PATH_MAX)."""
+
+
+def _root_ok(root: Path) -> Path:
+    """``--root`` as given, if it is a path that can be named in one line: no control or format
+    character (a newline, a terminal escape or a bidi override would forge or garble the
+    output), at most :data:`ROOT_MAX` characters."""
+    import unicodedata
+
+    text = str(root)
+    # Cc: C0/C1 controls (newline, ESC); Cf: format characters (bidi overrides reorder a line);
+    # Zl/Zp: line and paragraph separators
+    if len(text) > ROOT_MAX or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text):
+        raise typer.BadParameter(f"--root {_shown(text)}: must be a path of at most {ROOT_MAX} characters without "
+                                 "control characters (the service's {config_dir}/releases)")
+    return root
+
+
 RootOpt = Annotated[Path, typer.Option("--root", help="The release root, {config_dir}/releases "
-                                                      "(e.g. /etc/ddtree-ops/sglang/releases).")]
+                                                      "(e.g. /etc/ddtree-ops/sglang/releases).", callback=_root_ok)]
 KeepOpt = Annotated[int, typer.Option(
     "--keep", help=f"Previous releases to keep (1..{KEEP_MAX}; ddtree_service.keep_releases).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -541,6 +743,17 @@ def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = 
 
 def _refused(name: str, exc: ReleaseError, as_json: bool, extra: dict | None = None) -> None:
     _emit(False, name, str(exc), as_json, extra)
+
+
+def _pruned(res: dict) -> str:
+    """The pruned ids for the one-line summary (at most 10 named) and any that could not be removed."""
+    ids, failed = res["pruned"], res.get("prune_failed") or {}
+    text = f"; pruned {', '.join(ids[:10])}" + (f" and {len(ids) - 10} more" if len(ids) > 10 else "") if ids else ""
+    if failed:
+        rid, why = next(iter(failed.items()))
+        text += (f"; could not prune {len(failed)} release(s), e.g. {rid} ({_shown(why, 120)}): remove by hand "
+                 "(the switch itself is done)")
+    return text
 
 
 def _keep(keep: int) -> int:
@@ -578,8 +791,7 @@ def activate_cmd(root: RootOpt, rid: Annotated[str, typer.Option("--id", help="T
     except ReleaseError as exc:
         return _refused("release-activate", exc, as_json, {"root": str(root)})
     what = f"{res['from']} -> {res['id']}" if res["changed"] else f"{res['id']} was already current"
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-activate", what + pruned, as_json, res)
+    _emit(True, "release-activate", what + _pruned(res), as_json, res)
 
 
 @app.command("rollback")
@@ -590,8 +802,7 @@ def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> 
         res = rollback(root, keep)
     except ReleaseError as exc:
         return _refused("release-rollback", exc, as_json, {"root": str(root)})
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{pruned}", as_json, res)
+    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{_pruned(res)}", as_json, res)
 
 
 @app.command("gate")
@@ -607,7 +818,7 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option(
     length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
     from ..cli import _deployed, _positive, _print_checks, _target
 
-    _positive("--deadline", deadline, 3600)
+    _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
     for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
                             ("--max-new-tokens", max_new_tokens, 4096)):
         if not 1 <= value <= hi:

@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, compute_id, file_entry
+from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, MANIFEST_MODE, compute_id, file_entry
 from .files import RenderedFile, render_host
 
 if TYPE_CHECKING:
@@ -128,6 +128,6 @@ def release_result(v: Validated) -> dict:
     ``current`` (the ``current`` switch's path: ``--check --diff`` compares the new files with it)."""
     rel = build_release(v)
     files = [{"path": f"{rel.dir}/{name}", "content": f.content, "mode": f.mode} for name, _live, f in rel.files]
-    files.append({"path": f"{rel.dir}/{MANIFEST}", "content": rel.manifest, "mode": "0644"})
+    files.append({"path": f"{rel.dir}/{MANIFEST}", "content": rel.manifest, "mode": MANIFEST_MODE})
     return {"id": rel.id, "root": rel.root, "dir": rel.dir, "keep": v.deployment.service.keep_releases,
             "files": files, "links": live_links(rel), "current": f"{rel.root}/{CURRENT}"}
