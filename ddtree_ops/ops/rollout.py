@@ -142,6 +142,17 @@ def _elapsed(t0: Any) -> str:
         return "?"
 
 
+def release_current(result: Any) -> str | None:
+    """The ``current`` release id of a registered ``ddtree-ops release list --json`` result, or
+    None (no release yet, the command missing or failed, or no id of the right shape)."""
+    from .release import ID_RE
+
+    r = _result(result)
+    doc = gate_document(r.get("stdout") or "") if r.get("rc") == 0 else None
+    cur = doc.get("current") if doc else None
+    return cur if isinstance(cur, str) and ID_RE.fullmatch(cur) else None
+
+
 def roll_why(task_name: Any, result: Any) -> str:
     """Why a host failed in the rolling play's block: ``<task name>: <reason>``, the reason being
     the gate's failing checks (when the failed task printed the gate's JSON), else the task's
@@ -152,7 +163,7 @@ def roll_why(task_name: Any, result: Any) -> str:
         reason = read_gate(stdout, r.get("rc")).detail
     else:
         reason = _clean(r.get("msg") or "failed", DETAIL_CAP)
-    return f"{_clean(task_name or 'a task', 120)}: {reason}"
+    return " ".join(f"{_clean(task_name or 'a task', 120)}: {reason}".split())
 
 
 def roll_line(host: str, release_from: Any, release_to: Any, t0: Any, gate: Any = None, *, failed: bool = False,
