@@ -4,14 +4,16 @@
 #
 #   scripts/build-wheelhouse.sh OUT_DIR [PYTHON]
 #
-# The directory is OUT_DIR/<hash of pyproject.toml + ddtree_ops/**.py> so an unchanged
+# The directory is OUT_DIR/<cpXY>-<ops_source_id: pyproject.toml + ddtree_ops/**.py> so an unchanged
 # source tree reuses the same bytes (deploys stay idempotent). Wheels are built for PYTHON
 # (default: the python running this script), i.e. the controller's CPython version.
 set -euo pipefail
 out=${1:?usage: build-wheelhouse.sh OUT_DIR [PYTHON]}
 py=${2:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
-hash=$(cd "$root" && { cat pyproject.toml; find ddtree_ops -name '*.py' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
+# one definition of the id: ddtree_ops.sglang.wheelhouse.ops_source_id (the SGLang build's name uses it too)
+hash=$(cd "$root" && "$py" -m ddtree_ops.sglang.wheelhouse --ops-id --root "$root")
+[[ "$hash" =~ ^[0-9a-f]{12}$ ]] || { echo "build-wheelhouse: no source id from $py -m ddtree_ops.sglang.wheelhouse --ops-id: $hash" >&2; exit 1; }
 tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 dir="$out/$tag-$hash"
 if [ ! -f "$dir/.complete" ]; then

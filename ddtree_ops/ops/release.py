@@ -12,6 +12,7 @@ Interface other tools rely on (keep it stable)::
     <ops venv>/bin/ddtree-ops release activate --root R --id ID [--keep N] [--json]
     <ops venv>/bin/ddtree-ops release rollback --root R [--keep N] [--json]
     <ops venv>/bin/ddtree-ops release gate     --plan P [--deadline S] [--requests N] [--concurrency C] [--json]
+    <ops venv>/bin/ddtree-ops release prune-builds --root R --builds B [--keep NAME ...] [--json]
 
 ``R`` is the release root (``{config_dir}/releases``, e.g. ``/etc/ddtree-ops/sglang/releases``).
 ``activate`` and ``rollback`` only switch the ``current`` symlink (and record the history);
@@ -20,9 +21,10 @@ the caller then runs ``systemctl daemon-reload`` and restarts the unit (the role
 
 ``--json`` prints one object: ``{"ok", "checks": [{name, ok, detail}], "root", ...}`` with, per
 command: ``list``: ``current``, ``previous``, ``history`` (ids, newest last), ``releases``
-(``{id, current, in_history}``); ``activate``: ``id``, ``from`` (the previous current or
+(``{id, current, in_history, sglang_build}``); ``activate``: ``id``, ``from`` (the previous current or
 null), ``changed``, ``pruned``; ``rollback``: ``from``, ``to``, ``changed``, ``pruned``;
-``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``.
+``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``; ``prune-builds``: ``builds``,
+``in_use``, ``removed``, ``changed``, ``other_roots`` (:func:`prune_builds`).
 
 Exit codes as every ddtree-ops command: 0 ok, 1 refused or failed (one line naming what, the
 rule and the fix: an id of the wrong shape, a symlink pointing outside the root, a release
@@ -122,7 +124,7 @@ def check_id(rid: object, what: str = "--id") -> str:
 
 # --- the root and what is in it -------------------------------------------------------------
 
-def open_root(root: Path) -> int:
+def open_root(root: Path, flag: str = "--root") -> int:
     """A descriptor of the release root, checked (see the module docstring). The caller closes it.
 
     Raises:
@@ -131,17 +133,17 @@ def open_root(root: Path) -> int:
     try:
         st = os.lstat(root)
     except FileNotFoundError:
-        raise ReleaseError(f"--root {root}: no such directory (no release was ever installed here; deploy first, "
+        raise ReleaseError(f"{flag} {root}: no such directory (no release was ever installed here; deploy first, "
                            "or give the service's {config_dir}/releases)") from None
     if stat.S_ISLNK(st.st_mode):
-        raise ReleaseError(f"--root {root}: is a symlink; give the real directory (releases are never switched "
+        raise ReleaseError(f"{flag} {root}: is a symlink; give the real directory (releases are never switched "
                            "through a symlink)")
     if not stat.S_ISDIR(st.st_mode):
-        raise ReleaseError(f"--root {root}: not a directory")
+        raise ReleaseError(f"{flag} {root}: not a directory")
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise ReleaseError(f"--root {root}: cannot open: {exc.strerror or exc}") from None
+        raise ReleaseError(f"{flag} {root}: cannot open: {exc.strerror or exc}") from None
     st = os.fstat(fd)
     problem = None
     if st.st_uid != os.geteuid():
@@ -152,7 +154,7 @@ def open_root(root: Path) -> int:
                    f"Fix: chmod go-w {root}")
     if problem:
         os.close(fd)
-        raise ReleaseError(f"--root {root}: {problem}")
+        raise ReleaseError(f"{flag} {root}: {problem}")
     return fd
 
 
@@ -360,7 +362,8 @@ def list_releases(root: Path) -> dict:
         ids = release_ids(fd)
         return {"root": str(root), "current": current, "previous": others[-1] if others else None,
                 "history": history,
-                "releases": [{"id": i, "current": i == current, "in_history": i in history} for i in ids]}
+                "releases": [{"id": i, "current": i == current, "in_history": i in history,
+                              "sglang_build": _build_or_none(fd, root, i)} for i in ids]}
     finally:
         os.close(fd)
 
@@ -423,6 +426,167 @@ def rollback(root: Path, keep: int = 3) -> dict:
         return {"root": str(root), "from": current, "to": target, "changed": True, "pruned": pruned}
     finally:
         os.close(fd)
+
+
+# --- SGLang builds the releases run ---------------------------------------------------------
+
+IN_USE = ".in-use"
+"""Directory inside a builds directory: one record per release root (``<sha256(root)[:16]>.json``:
+``{"root", "builds"}``) of the builds that root's releases ran at its last prune, so instances
+of one machine that share an SGLang venv never remove each other's builds."""
+
+
+def release_build(root_fd: int, root: Path, rid: str) -> str | None:
+    """``identity.sglang_build`` of release ``rid``'s manifest: the SGLang build directory its
+    unit runs (:func:`ddtree_ops.render.argv.sglang_build_path`), or None (a simulator
+    release, or one rendered before builds were pinned: it runs whatever ``sglang_venv`` points at).
+
+    Raises:
+        ReleaseError: the release directory or its manifest cannot be read as a release.
+    """
+    check_id(rid)
+    where = f"{root}/{rid}"
+    try:
+        dfd = os.open(rid, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError as exc:
+        raise ReleaseError(f"{where}: cannot be opened as a release directory ({exc.strerror or exc})") from None
+    try:
+        raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}")
+        doc = json.loads(raw)
+        build = doc["identity"].get("sglang_build")
+    except FileNotFoundError:
+        raise ReleaseError(f"{where}/{MANIFEST}: missing") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise ReleaseError(f"{where}/{MANIFEST}: not a release manifest") from None
+    finally:
+        os.close(dfd)
+    if build is None:
+        return None
+    if not isinstance(build, str) or not build.startswith("/") or "\0" in build or len(build) > 4096:
+        raise ReleaseError(f"{where}/{MANIFEST}: identity.sglang_build = {_shown(build)} is no absolute path")
+    return os.path.normpath(build)
+
+
+def _build_or_none(root_fd: int, root: Path, rid: str) -> str | None:
+    try:
+        return release_build(root_fd, root, rid)
+    except ReleaseError:
+        return None
+
+
+def _in_use_records(builds_fd: int, builds: Path, own: str) -> tuple[set[str], list[str]]:
+    """Build names the other release roots' records hold, and those records' roots."""
+    from ..sglang.wheelhouse import BUILD_RE
+
+    names: set[str] = set()
+    roots: list[str] = []
+    try:
+        rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
+    except FileNotFoundError:
+        return names, roots
+    except OSError as exc:
+        raise ReleaseError(f"{builds}/{IN_USE}: not a directory ({exc.strerror or exc}). Fix: remove it") from None
+    try:
+        for rec in sorted(os.listdir(rfd)):
+            if not re.fullmatch(r"[0-9a-f]{16}\.json", rec) or rec == own:
+                continue
+            shown = f"{builds}/{IN_USE}/{rec}"
+            try:
+                doc = json.loads(_read_file(rfd, rec, shown, 1 << 20))
+                listed, root = doc["builds"], doc["root"]
+                if not isinstance(listed, list) or not all(isinstance(n, str) and BUILD_RE.fullmatch(n)
+                                                           for n in listed) or not isinstance(root, str):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError, RecursionError):
+                raise ReleaseError(f"{shown}: not a record of builds in use; cannot tell which builds another "
+                                   f"instance runs, so none is removed. Fix: remove {shown} (its instance "
+                                   "records it again at its next deploy)") from None
+            names.update(listed)
+            roots.append(root)
+    finally:
+        os.close(rfd)
+    return names, roots
+
+
+def _write_record(builds_fd: int, root: Path, names: list[str]) -> None:
+    """This root's record of the builds its releases run (atomically: temp file + rename)."""
+    try:
+        os.mkdir(IN_USE, 0o755, dir_fd=builds_fd)
+    except FileExistsError:
+        pass
+    rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
+    try:
+        name = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
+        data = json.dumps({"root": str(root), "builds": names}, indent=1).encode()
+        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rfd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=rfd, dst_dir_fd=rfd)
+    finally:
+        os.close(rfd)
+
+
+def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = ()) -> dict:
+    """Remove the SGLang builds under ``builds`` (``<sglang_venv>.builds``) that no release
+    keeps: a build stays when a release under ``root`` runs it (:func:`release_build`), when
+    it is named in ``keep`` (the build just installed), or when another release root's record
+    in ``builds/.in-use/`` names it (:data:`IN_USE`; this root's record is rewritten here).
+    Only real directories whose name has the shape of a build
+    (:data:`ddtree_ops.sglang.wheelhouse.BUILD_RE`) are ever removed; a missing ``root`` has no
+    releases; a missing ``builds`` nothing to remove.
+
+    Returns:
+        ``{root, builds, in_use, removed, changed, other_roots}`` (names sorted).
+
+    Raises:
+        ReleaseError: a bad ``keep`` name, an unsafe root or builds directory (:func:`open_root`),
+            a release or record that cannot be read (nothing is removed then).
+    """
+    import shutil
+
+    from ..sglang.wheelhouse import BUILD_RE
+
+    for k in keep:
+        if not BUILD_RE.fullmatch(k):
+            raise ReleaseError(f"--keep {_shown(k)}: not an SGLang build name (cpXY-<16 hex>-<12 hex>, as "
+                               "ddtree_ops.sglang.wheelhouse.build_name makes it)")
+    base = os.path.normpath(str(builds))
+    in_use = set(keep)
+    if os.path.lexists(root):
+        fd = open_root(root)
+        try:
+            for rid in release_ids(fd):
+                b = release_build(fd, root, rid)
+                if b is not None and os.path.dirname(b) == base:
+                    in_use.add(os.path.basename(b))
+        finally:
+            os.close(fd)
+    result = {"root": str(root), "builds": base, "in_use": sorted(in_use), "removed": [], "changed": False,
+              "other_roots": []}
+    if not os.path.lexists(builds):
+        return result
+    bfd = open_root(builds, "--builds")
+    try:
+        own = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
+        others, roots = _in_use_records(bfd, builds, own)
+        _write_record(bfd, root, sorted(in_use))
+        removed = []
+        for name in sorted(os.listdir(bfd)):
+            if not BUILD_RE.fullmatch(name) or name in in_use or name in others:
+                continue
+            st = os.stat(name, dir_fd=bfd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            shutil.rmtree(name, dir_fd=bfd)  # fd-based walk: never follows a symlink inside
+            removed.append(name)
+    finally:
+        os.close(bfd)
+    result.update(removed=removed, changed=bool(removed), other_roots=roots, in_use=sorted(in_use | others))
+    return result
 
 
 # --- the gate -------------------------------------------------------------------------------
@@ -592,6 +756,25 @@ def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> 
         return _refused("release-rollback", exc, as_json, {"root": str(root)})
     pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
     _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{pruned}", as_json, res)
+
+
+@app.command("prune-builds")
+def prune_builds_cmd(root: RootOpt,
+                     builds: Annotated[Path, typer.Option(
+                         "--builds", help="The SGLang builds directory, <sglang_venv>.builds "
+                                          "(e.g. /opt/ddtree-ops/sglang-venv.builds).")],
+                     keep: Annotated[list[str] | None, typer.Option(
+                         "--keep", help="A build name to keep besides those the releases run (repeatable).")] = None,
+                     as_json: JsonOpt = False) -> None:
+    """Remove SGLang builds no release (of ROOT, or of another root sharing BUILDS) runs."""
+    try:
+        res = prune_builds(root, builds, tuple(keep or ()))
+    except ReleaseError as exc:
+        return _refused("release-prune-builds", exc, as_json, {"root": str(root), "builds": str(builds)})
+    except OSError as exc:
+        return _emit(False, "release-prune-builds", f"{builds}: {exc.strerror or exc}", as_json, {"root": str(root)})
+    what = f"removed {', '.join(res['removed'])}" if res["removed"] else "nothing to remove"
+    _emit(True, "release-prune-builds", f"{what}; in use: {', '.join(res['in_use']) or 'none'}", as_json, res)
 
 
 @app.command("gate")
