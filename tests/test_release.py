@@ -368,10 +368,16 @@ def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
     assert f"ExecStart={build}/bin/python -m sglang.launch_server" in unit
     other = build_release(_pinned(f"{opt_dir}/sglang-venv", "b"))
     assert other.id != rel.id and json.loads(other.manifest)["identity"]["sglang_build"] != build
-    # a simulator deployment installs no build and pins none
+    # a simulator deployment installs no build and pins none; with install_release the role
+    # installs one for the probe, but the unit runs the ops venv, so the release pins none
     hv = base_hostvars()
     hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
     assert sglang_build_path(validate_hostvars("h1", hv).deployment) is None
+    hv["ddtree_sglang"]["install_release"] = True
+    hv["ddtree_sglang"]["version"] = "0.5.23"
+    v = validate_hostvars("h1", hv)
+    assert sglang_build_path(v.deployment) is not None
+    assert json.loads(build_release(v).manifest)["identity"]["sglang_build"] is None
 
 
 def test_a_missing_lock_file_is_one_finding():
@@ -460,7 +466,10 @@ def test_another_instance_sharing_the_venv_keeps_its_builds(root, opt_dir, tmp_p
     res = hr.prune_builds(root, builds, [mine.name])
     assert res["removed"] == [] and other.is_dir() and res["other_roots"] == [str(root2)]
     # a record that cannot be read: nothing is removed, one line naming it and the fix
-    rec = next((builds / hr.IN_USE).glob("*.json"))
+    import hashlib
+
+    rec = builds / hr.IN_USE / (hashlib.sha256(str(root2).encode()).hexdigest()[:16] + ".json")  # the other's
+    assert rec.is_file()
     rec.write_text('{"root": "/x", "builds": ["../../etc"]}')
     with pytest.raises(hr.ReleaseError, match=r"not a record of builds in use.*Fix: remove"):
         hr.prune_builds(root, builds, [mine.name])
@@ -573,3 +582,27 @@ def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsy
     assert main(["health", f"http://127.0.0.1:{free_port()}", "--wait", "2", "--json"]) == 1
     assert time.monotonic() - t0 >= 0.9  # probed until (about) the deadline
     assert "exited" not in capsys.readouterr().out
+
+
+def test_prune_builds_runs_without_the_cli_dependencies(root, opt_dir):
+    """The sglang role runs `python -m ddtree_ops.ops.release prune-builds` with the SGLang build's
+    python, where ddtree-ops is installed without its dependencies (no typer, rich, httpx, yaml)."""
+    import subprocess
+    import sys
+
+    builds = opt_dir / "s.builds"
+    builds.mkdir(mode=0o755)
+    (builds / "cp311-0123456789abcdef-0123456789ab").mkdir()
+    block = ("import sys\nfor m in ('typer', 'rich', 'click', 'httpx', 'yaml', 'jinja2', 'prometheus_client', "
+             "'fabric', 'paramiko'): sys.modules[m] = None\nimport runpy\n"
+             "sys.argv = ['x', 'prune-builds', '--root', sys.argv[1], '--builds', sys.argv[2]]\n"
+             "runpy.run_module('ddtree_ops.ops.release', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", block, str(root), str(builds)], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and doc["removed"] == ["cp311-0123456789abcdef-0123456789ab"] and doc["changed"]
+    r = subprocess.run([sys.executable, "-m", "ddtree_ops.ops.release", "prune-builds", "--root", str(root),
+                        "--builds", str(builds), "--keep", "../x"], capture_output=True, text=True, timeout=60,
+                       cwd=REPO)
+    assert r.returncode == 1 and "not an SGLang build name" in json.loads(r.stdout)["checks"][0]["detail"]

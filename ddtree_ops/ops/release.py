@@ -62,9 +62,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
@@ -685,117 +683,37 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
     return checks, extra
 
 
-# --- the CLI (registered in ddtree_ops/cli.py as `ddtree-ops release`) -----------------------
+# --- standard-library entry point (the SGLang build's venv has no typer) ---------------------
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddtree_ops.ops.release prune-builds --root R --builds B [--keep NAME ...]``:
+    :func:`prune_builds`, one JSON object on stdout as ``--json`` everywhere (``{"ok", "checks",
+    ...}``). The ``sglang`` role runs it with the python of the build it just installed, so the
+    code that decides is the code of this deploy, whatever ops venv the host has. Exit 0 ok,
+    1 refused (one line: what, the rule, the fix), 2 usage."""
+    import argparse
+    import sys
 
-RootOpt = Annotated[Path, typer.Option("--root", help="The release root, {config_dir}/releases "
-                                                      "(e.g. /etc/ddtree-ops/sglang/releases).")]
-KeepOpt = Annotated[int, typer.Option(
-    "--keep", help=f"Previous releases to keep (1..{KEEP_MAX}; ddtree_service.keep_releases).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-
-
-def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = None) -> None:
-    from ..cli import _print_checks
-
-    _print_checks([{"name": name, "ok": ok, "detail": detail}], as_json, extra)
-
-
-def _refused(name: str, exc: ReleaseError, as_json: bool, extra: dict | None = None) -> None:
-    _emit(False, name, str(exc), as_json, extra)
-
-
-def _keep(keep: int) -> int:
-    if not 1 <= keep <= KEEP_MAX:
-        raise typer.BadParameter(f"--keep {keep}: must be 1..{KEEP_MAX} (ddtree_service.keep_releases)")
-    return keep
-
-
-@app.command("list")
-def list_cmd(root: RootOpt, as_json: JsonOpt = False) -> None:
-    """The releases under ROOT: which is current, which is previous, the history."""
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.ops.release")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pb = sub.add_parser("prune-builds", help="remove SGLang builds no release runs")
+    pb.add_argument("--root", type=Path, required=True, help="the release root, {config_dir}/releases")
+    pb.add_argument("--builds", type=Path, required=True, help="<sglang_venv>.builds")
+    pb.add_argument("--keep", action="append", default=[], help="a build name to keep (repeatable)")
+    args = ap.parse_args(argv)
     try:
-        info = list_releases(root)
-    except ReleaseError as exc:
-        return _refused("release-list", exc, as_json, {"root": str(root)})
-    if as_json:
-        _emit(True, "release-list", f"{len(info['releases'])} releases, current {info['current']}", True, info)
-        return
-    from ..cli import out
-
-    for r in info["releases"]:
-        mark = "current " if r["current"] else ("previous" if r["id"] == info["previous"] else "        ")
-        out.print(f"{mark} {r['id']}", highlight=False)
-    if not info["releases"]:
-        out.print(f"no releases under {root}", highlight=False)
+        res = prune_builds(args.root, args.builds, tuple(args.keep))
+        what = f"removed {', '.join(res['removed'])}" if res["removed"] else "nothing to remove"
+        check = {"name": "release-prune-builds", "ok": True, "detail": f"{what}; in use: {', '.join(res['in_use'])}"}
+        out, rc = {"ok": True, "checks": [check], **res}, 0
+    except (ReleaseError, OSError) as exc:
+        detail = str(exc) if isinstance(exc, ReleaseError) else f"{args.builds}: {exc.strerror or exc}"
+        out = {"ok": False, "checks": [{"name": "release-prune-builds", "ok": False, "detail": detail}],
+               "root": str(args.root), "builds": str(args.builds)}
+        rc = 1
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return rc
 
 
-@app.command("activate")
-def activate_cmd(root: RootOpt, rid: Annotated[str, typer.Option("--id", help="The release id (12 hex digits).")],
-                 keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
-    """Make release ID (installed under ROOT) current; prune beyond --keep. Then: daemon-reload + restart."""
-    _keep(keep)
-    try:
-        res = activate(root, rid, keep)
-    except ReleaseError as exc:
-        return _refused("release-activate", exc, as_json, {"root": str(root)})
-    what = f"{res['from']} -> {res['id']}" if res["changed"] else f"{res['id']} was already current"
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-activate", what + pruned, as_json, res)
-
-
-@app.command("rollback")
-def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
-    """Switch ROOT's current release back to the previous one. Then: daemon-reload + restart + gate."""
-    _keep(keep)
-    try:
-        res = rollback(root, keep)
-    except ReleaseError as exc:
-        return _refused("release-rollback", exc, as_json, {"root": str(root)})
-    pruned = f"; pruned {', '.join(res['pruned'])}" if res["pruned"] else ""
-    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{pruned}", as_json, res)
-
-
-@app.command("prune-builds")
-def prune_builds_cmd(root: RootOpt,
-                     builds: Annotated[Path, typer.Option(
-                         "--builds", help="The SGLang builds directory, <sglang_venv>.builds "
-                                          "(e.g. /opt/ddtree-ops/sglang-venv.builds).")],
-                     keep: Annotated[list[str] | None, typer.Option(
-                         "--keep", help="A build name to keep besides those the releases run (repeatable).")] = None,
-                     as_json: JsonOpt = False) -> None:
-    """Remove SGLang builds no release (of ROOT, or of another root sharing BUILDS) runs."""
-    try:
-        res = prune_builds(root, builds, tuple(keep or ()))
-    except ReleaseError as exc:
-        return _refused("release-prune-builds", exc, as_json, {"root": str(root), "builds": str(builds)})
-    except OSError as exc:
-        return _emit(False, "release-prune-builds", f"{builds}: {exc.strerror or exc}", as_json, {"root": str(root)})
-    what = f"removed {', '.join(res['removed'])}" if res["removed"] else "nothing to remove"
-    _emit(True, "release-prune-builds", f"{what}; in use: {', '.join(res['in_use']) or 'none'}", as_json, res)
-
-
-@app.command("gate")
-def gate_cmd(plan_file: Annotated[Path, typer.Option(
-                 "--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")],
-             url: Annotated[str | None, typer.Option(help="Server base URL (default: the plan's url).")] = None,
-             deadline: Annotated[float, typer.Option(help="Total seconds for the whole gate.")] = 120.0,
-             requests: Annotated[int, typer.Option(help="Requests of the synthetic load (1..1000).")] = 16,
-             concurrency: Annotated[int, typer.Option(help="Requests in flight (1..256).")] = 4,
-             max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (1..4096).")] = GATE_MAX_NEW_TOKENS,
-             as_json: JsonOpt = False) -> None:
-    """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
-    length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
-    from ..cli import _deployed, _positive, _print_checks, _target
-
-    _positive("--deadline", deadline, 3600)
-    for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
-                            ("--max-new-tokens", max_new_tokens, 4096)):
-        if not 1 <= value <= hi:
-            raise typer.BadParameter(f"{name} {value}: must be 1..{hi}")
-    doc, default_url = _deployed(plan_file, None, None)
-    target = _target(url, default_url)
-    checks, extra = gate(doc, target, GateOptions(deadline, requests, concurrency, max_new_tokens))
-    _print_checks(checks, as_json, {"url": target, **extra})
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -50,6 +50,14 @@ def sglang_build_path(d: Deployment) -> str | None:
     return f"{d.service.sglang_venv_path}.builds/{name}"
 
 
+def unit_sglang_build(d: Deployment) -> str | None:
+    """The SGLang build the unit runs, and so the one its release pins
+    (``identity.sglang_build``): :func:`sglang_build_path` for a real SGLang source; None for
+    the simulator, which runs from the ops venv (an ``install_release`` build only serves the
+    deploy-time probe, so no release keeps it)."""
+    return None if d.sglang.source == "simulator" else sglang_build_path(d)
+
+
 def build_argv(d: Deployment, plan: Plan) -> list[str]:
     """``[python, -m, module, ARGS...]`` for ``python -m sglang.launch_server``.
 
@@ -63,7 +71,7 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
     """
     dialect = version_info(d.sglang.base_version).dialect
     # Real SGLang runs from the release's own SGLang build; the simulator (ddtree-ops) from the ops venv.
-    venv = d.service.venv if d.sglang.source == "simulator" else sglang_build_path(d)
+    venv = unit_sglang_build(d) or d.service.venv
     argv = [f"{venv}/bin/python", "-m", d.sglang.launcher_module]
     argv += _model_flags(d)
     argv += _server_flags(d, plan)

@@ -68,16 +68,16 @@ def release_files(v: Validated) -> list[RenderedFile]:
 def identity(v: Validated) -> dict:
     """What a release depends on beyond its files' bytes: the ddtree-ops version (the ops venv
     the unit runs health, warmup and the exporter from), the SGLang pin, the SGLang venv path
-    and ``sglang_build``: the content-keyed build directory the release runs
-    (:func:`ddtree_ops.render.argv.sglang_build_path`; None without one). The host-side prune
+    and ``sglang_build``: the content-keyed build directory the release's unit runs
+    (:func:`ddtree_ops.render.argv.unit_sglang_build`; None for the simulator). The host-side prune
     (``ddtree-ops release prune-builds``) keeps every build a kept release names here.
     JSON-ready, no secrets."""
     from .. import __version__
-    from .argv import sglang_build_path
+    from .argv import unit_sglang_build
 
     d = v.deployment
     return {"ddtree_ops": __version__, "sglang_pin": d.sglang.model_dump(mode="json"),
-            "sglang_venv": d.service.sglang_venv_path, "sglang_build": sglang_build_path(d)}
+            "sglang_venv": d.service.sglang_venv_path, "sglang_build": unit_sglang_build(d)}
 
 
 @dataclass(frozen=True)

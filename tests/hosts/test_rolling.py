@@ -196,9 +196,9 @@ print(rid)
 
 def test_the_release_pins_its_sglang_build_and_prune_keeps_the_builds_releases_run(hosts):
     """deploy.yml on ddt-th1 (inventory/test installs the real SGLang release beside the
-    simulator): the release names the build the role installed; a build an older kept release
-    runs survives the next deploy's prune, a build no release runs does not; rollback switches
-    to the older release, whose build is on disk."""
+    simulator, whose release runs the ops venv and pins no build): the role installs the build
+    ddtree_render names; a build an older kept release runs survives the next deploy's prune, a
+    build no release runs does not; rollback switches to the older release, whose build is on disk."""
     assert "ddt-th1" in hosts, hosts
     addr = hosts["ddt-th1"]
     r, t = deploy()
@@ -206,10 +206,11 @@ def test_the_release_pins_its_sglang_build_and_prune_keeps_the_builds_releases_r
     print(f"\ndeploy.yml on ddt-th1: {t:.1f} s")
     info = json.loads(ssh(addr, f"{OPS}/ddtree-ops release list --root {ROOT} --json").stdout)
     cur = info["current"]
-    build = next(x["sglang_build"] for x in info["releases"] if x["id"] == cur)
-    assert re.fullmatch(rf"{BUILDS}/cp311-[0-9a-f]{{16}}-[0-9a-f]{{12}}", build), info
-    check = ssh(addr, f"readlink /opt/ddtree-ops/sglang-venv; test -f {build}/.ddtree-sglang-complete && echo done")
-    assert check.stdout.split() == [build, "done"], check.stdout + check.stderr
+    assert next(x["sglang_build"] for x in info["releases"] if x["id"] == cur) is None, info  # the simulator's
+    build = ssh(addr, "readlink /opt/ddtree-ops/sglang-venv").stdout.strip()
+    assert re.fullmatch(rf"{BUILDS}/cp311-[0-9a-f]{{16}}-[0-9a-f]{{12}}", build), build
+    check = ssh(addr, f"ls {BUILDS}; test -f {build}/.ddtree-sglang-complete && echo done")
+    assert check.stdout.split() == [Path(build).name, "done"], check.stdout + check.stderr  # older builds pruned
     old, stray = f"{BUILDS}/cp311-{'e' * 16}-{'e' * 12}", f"{BUILDS}/cp311-{'f' * 16}-{'f' * 12}"
     made = ssh(addr, f"mkdir -p {old} {stray} && {OPS}/python -c '{_FAKE_OLDER}' {ROOT} {cur} {old}")
     assert made.returncode == 0, made.stdout + made.stderr
