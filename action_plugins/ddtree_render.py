@@ -19,7 +19,9 @@ Returns ``files`` (list of ``{path, content, mode, secret}``), ``plan``, ``unit`
 the host reaches SGLang: ``Server.local_url``), ``rendezvous_port`` (SGLang's ``--nccl-port``:
 ``Server.rendezvous_port``), ``exporter_url`` (the exporter, on loopback),
 ``paths`` (``config``, ``state``, ``cache``, ``venv`` directories on the host; ``secrets``: the
-secrets file, removed by the role when none is rendered), ``deployment`` (no secrets),
+secrets file, removed by the role when none is rendered; ``sglang_build``: the SGLang build the
+release runs, :func:`ddtree_ops.render.argv.sglang_build_path`, None without one; the ``sglang``
+role installs into it), ``deployment`` (no secrets),
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
 non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-node unit's
 name and the binary it runs), ``release`` (the service's release:
@@ -53,6 +55,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.ops.toolkit import QUERY_COMMAND
         from ddtree_ops.python_tag import PYTHON_TAG_CODE
         from ddtree_ops.render import render_host
+        from ddtree_ops.render.argv import sglang_build_path
         from ddtree_ops.render.files import DEVICES_UNIT, MANAGED_BY, NVIDIA_MODPROBE, plan_document, service_env
         from ddtree_ops.render.release import release_result
         from ddtree_ops.sglang.expect import probe_request
@@ -69,6 +72,7 @@ class ActionModule(ActionBase):
                 files = earlier.get("checkpoint_files") if isinstance(earlier, dict) else None
             reader = reader_from_host_files(files or {}, hub_allowed(False))
             validated = validate_with_checkpoints(host, hostvars, reader)
+            sglang_build = sglang_build_path(validated.deployment)  # a missing lock file is a finding too
         except ConfigError as exc:
             result.update(failed=True, msg="invalid deployment config:\n" + str(exc),
                           findings=[f.as_dict() for f in exc.findings])
@@ -85,7 +89,7 @@ class ActionModule(ActionBase):
             rendezvous_port=validated.deployment.server.rendezvous_port,
             exporter_url=validated.deployment.ops.exporter_url,
             exporter_unit=next((f.path.rsplit("/", 1)[1] for f in files if f.component == "exporter"), None),
-            paths=doc["paths"],
+            paths={**doc["paths"], "sglang_build": sglang_build},
             deployment=doc["deployment"],
             plan_warnings=[w.message() for w in validated.warnings],
             probe_request=probe_request(validated),

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .fleet_cli import app as fleet_app
-from .ops.release import app as release_app
+from .ops.release_cli import app as release_app
 
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
 # `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
@@ -58,7 +58,7 @@ class CheckFailed(Exception):
     """A check ran and failed (exit 1)."""
 
 
-app.add_typer(release_app, name="release")  # host-side releases (issue 12): ddtree_ops/ops/release.py
+app.add_typer(release_app, name="release")  # host-side releases (issue 12): ddtree_ops/ops/release_cli.py
 
 
 def say(console: Console, label: str, style: str, message: str) -> None:

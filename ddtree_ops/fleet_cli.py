@@ -111,19 +111,22 @@ def _targets(inventory: str | None, limit: str | None, vault: list[str] | None,
 
 
 def _limits(known: Path, targets: list[Target], parallel: int, timeout: float, deadline: float | None,
-            gate: float | None = None, batch: int | None = None) -> Limits:
-    from .ops.fleet_ssh import Limits
+            gate: float | None = None, batch: int | None = None, gate_deadline: float | None = None) -> Limits:
+    from .ops.fleet_ssh import GATE_DEADLINE_S, GATE_MARGIN_S, Limits
 
     _range("--parallel", parallel, 1, MAX_PARALLEL)
     _range("--timeout", timeout, 1, 3600)
+    gate_deadline = GATE_DEADLINE_S if gate_deadline is None else gate_deadline
+    _range("--gate-deadline", gate_deadline, 3, 3600)
     if deadline is None:
         if batch is None:  # every host in turn, `parallel` at a time
             deadline = timeout * math.ceil(len(targets) / parallel) + 10
         else:
             worst = max((gate if gate is not None else t.gate_s) for t in targets) if targets else 0
-            deadline = (timeout + worst + 30) * math.ceil(len(targets) / batch) + 10
+            deadline = (timeout + worst + gate_deadline + GATE_MARGIN_S + 30) * math.ceil(len(targets) / batch) + 10
     _range("--deadline", deadline, 1, 7 * 86400)
-    return Limits(known_hosts=known, timeout_s=timeout, parallel=parallel, deadline_s=deadline, gate_s=gate)
+    return Limits(known_hosts=known, timeout_s=timeout, parallel=parallel, deadline_s=deadline, gate_s=gate,
+                  gate_deadline_s=gate_deadline)
 
 
 def _fail_if(bad: bool) -> None:
@@ -223,11 +226,15 @@ BatchOpt = Annotated[int, typer.Option("--batch", help="Hosts restarted at once 
                                        "when every host of this one passed its gate.")]
 GateOpt = Annotated[float | None, typer.Option("--gate-timeout", help="Seconds a restarted host has to be active, "
                                                "warm and healthy (default: its unit's TimeoutStartSec).")]
+GateDeadlineOpt = Annotated[float | None, typer.Option(
+    "--gate-deadline", help="Seconds (3-3600, default 120) for the host's own `ddtree-ops release gate` once it is "
+    "healthy again: health, a short synthetic load, acceptance length >= ddtree_ops.accept_length_floor (the "
+    "gate of playbooks/rolling.yml).")]
 
 
 def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: list[str] | None,
              known_hosts: Path | None, batch: int, gate: float | None, timeout: float, deadline: float | None,
-             as_json: bool) -> None:
+             as_json: bool, gate_deadline: float | None = None) -> None:
     from .cli import err, out, say
     from .ops import fleet_ssh
 
@@ -235,7 +242,7 @@ def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: li
     if gate is not None:
         _range("--gate-timeout", gate, 1, 86400)
     targets, known = _targets(inventory, limit, vault, known_hosts)
-    limits = _limits(known, targets, batch, timeout, deadline, gate, batch)
+    limits = _limits(known, targets, batch, timeout, deadline, gate, batch, gate_deadline)
 
     def show(r: fleet_ssh.HostChange) -> None:
         if not as_json:
@@ -260,18 +267,23 @@ def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: li
 @app.command("restart")
 def restart_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
                 known_hosts: KnownHostsOpt = None, batch: BatchOpt = 1, gate_timeout: GateOpt = None,
-                timeout: TimeoutOpt = 60.0, deadline: DeadlineOpt = None, as_json: JsonOpt = False) -> None:
+                gate_deadline: GateDeadlineOpt = None, timeout: TimeoutOpt = 60.0, deadline: DeadlineOpt = None,
+                as_json: JsonOpt = False) -> None:
     """Rolling restart: ``systemctl restart`` one host (or ``--batch N``) at a time, each gated on
-    the unit active again and the host's ``ddtree-ops health`` passing (warm, ready, no drift);
-    stops at the first host that fails its gate. Exit 1 then."""
-    _rolling(False, inventory, limit, vault, known_hosts, batch, gate_timeout, timeout, deadline, as_json)
+    the unit active again and the host's ``ddtree-ops health`` passing (warm, ready, no drift), then
+    the host's ``ddtree-ops release gate`` (the playbook's: a short synthetic load, acceptance
+    length >= the floor); stops at the first host that fails its gate. Exit 1 then."""
+    _rolling(False, inventory, limit, vault, known_hosts, batch, gate_timeout, timeout, deadline, as_json,
+             gate_deadline)
 
 
 @app.command("rollback")
 def rollback_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
                  known_hosts: KnownHostsOpt = None, batch: BatchOpt = 1, gate_timeout: GateOpt = None,
-                 timeout: TimeoutOpt = 60.0, deadline: DeadlineOpt = None, as_json: JsonOpt = False) -> None:
+                 gate_deadline: GateDeadlineOpt = None, timeout: TimeoutOpt = 60.0, deadline: DeadlineOpt = None,
+                 as_json: JsonOpt = False) -> None:
     """Rolling rollback: on one host (or ``--batch N``) at a time, ``ddtree-ops release rollback
     --root <config dir>/releases --json`` (switch ``current`` to the previous release), then
     ``systemctl restart`` and the same gate as ``restart``; stops at the first failing host."""
-    _rolling(True, inventory, limit, vault, known_hosts, batch, gate_timeout, timeout, deadline, as_json)
+    _rolling(True, inventory, limit, vault, known_hosts, batch, gate_timeout, timeout, deadline, as_json,
+             gate_deadline)

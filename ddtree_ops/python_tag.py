@@ -15,5 +15,16 @@ PYTHON_TAG_CODE = "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[
 """Python code printing the running interpreter's CPython tag, e.g. ``cp311``, and a newline."""
 
 
+def current() -> str:
+    """The running interpreter's CPython tag: what :data:`PYTHON_TAG_CODE` prints, run here."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(PYTHON_TAG_CODE)
+    return buf.getvalue().strip()
+
+
 if __name__ == "__main__":
     exec(PYTHON_TAG_CODE)

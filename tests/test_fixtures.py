@@ -20,7 +20,8 @@ def test_no_test_or_code_reads_outside_the_checkout():
 
     needles = ("../" + "shared", "DESIGN" + ".md", "/wo" + "rk/" + "shared", '"shared" / "fix' + 'tures"')
     hits = []
-    for base in ("ddtree_ops", "tests", "scripts", "roles", "action_plugins", "inventory", "playbooks"):
+    for base in ("ddtree_ops", "tests", "scripts", "roles", "action_plugins", "filter_plugins", "inventory",
+                 "playbooks"):
         for p in (REPO / base).rglob("*"):
             if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".yaml", ".j2", ".md", ".cfg", ".txt"):
                 text = p.read_text(errors="replace")

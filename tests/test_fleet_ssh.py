@@ -89,9 +89,35 @@ HEALTH_BAD = json.dumps({"ok": False, "checks": [
 DDTREE_OPS = DDTREE_OPS.replace("@HEALTH_OK@", HEALTH_OK).replace("@HEALTH_BAD@", HEALTH_BAD)
 
 PYTHON = """#!/bin/sh
-# test double for the ops venv's python: the exporter's /metrics
-cat "@S@/metrics" 2>/dev/null
+# test double for the ops venv's python: `-m ddtree_ops release gate` (the playbook's gate) answers
+# from STATE/gate.out + gate.rc (default: passed), can hang or trickle; anything else is the
+# exporter's /metrics read
+S="@S@"
+if [ "$1 $2 $3 $4" = "-m ddtree_ops release gate" ]; then
+  echo "gate $*" >> "$S/calls"
+  [ -f "$S/gate-hang" ] && exec sleep 20
+  if [ -f "$S/gate-trickle" ]; then i=0; while [ $i -lt 100 ]; do printf '{'; sleep 0.1; i=$((i+1)); done; exit 0; fi
+  if [ -f "$S/gate.out" ]; then cat "$S/gate.out"; exit "$(cat "$S/gate.rc" 2>/dev/null || echo 1)"; fi
+  echo '@GATE_OK@'; exit 0
+fi
+cat "$S/metrics" 2>/dev/null
 """
+
+
+def _gate_doc(acc: float | None, floor: float | None = 1.5, ok: bool | None = None) -> str:
+    """What `ddtree-ops release gate --json` prints (ddtree_ops/ops/release.py gate, cli._print_checks)."""
+    checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"},
+              {"name": "load", "ok": True, "detail": "16/16 requests answered in 1.20 s (850 tok/s)"}]
+    if floor is not None and acc is not None:
+        checks.append({"name": "accept_length_floor", "ok": acc >= floor,
+                       "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor {floor:g} "
+                                 "(ddtree_ops.accept_length_floor)"})
+    ok = all(c["ok"] for c in checks) if ok is None else ok
+    return json.dumps({"ok": ok, "checks": checks, "url": "http://127.0.0.1:30000", "accept_length": acc,
+                       "floor": floor, "elapsed_s": 1.4}, indent=2)
+
+
+PYTHON = PYTHON.replace("@GATE_OK@", _gate_doc(3.1).replace("\n", " "))
 
 METRICS = ("# HELP ddtree_accept_length x\nddtree_accept_length{host=\"h\"} 3.25\n"
            "ddtree_generation_tokens_per_second{host=\"h\"} 812.5\n")
@@ -324,6 +350,71 @@ def test_rollback_without_the_release_command_on_the_host_fails_that_host(sshd):
     assert not res[0].ok and "no `release rollback` (No such command 'release'.)" in res[0].detail, res[0].detail
     assert res[1].step == "skipped"
     assert "restart" not in (sshd.state / "old" / "calls").read_text()
+
+
+def test_restart_runs_the_playbooks_gate_and_shows_accept_length_vs_floor(sshd):
+    t = sshd.host("gok")
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0, gate_deadline_s=30.0))
+    assert r.ok, r.detail
+    assert "release gate passed: accept length 3.10 >= floor 1.50" in r.detail, r.detail
+    calls = (sshd.state / "gok" / "calls").read_text()
+    # the very command of playbooks/rolling.yml, after the unit is active again
+    assert f"gate -m ddtree_ops release gate --plan {t.config_dir}/plan.json --deadline 30 --json" in calls, calls
+    assert calls.index("restart --no-block") < calls.index("gate -m ddtree_ops")
+
+
+def test_a_gate_under_the_acceptance_floor_stops_the_rolling_restart(sshd):
+    a = sshd.host("fa")
+    b = sshd.host("fb", **{"gate.out": _gate_doc(1.2), "gate.rc": "1"})  # healthy, but acceptance collapsed
+    c = sshd.host("fc")
+    res = fleet_ssh.rolling([a, b, c], _limits(sshd, gate_s=4.0))
+    assert [(r.host, r.ok, r.step) for r in res] == [("fa", True, "restart"), ("fb", False, "restart"),
+                                                     ("fc", False, "skipped")]
+    assert "gate FAILED (accept length 1.20 < floor 1.50)" in res[1].detail, res[1].detail
+    assert "acceptance length 1.20 < the floor 1.5" in res[1].detail
+    assert "stopped after fb" in res[2].detail
+    assert not (sshd.state / "fc" / "calls").exists()
+
+
+def test_a_gate_that_says_ok_below_the_floor_is_not_believed(sshd):
+    t = sshd.host("liar", **{"gate.out": _gate_doc(1.0, ok=True).replace('"ok": false', '"ok": true'),
+                             "gate.rc": "0"})
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0))
+    assert not r.ok and "1.00 < floor 1.50" in r.detail, r.detail
+
+
+def test_cli_restart_names_the_host_whose_gate_fails_the_floor(sshd, tmp_path):
+    a, b = sshd.host("cli7"), sshd.host("cli8", **{"gate.out": _gate_doc(0.9), "gate.rc": "1"})
+    inv = _inventory(tmp_path, sshd, {"cli7": _host_entry(a), "cli8": _host_entry(b)})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv), "--known-hosts", str(sshd.known_hosts),
+                        "--gate-timeout", "4", "--gate-deadline", "20")
+    assert rc == 1
+    assert "ok   cli7 restart" in out and "accept length 3.10 >= floor 1.50" in out, out + err
+    assert "FAIL cli8 restart" in err and "accept length 0.90 < floor 1.50" in err, out + err
+    assert "1/2 hosts restarted" in err, out + err
+
+
+@pytest.mark.parametrize(("name", "files", "expect"), [
+    ("hg0", {"gate.out": "Traceback (most recent call last):\n  boom\x1b[31m\n", "gate.rc": "1"},
+     "no JSON result from `ddtree-ops release gate` (exit 1): Traceback"),
+    ("hg1", {"gate.out": "{" + '"a":' * 3 + "[" * 30000, "gate.rc": "0"}, "no JSON result"),
+    ("hg2", {"gate.out": '{"ok": true, "checks": [], "accept_length": 9}', "gate.rc": "0"}, "no list of checks"),
+    ("hg3", {"gate.out": json.dumps({"ok": True, "checks": [{"name": "x", "ok": True, "detail": "y"}],
+                              "accept_length": "NaN", "floor": 1.5}), "gate.rc": "0"}, "accept length - vs floor 1.50"),
+    ("hg4", {"gate.out": '{"ok": true, "checks": [{"name": "x", "ok": true}], "pad": "' + "A" * 100_000 + '"}',
+      "gate.rc": "0"}, "more than 65536 bytes"),
+    ("hg5", {"gate-trickle": ""}, "did not end within 1 s + 1 s"),
+    ("hg6", {"gate-hang": ""}, "did not end within 1 s + 1 s"),
+])
+def test_hostile_gate_output_fails_that_host_with_one_clean_line(sshd, name, files, expect):
+    t = sshd.host(name, **files)
+    t0 = time.monotonic()
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0, gate_deadline_s=1.0, gate_margin_s=1.0))
+    assert time.monotonic() - t0 < 8
+    assert not r.ok and expect in r.detail, r.detail
+    assert "\x1b" not in r.detail and "\n" not in r.detail and len(r.detail) < 600, r.detail
+    # the session lives on after a gate that hung: the release seen after it is still read
+    assert r.release_to == "r2"
 
 
 # ---------------------------------------------------------------------------------------

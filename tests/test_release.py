@@ -128,6 +128,12 @@ def test_render_prints_the_same_id_as_the_play(tmp_path, capsys):
                           shared_loader_obj=None).run(task_vars=task_vars)
     assert not result.get("failed"), result.get("msg")
     assert printed == [["release", "h1:", result["release"]["id"]]]
+    # the sglang role installs into the build the release's unit runs
+    from ddtree_ops.render.argv import sglang_build_path
+
+    assert result["paths"]["sglang_build"] == sglang_build_path(validate_hostvars("h1", hv).deployment)
+    unit = next(f["content"] for f in result["release"]["files"] if f["path"].endswith(".service"))
+    assert f"ExecStart={result['paths']['sglang_build']}/bin/python " in unit
     assert result["release"]["dir"] == f"/etc/ddtree-ops/sglang/releases/{result['release']['id']}"
     assert result["release"]["keep"] == 3
 
@@ -458,6 +464,193 @@ def test_cli_list_activate_rollback_json(root, capsys):
     assert main(["release", "activate", "--root", str(root), "--id", ids[0], "--keep", "0"]) == 2
 
 
+# --- SGLang builds: pinned by the release, pruned only when no release runs them ---------------
+
+def _pinned(sglang_venv: str, commit: str):
+    """A deployment on a git SGLang pin at ``commit`` whose SGLang venv is ``sglang_venv``."""
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "repo": "https://github.com/sgl-project/sglang.git",
+                           "commit": commit * 40}
+    hv["ddtree_service"] = {**hv.get("ddtree_service", {}), "sglang_venv": sglang_venv}
+    return validate_hostvars("h1", hv)
+
+
+def _exec_python(root: Path) -> str:
+    """The interpreter the current release's unit runs (ExecStart's first word)."""
+    unit = (root / "current" / "ddtree-sglang.service").read_text()
+    return next(line for line in unit.splitlines() if line.startswith("ExecStart="))[len("ExecStart="):].split()[0]
+
+
+@pytest.fixture
+def opt_dir():
+    """A directory outside /tmp (a unit's SGLang venv may not live under its PrivateTmp)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ddtree-relkeep-", dir="/srv" if os.path.isdir("/srv") else "/opt"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
+    from ddtree_ops.render.argv import sglang_build_path
+    from ddtree_ops.sglang import wheelhouse as wh
+
+    v = _pinned(f"{opt_dir}/sglang-venv", "a")
+    build = sglang_build_path(v.deployment)
+    name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, wh.python_tag(),
+                         wh.ops_source_id(wh.PROJECT_ROOT))
+    assert build == f"{opt_dir}/sglang-venv.builds/{name}" and wh.BUILD_RE.fullmatch(name)
+    rel = build_release(v)
+    assert json.loads(rel.manifest)["identity"]["sglang_build"] == build
+    unit = next(f for n, _live, f in rel.files if n.endswith(".service")).content
+    assert f"ExecStart={build}/bin/python -m sglang.launch_server" in unit
+    other = build_release(_pinned(f"{opt_dir}/sglang-venv", "b"))
+    assert other.id != rel.id and json.loads(other.manifest)["identity"]["sglang_build"] != build
+    # a simulator deployment installs no build and pins none; with install_release the role
+    # installs one for the probe, but the unit runs the ops venv, so the release pins none
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {"source": "simulator", "ddtree_source": "sglang-pr-29907", "simulated_build": "ddtree"}
+    assert sglang_build_path(validate_hostvars("h1", hv).deployment) is None
+    hv["ddtree_sglang"]["install_release"] = True
+    hv["ddtree_sglang"]["version"] = "0.5.23"
+    v = validate_hostvars("h1", hv)
+    assert sglang_build_path(v.deployment) is not None
+    assert json.loads(build_release(v).manifest)["identity"]["sglang_build"] is None
+
+
+def test_a_missing_lock_file_is_one_finding():
+    from ddtree_ops.config import ConfigError
+    from ddtree_ops.render.argv import sglang_build_path
+
+    hv = base_hostvars()
+    hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "requirements": "requirements/no-such.lock"}
+    with pytest.raises(ConfigError) as exc:
+        sglang_build_path(validate_hostvars("h1", hv).deployment)
+    text = str(exc.value)
+    assert "ddtree_sglang.requirements" in text and "no-such.lock" in text and "no such file" in text, text
+
+
+def test_build_wheelhouse_script_names_its_dir_with_the_one_ops_id(tmp_path):
+    """scripts/build-wheelhouse.sh asks ops_wheelhouse_id for its directory name: with that directory
+    already complete it prints it and builds nothing."""
+    import subprocess
+    import sys
+
+    from ddtree_ops.sglang import wheelhouse as wh
+
+    done = tmp_path / f"{wh.python_tag()}-{wh.ops_wheelhouse_id(REPO)}"
+    done.mkdir()
+    (done / ".complete").touch()
+    r = subprocess.run(["bash", str(REPO / "scripts" / "build-wheelhouse.sh"), str(tmp_path), sys.executable],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == str(done) and "building" not in r.stderr
+
+
+def test_rollback_after_a_pin_change_runs_the_old_build_and_prune_keeps_it(root, opt_dir):
+    """Deploys as the roles do them (sglang role: install the build, prune builds; ddtree_service:
+    install and activate the release, keep 1 previous), across three SGLang pins."""
+    from ddtree_ops.render.argv import sglang_build_path
+
+    builds = opt_dir / "sglang-venv.builds"
+    builds.mkdir(mode=0o755)
+    orphan = builds / "cp311-0123456789abcdef-0123456789ab"  # an old build no release runs
+    orphan.mkdir()
+    (builds / "not-a-build").mkdir()  # other names are never touched
+    elsewhere = opt_dir / "elsewhere"
+    elsewhere.mkdir()
+    (builds / "cp311-1111111111111111-111111111111").symlink_to(elsewhere)  # neither are symlinks
+    vs = [_pinned(f"{opt_dir}/sglang-venv", c) for c in "abc"]
+    paths = [sglang_build_path(v.deployment) for v in vs]
+    names = [Path(p).name for p in paths]
+    assert len(set(names)) == 3
+    ids, removed = [], []
+    for v, p in zip(vs, paths, strict=True):
+        Path(p).mkdir()  # the sglang role installs the build ...
+        res = hr.prune_builds(root, builds, [Path(p).name])  # ... and prunes before the release is activated
+        removed.append(res["removed"])
+        ids.append(_install(root, v))
+        hr.activate(root, ids[-1], keep=1)
+    assert removed == [[orphan.name], [], []]  # the builds of releases still on disk stay
+    assert _exec_python(root) == f"{paths[2]}/bin/python"
+    assert [r["sglang_build"] for r in hr.list_releases(root)["releases"]] == [
+        paths[i] for i in sorted(range(1, 3), key=lambda i: ids[i])]  # release 0 was pruned at activation
+    # rollback across the pin change: the unit runs the old build again, and it is there
+    assert hr.rollback(root, keep=1)["to"] == ids[1]
+    assert _exec_python(root) == f"{paths[1]}/bin/python" and Path(paths[1]).is_dir()
+    # the next deploy's prune: build 0 (no release left) goes, 1 (current) and 2 (on disk) stay
+    res = hr.prune_builds(root, builds, [names[1]])
+    assert res["removed"] == [names[0]] and set(res["in_use"]) == {names[1], names[2]}
+    assert Path(paths[1]).is_dir() and Path(paths[2]).is_dir() and not Path(paths[0]).exists()
+    assert (builds / "not-a-build").is_dir() and elsewhere.is_dir()
+    assert (builds / "cp311-1111111111111111-111111111111").is_symlink()
+
+
+def test_another_instance_sharing_the_venv_keeps_its_builds(root, opt_dir, tmp_path):
+    builds = opt_dir / "sglang-venv.builds"
+    builds.mkdir(mode=0o755)
+    v_mine, v_other = _pinned(f"{opt_dir}/sglang-venv", "a"), _pinned(f"{opt_dir}/sglang-venv", "b")
+    from ddtree_ops.render.argv import sglang_build_path
+
+    mine, other = Path(sglang_build_path(v_mine.deployment)), Path(sglang_build_path(v_other.deployment))
+    mine.mkdir()
+    other.mkdir()
+    root2 = tmp_path / "other-releases"
+    root2.mkdir(mode=0o755)
+    root2.chmod(0o755)
+    hr.activate(root2, _install(root2, v_other))
+    assert hr.prune_builds(root2, builds, [other.name])["removed"] == [mine.name]  # nothing of root's yet
+    mine.mkdir()
+    res = hr.prune_builds(root, builds, [mine.name])
+    assert res["removed"] == [] and other.is_dir() and res["other_roots"] == [str(root2)]
+    # a record that cannot be read: nothing is removed, one line naming it and the fix
+    import hashlib
+
+    rec = builds / hr.IN_USE / (hashlib.sha256(str(root2).encode()).hexdigest()[:16] + ".json")  # the other's
+    assert rec.is_file()
+    rec.write_text('{"root": "/x", "builds": ["../../etc"]}')
+    with pytest.raises(hr.ReleaseError, match=r"not a record of builds in use.*Fix: remove"):
+        hr.prune_builds(root, builds, [mine.name])
+    assert other.is_dir()
+
+
+@pytest.mark.parametrize("bad", ["../etc", "cp311-xyz", "cp311-0123456789abcdef-0123456789ab/../x", ""])
+def test_prune_builds_refuses_a_bad_keep_name(root, opt_dir, bad):
+    with pytest.raises(hr.ReleaseError, match="not an SGLang build name"):
+        hr.prune_builds(root, opt_dir, [bad])
+
+
+def test_prune_builds_refuses_a_release_whose_build_it_cannot_read(root, opt_dir):
+    builds = opt_dir / "b.builds"
+    builds.mkdir(mode=0o755)
+    keep = builds / "cp311-0123456789abcdef-0123456789ab"
+    keep.mkdir()
+    rid = _install(root, _validated())
+    man = root / rid / MANIFEST
+    doc = json.loads(man.read_text())
+    doc["identity"]["sglang_build"] = "relative/path"
+    man.write_text(json.dumps(doc))
+    with pytest.raises(hr.ReleaseError, match="no absolute path"):
+        hr.prune_builds(root, builds)
+    assert keep.is_dir()
+
+
+def test_cli_prune_builds_json(root, opt_dir, capsys):
+    builds = opt_dir / "v.builds"
+    builds.mkdir(mode=0o755)
+    (builds / "cp311-0123456789abcdef-0123456789ab").mkdir()
+    (builds / "cp311-fedcba9876543210-0123456789ab").mkdir()
+    assert main(["release", "prune-builds", "--root", str(root), "--builds", str(builds),
+                 "--keep", "cp311-fedcba9876543210-0123456789ab", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and doc["changed"] and doc["removed"] == ["cp311-0123456789abcdef-0123456789ab"]
+    assert main(["release", "prune-builds", "--root", str(root), "--builds", str(builds), "--keep", "x/y",
+                 "--json"]) == 1
+    assert "not an SGLang build name" in json.loads(capsys.readouterr().out)["checks"][0]["detail"]
+
+
 # --- the gate against the simulator -----------------------------------------------------------
 
 def _sim_deployment(tmp_path, accept: str | None):
@@ -631,3 +824,45 @@ def test_rolling_playbook_checks_its_settings_before_anything_changes(tmp_path):
     bad = run({"rolling_gate_deadline_s": f"{{{{ lookup('pipe', 'touch {marker}') }}}}"})
     assert bad["failed"] and "Jinja" in bad["msg"] and not marker.exists()
     assert "rolling_batches = 0" in run({"rolling_batches": 0})["msg"]
+
+
+def test_prune_builds_runs_without_the_cli_dependencies(root, opt_dir):
+    """The sglang role runs `python -m ddtree_ops.ops.release prune-builds` with the SGLang build's
+    python, where ddtree-ops is installed without its dependencies (no typer, rich, httpx, yaml)."""
+    import subprocess
+    import sys
+
+    builds = opt_dir / "s.builds"
+    builds.mkdir(mode=0o755)
+    (builds / "cp311-0123456789abcdef-0123456789ab").mkdir()
+    block = ("import sys\nfor m in ('typer', 'rich', 'click', 'httpx', 'yaml', 'jinja2', 'prometheus_client', "
+             "'fabric', 'paramiko'): sys.modules[m] = None\nimport runpy\n"
+             "sys.argv = ['x', 'prune-builds', '--root', sys.argv[1], '--builds', sys.argv[2]]\n"
+             "runpy.run_module('ddtree_ops.ops.release', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", block, str(root), str(builds)], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and doc["removed"] == ["cp311-0123456789abcdef-0123456789ab"] and doc["changed"]
+    r = subprocess.run([sys.executable, "-m", "ddtree_ops.ops.release", "prune-builds", "--root", str(root),
+                        "--builds", str(builds), "--keep", "../x"], capture_output=True, text=True, timeout=60,
+                       cwd=REPO)
+    assert r.returncode == 1 and "not an SGLang build name" in json.loads(r.stdout)["checks"][0]["detail"]
+
+
+def test_ops_ids_same_in_a_checkout_and_an_installed_copy(tmp_path):
+    """The build name's ops part hashes the package's own files only (an installed wheel has no
+    pyproject.toml); the ops wheelhouse id adds pyproject.toml (its dependencies)."""
+    import shutil
+
+    from ddtree_ops.sglang import wheelhouse as wh
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "ddtree_ops", site / "ddtree_ops", ignore=shutil.ignore_patterns("__pycache__"))
+    assert wh.ops_source_id(site) == wh.ops_source_id(REPO)
+    assert wh.ops_wheelhouse_id(site) != wh.ops_wheelhouse_id(REPO)
+    (site / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes() + b"# another dependency\n")
+    assert wh.ops_wheelhouse_id(site) != wh.ops_wheelhouse_id(REPO)
+    (site / "ddtree_ops" / "extra.py").write_text("x = 1\n")
+    wh.ops_source_id.cache_clear()  # cached per process (a deploy renders many times)
+    assert wh.ops_source_id(site) != wh.ops_source_id(REPO)

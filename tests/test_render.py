@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -35,7 +36,9 @@ def flag(argv: list[str], name: str) -> list[str]:
 
 def test_ddtree_argv(hostvars):
     argv = argv_of(hostvars)
-    assert argv[:3] == ["/opt/ddtree-ops/sglang-venv/bin/python", "-m", "sglang.launch_server"]
+    # the release's own SGLang build (content-keyed), not the shared sglang-venv symlink
+    assert re.fullmatch(r"/opt/ddtree-ops/sglang-venv\.builds/cp[0-9]+-[0-9a-f]{16}-[0-9a-f]{12}/bin/python", argv[0])
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert flag(argv, "--speculative-algorithm") == ["DDTREE"]
     assert flag(argv, "--speculative-num-draft-tokens") == ["8"]
     assert flag(argv, "--speculative-ddtree-budget") == ["32"]

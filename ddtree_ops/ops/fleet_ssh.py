@@ -26,6 +26,10 @@ On the host, ``status`` runs one SSH command: ``systemctl show`` of the unit, ``
 ``<config dir>/releases/current`` (release "-" when absent), the host's own ``ddtree-ops
 health --plan <config dir>/plan.json --warm-marker <marker> --json`` and one read of its
 exporter's ``/metrics`` (``ddtree_accept_length``, ``ddtree_generation_tokens_per_second``).
+``restart`` and ``rollback`` gate each host like ``playbooks/rolling.yml``: the unit active in a
+new invocation, health passing, then the very command the playbook runs, ``<venv>/bin/python -m
+ddtree_ops release gate --plan <config dir>/plan.json --deadline S --json`` (:func:`run_gate`,
+read by :func:`ddtree_ops.ops.rollout.read_gate`): its acceptance length must reach the floor.
 """
 
 from __future__ import annotations
@@ -59,6 +63,10 @@ LOG_LINE_CAP = 1000
 """Characters of one journal line shown."""
 POLL_S = 2.0
 """Seconds between two looks at a restarting unit."""
+GATE_DEADLINE_S = 120.0
+"""Default ``--deadline`` of the host-side gate (``rolling_gate_deadline_s`` in playbooks/rolling.yml)."""
+GATE_MARGIN_S = 15.0
+"""Seconds past the gate's own ``--deadline`` before fleet stops waiting for its output (process start, JSON)."""
 CONNECT_STEP_S = 15.0
 """Longest single connect, banner or authentication wait (each also within the host's deadline)."""
 
@@ -90,6 +98,10 @@ def clean(data: bytes | str, limit: int = FIELD_CAP) -> str:
 
 class FleetError(Exception):
     """One host's failure: a message naming the host's problem and, where one exists, the fix."""
+
+
+class CommandTimeout(FleetError):
+    """One command passed its own deadline (:meth:`HostSession.run` ``until``); the host's session lives on."""
 
 
 class UnknownHostKey(Exception):
@@ -224,6 +236,10 @@ class Limits:
         parallel: hosts worked on at once.
         deadline_s: total seconds for the whole run.
         gate_s: restart gate bound (None: each target's :attr:`Target.gate_s`).
+        gate_deadline_s: the ``--deadline`` of the host-side ``ddtree-ops release gate`` run once
+            the unit is healthy again (health, a short synthetic load, acceptance length >= the
+            floor; :data:`GATE_DEADLINE_S`, as ``rolling_gate_deadline_s`` of the playbook).
+        gate_margin_s: seconds past ``gate_deadline_s`` before fleet stops reading the gate.
     """
 
     known_hosts: Path
@@ -231,6 +247,8 @@ class Limits:
     parallel: int = 8
     deadline_s: float = 600.0
     gate_s: float | None = None
+    gate_deadline_s: float = GATE_DEADLINE_S
+    gate_margin_s: float = GATE_MARGIN_S
 
 
 class HostSession:
@@ -357,27 +375,41 @@ class HostSession:
             return FleetError(f"SSH to {t.where} failed: {type(exc).__name__}: {clean(str(exc), 160)}")
         raise exc
 
-    def run(self, command: str, what: str, cap: int = OUTPUT_CAP) -> tuple[int | None, bytes, bool]:
+    def run(self, command: str, what: str, cap: int = OUTPUT_CAP,
+            until: float | None = None) -> tuple[int | None, bytes, bool]:
         """Run ``command`` (a POSIX shell line; every value in it quoted) with stdout and stderr
         together; returns ``(exit status, output, cut)``. At most ``cap`` bytes are read: past
-        them the command's channel is closed, ``cut`` is true and the status None.
+        them the command's channel is closed, ``cut`` is true and the status None. ``until``
+        (``time.monotonic()``): the command's own deadline, within the host's.
 
         Raises:
+            CommandTimeout: ``until`` passed first (the channel is closed; the session stays usable).
             FleetError: the host's deadline passed (``what`` names the step) or the
                 connection broke.
         """
         import paramiko
 
         self.step = what
+        chan = None
+
+        def left() -> float:
+            host_left = self.remaining()
+            if until is None:
+                return host_left
+            own = until - time.monotonic()
+            if own <= 0:
+                raise CommandTimeout(f"{what}: no end within its deadline (the command hangs or trickles output)")
+            return min(host_left, own)
+
         try:
-            chan = self._conn.client.get_transport().open_session(timeout=min(self.remaining(), CONNECT_STEP_S))
+            chan = self._conn.client.get_transport().open_session(timeout=min(left(), CONNECT_STEP_S))
             chan.set_combine_stderr(True)
-            chan.settimeout(self.remaining())
+            chan.settimeout(left())
             chan.exec_command(command)
             buf = bytearray()
             cut = False
             while True:
-                chan.settimeout(self.remaining())
+                chan.settimeout(left())
                 data = chan.recv(65536)
                 if not data:
                     break
@@ -388,9 +420,18 @@ class HostSession:
                     chan.close()
                     return None, bytes(buf), True
             while not chan.exit_status_ready():
-                chan.status_event.wait(min(self.remaining(), 0.5))
+                chan.status_event.wait(min(left(), 0.5))
             return chan.recv_exit_status(), bytes(buf), cut
+        except CommandTimeout:
+            if chan is not None:
+                chan.close()
+            raise
         except TimeoutError:
+            if until is not None and time.monotonic() >= until and not self._expired and not self.cancel.is_set():
+                if chan is not None:
+                    chan.close()
+                raise CommandTimeout(f"{what}: no end within its deadline (the command hangs or trickles "
+                                     "output)") from None
             raise self._timeout() from None
         except (paramiko.SSHException, EOFError, OSError, AttributeError) as exc:
             if self._expired or self.cancel.is_set():
@@ -673,11 +714,40 @@ def unit_state(s: HostSession) -> tuple[str, str, str]:
             clean(props.get("InvocationID", ""), 64))
 
 
-def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float) -> tuple[bool, str, HostStatus]:
+def gate_command(t: Target, deadline_s: float) -> str:
+    """The shell line of the host-side gate, the same command ``playbooks/rolling.yml`` runs:
+    ``<venv>/bin/python -m ddtree_ops release gate --plan <config>/plan.json --deadline S --json``."""
+    argv = [f"{t.venv}/bin/python", "-m", "ddtree_ops", "release", "gate", "--plan", f"{t.config_dir}/plan.json",
+            "--deadline", f"{deadline_s:g}", "--json"]
+    return " ".join(_q(a) for a in argv) + " </dev/null 2>&1"
+
+
+def run_gate(s: HostSession, deadline_s: float, margin_s: float = GATE_MARGIN_S) -> Any:
+    """Run the host's gate (:func:`gate_command`) and read its verdict
+    (:func:`ddtree_ops.ops.rollout.read_gate`): at most
+    :data:`~ddtree_ops.ops.rollout.GATE_OUTPUT_CAP` bytes, and no longer than ``deadline_s`` +
+    ``margin_s`` (within the host's deadline). Malformed, huge, hanging or trickling
+    output is a failed :class:`~ddtree_ops.ops.rollout.GateVerdict`, never an exception, except
+    :class:`FleetError` when the host's own deadline passes or the connection breaks."""
+    from .rollout import GATE_OUTPUT_CAP, GateVerdict, read_gate
+
+    try:
+        rc, out, cut = s.run(gate_command(s.target, deadline_s), "running the gate (ddtree-ops release gate)",
+                             cap=GATE_OUTPUT_CAP, until=time.monotonic() + deadline_s + margin_s)
+    except CommandTimeout:
+        return GateVerdict(False, None, None, f"`ddtree-ops release gate` did not end within {deadline_s:g} s "
+                                              f"+ {margin_s:g} s (it hangs or trickles output)")
+    return read_gate(out, rc, cut)
+
+
+def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_deadline_s: float = GATE_DEADLINE_S,
+                      gate_margin_s: float = GATE_MARGIN_S) -> tuple[bool, str, HostStatus]:
     """``systemctl restart --no-block UNIT``, then poll the unit (``systemctl show``, every
     :data:`POLL_S`) until it is active in a new invocation (its ``ExecStartPost`` warmup done)
     and then the host's health (warm marker, drift; :func:`probe`) passes; fails when the unit
-    fails, or ``gate_s`` passes first."""
+    fails, or ``gate_s`` passes first. Then the playbook's gate on the host (:func:`run_gate`:
+    health, a short synthetic load, acceptance length >= the deployment's floor) within
+    ``gate_deadline_s``; its verdict decides."""
     t = s.target
     rc, out, _ = s.run(f"systemctl restart --no-block {_q(t.unit)} </dev/null 2>&1", "restarting the unit")
     if rc != 0:
@@ -693,7 +763,12 @@ def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float) -> tupl
         if fresh and active == "active":  # health only once the unit's own warmup let it become active
             last = probe(s)
             if last.ok and last.invocation == invocation:
-                return True, f"gate: active, ready, warm, no drift (accept length {_num(last.accept_length)})", last
+                v = run_gate(s, gate_deadline_s, gate_margin_s)
+                if v.accept_length is not None:
+                    last.accept_length = v.accept_length
+                if v.ok:
+                    return True, f"gate: active, ready, warm, no drift; release gate passed: {v.versus}", last
+                return False, f"gate FAILED ({v.versus}): {v.detail}", last
             why = last.error or why
         if time.monotonic() >= gate_end:
             if not fresh:
@@ -733,7 +808,8 @@ def rolling(targets: Sequence[Target], limits: Limits, batch: int = 1, rollback:
             on_host: Callable[[HostChange], None] | None = None) -> list[HostChange]:
     """``fleet restart`` / ``fleet rollback``: ``batch`` hosts at a time, in order; each host
     restarts (after ``ddtree-ops release rollback`` for a rollback) and must pass the gate
-    (:func:`_restart_and_gate`) within its bound; after a batch with a failing host nothing
+    (:func:`_restart_and_gate`: active, healthy, warm, then the host's own ``ddtree-ops release
+    gate`` with its acceptance-length floor) within its bounds; after a batch with a failing host nothing
     more is started, and the rest are reported as not started."""
     out: list[HostChange] = []
     run_end = time.monotonic() + limits.deadline_s
@@ -752,14 +828,16 @@ def rolling(targets: Sequence[Target], limits: Limits, batch: int = 1, rollback:
                 if rollback:
                     to = _rollback(s)
                 gate = limits.gate_s if limits.gate_s is not None else t.gate_s
-                ok, detail, after = _restart_and_gate(s, before, min(gate, max(1.0, run_end - time.monotonic())))
+                ok, detail, after = _restart_and_gate(s, before, min(gate, max(1.0, run_end - time.monotonic())),
+                                                      limits.gate_deadline_s, limits.gate_margin_s)
                 to = after.release if after.release != "-" else to
             return HostChange(t.host, ok, "rollback" if rollback else "restart", detail, before.release, to,
                               round(time.monotonic() - t0, 1))
 
         step = "rollback" if rollback else "restart"
-        sub = Limits(limits.known_hosts, limits.timeout_s + max((limits.gate_s or t.gate_s) for t in group) + 30,
-                     batch, left, limits.gate_s)
+        sub = Limits(limits.known_hosts, limits.timeout_s + max((limits.gate_s or t.gate_s) for t in group)
+                     + limits.gate_deadline_s + limits.gate_margin_s + 30, batch, left, limits.gate_s,
+                     limits.gate_deadline_s, limits.gate_margin_s)
         results = run_pool(group, work, lambda t, why, step=step: HostChange(t.host, False, step, why), sub)
         for r in results:
             if on_host:

@@ -12,6 +12,7 @@ Interface other tools rely on (keep it stable)::
     <ops venv>/bin/ddtree-ops release activate --root R --id ID [--keep N] [--json]
     <ops venv>/bin/ddtree-ops release rollback --root R [--keep N] [--json]
     <ops venv>/bin/ddtree-ops release gate     --plan P [--deadline S] [--requests N] [--concurrency C] [--json]
+    <ops venv>/bin/ddtree-ops release prune-builds --root R --builds B [--keep NAME ...] [--json]
 
 ``R`` is the release root (``{config_dir}/releases``, e.g. ``/etc/ddtree-ops/sglang/releases``).
 ``activate`` and ``rollback`` only switch the ``current`` symlink (and record the history);
@@ -20,10 +21,11 @@ the caller then runs ``systemctl daemon-reload`` and restarts the unit (the role
 
 ``--json`` prints one object: ``{"ok", "checks": [{name, ok, detail}], "root", ...}`` with, per
 command: ``list``: ``current``, ``previous``, ``history`` (ids, newest last), ``releases``
-(``{id, current, in_history}``); ``activate``: ``id``, ``from`` (the previous current or
+(``{id, current, in_history, sglang_build}``); ``activate``: ``id``, ``from`` (the previous current or
 null), ``changed``, ``pruned``, ``prune_failed`` (``{id: why}`` of releases that could not be
 removed: the switch stands); ``rollback``: ``from``, ``to``, ``changed``, ``pruned``, ``prune_failed``;
-``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``.
+``gate``: ``url``, ``accept_length``, ``floor``, ``elapsed_s``; ``prune-builds``: ``builds``,
+``in_use``, ``removed``, ``changed``, ``other_roots`` (:func:`prune_builds`).
 
 Exit codes as every ddtree-ops command: 0 ok, 1 refused or failed (one line naming what, the
 rule and the fix: an id of the wrong shape, a symlink pointing outside the root, a release
@@ -66,9 +68,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
@@ -130,7 +130,7 @@ def check_id(rid: object, what: str = "--id") -> str:
 
 # --- the root and what is in it -------------------------------------------------------------
 
-def open_root(root: Path) -> int:
+def open_root(root: Path, flag: str = "--root") -> int:
     """A descriptor of the release root, checked (see the module docstring). The caller closes it.
 
     Raises:
@@ -139,19 +139,19 @@ def open_root(root: Path) -> int:
     try:
         st = os.lstat(root)
     except FileNotFoundError:
-        raise ReleaseError(f"--root {root}: no such directory (no release was ever installed here; deploy first, "
+        raise ReleaseError(f"{flag} {root}: no such directory (no release was ever installed here; deploy first, "
                            "or give the service's {config_dir}/releases)") from None
     except OSError as exc:  # a path too long, a file where a directory should be, no permission
         raise ReleaseError(f"--root {root}: cannot be looked at: {exc.strerror or exc}") from None
     if stat.S_ISLNK(st.st_mode):
-        raise ReleaseError(f"--root {root}: is a symlink; give the real directory (releases are never switched "
+        raise ReleaseError(f"{flag} {root}: is a symlink; give the real directory (releases are never switched "
                            "through a symlink)")
     if not stat.S_ISDIR(st.st_mode):
-        raise ReleaseError(f"--root {root}: not a directory")
+        raise ReleaseError(f"{flag} {root}: not a directory")
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise ReleaseError(f"--root {root}: cannot open: {exc.strerror or exc}") from None
+        raise ReleaseError(f"{flag} {root}: cannot open: {exc.strerror or exc}") from None
     st = os.fstat(fd)
     problem = None
     if st.st_uid != os.geteuid():
@@ -162,7 +162,7 @@ def open_root(root: Path) -> int:
                    f"Fix: chmod go-w {root}")
     if problem:
         os.close(fd)
-        raise ReleaseError(f"--root {root}: {problem}")
+        raise ReleaseError(f"{flag} {root}: {problem}")
     return fd
 
 
@@ -407,7 +407,8 @@ def list_releases(root: Path) -> dict:
         in_history = set(history)
         return {"root": str(root), "current": current, "previous": others[-1] if others else None,
                 "history": history,
-                "releases": [{"id": i, "current": i == current, "in_history": i in in_history} for i in ids]}
+                "releases": [{"id": i, "current": i == current, "in_history": i in in_history,
+                              "sglang_build": _build_or_none(fd, root, i)} for i in ids]}
     except OSError as exc:
         raise _os_failure(root, "listing", exc) from None
     finally:
@@ -600,6 +601,167 @@ def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
             "rolling_gate_deadline_s": deadline}
 
 
+# --- SGLang builds the releases run ---------------------------------------------------------
+
+IN_USE = ".in-use"
+"""Directory inside a builds directory: one record per release root (``<sha256(root)[:16]>.json``:
+``{"root", "builds"}``) of the builds that root's releases ran at its last prune, so instances
+of one machine that share an SGLang venv never remove each other's builds."""
+
+
+def release_build(root_fd: int, root: Path, rid: str) -> str | None:
+    """``identity.sglang_build`` of release ``rid``'s manifest: the SGLang build directory its
+    unit runs (:func:`ddtree_ops.render.argv.sglang_build_path`), or None (a simulator
+    release, or one rendered before builds were pinned: it runs whatever ``sglang_venv`` points at).
+
+    Raises:
+        ReleaseError: the release directory or its manifest cannot be read as a release.
+    """
+    check_id(rid)
+    where = f"{root}/{rid}"
+    try:
+        dfd = os.open(rid, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError as exc:
+        raise ReleaseError(f"{where}: cannot be opened as a release directory ({exc.strerror or exc})") from None
+    try:
+        raw = _read_file(dfd, MANIFEST, f"{where}/{MANIFEST}")
+        doc = json.loads(raw)
+        build = doc["identity"].get("sglang_build")
+    except FileNotFoundError:
+        raise ReleaseError(f"{where}/{MANIFEST}: missing") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise ReleaseError(f"{where}/{MANIFEST}: not a release manifest") from None
+    finally:
+        os.close(dfd)
+    if build is None:
+        return None
+    if not isinstance(build, str) or not build.startswith("/") or "\0" in build or len(build) > 4096:
+        raise ReleaseError(f"{where}/{MANIFEST}: identity.sglang_build = {_shown(build)} is no absolute path")
+    return os.path.normpath(build)
+
+
+def _build_or_none(root_fd: int, root: Path, rid: str) -> str | None:
+    try:
+        return release_build(root_fd, root, rid)
+    except ReleaseError:
+        return None
+
+
+def _in_use_records(builds_fd: int, builds: Path, own: str) -> tuple[set[str], list[str]]:
+    """Build names the other release roots' records hold, and those records' roots."""
+    from ..sglang.wheelhouse import BUILD_RE
+
+    names: set[str] = set()
+    roots: list[str] = []
+    try:
+        rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
+    except FileNotFoundError:
+        return names, roots
+    except OSError as exc:
+        raise ReleaseError(f"{builds}/{IN_USE}: not a directory ({exc.strerror or exc}). Fix: remove it") from None
+    try:
+        for rec in sorted(os.listdir(rfd)):
+            if not re.fullmatch(r"[0-9a-f]{16}\.json", rec) or rec == own:
+                continue
+            shown = f"{builds}/{IN_USE}/{rec}"
+            try:
+                doc = json.loads(_read_file(rfd, rec, shown, 1 << 20))
+                listed, root = doc["builds"], doc["root"]
+                if not isinstance(listed, list) or not all(isinstance(n, str) and BUILD_RE.fullmatch(n)
+                                                           for n in listed) or not isinstance(root, str):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError, RecursionError):
+                raise ReleaseError(f"{shown}: not a record of builds in use; cannot tell which builds another "
+                                   f"instance runs, so none is removed. Fix: remove {shown} (its instance "
+                                   "records it again at its next deploy)") from None
+            names.update(listed)
+            roots.append(root)
+    finally:
+        os.close(rfd)
+    return names, roots
+
+
+def _write_record(builds_fd: int, root: Path, names: list[str]) -> None:
+    """This root's record of the builds its releases run (atomically: temp file + rename)."""
+    try:
+        os.mkdir(IN_USE, 0o755, dir_fd=builds_fd)
+    except FileExistsError:
+        pass
+    rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
+    try:
+        name = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
+        data = json.dumps({"root": str(root), "builds": names}, indent=1).encode()
+        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rfd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=rfd, dst_dir_fd=rfd)
+    finally:
+        os.close(rfd)
+
+
+def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = ()) -> dict:
+    """Remove the SGLang builds under ``builds`` (``<sglang_venv>.builds``) that no release
+    keeps: a build stays when a release under ``root`` runs it (:func:`release_build`), when
+    it is named in ``keep`` (the build just installed), or when another release root's record
+    in ``builds/.in-use/`` names it (:data:`IN_USE`; this root's record is rewritten here).
+    Only real directories whose name has the shape of a build
+    (:data:`ddtree_ops.sglang.wheelhouse.BUILD_RE`) are ever removed; a missing ``root`` has no
+    releases; a missing ``builds`` nothing to remove.
+
+    Returns:
+        ``{root, builds, in_use, removed, changed, other_roots}`` (names sorted).
+
+    Raises:
+        ReleaseError: a bad ``keep`` name, an unsafe root or builds directory (:func:`open_root`),
+            a release or record that cannot be read (nothing is removed then).
+    """
+    import shutil
+
+    from ..sglang.wheelhouse import BUILD_RE
+
+    for k in keep:
+        if not BUILD_RE.fullmatch(k):
+            raise ReleaseError(f"--keep {_shown(k)}: not an SGLang build name (cpXY-<16 hex>-<12 hex>, as "
+                               "ddtree_ops.sglang.wheelhouse.build_name makes it)")
+    base = os.path.normpath(str(builds))
+    in_use = set(keep)
+    if os.path.lexists(root):
+        fd = open_root(root)
+        try:
+            for rid in release_ids(fd):
+                b = release_build(fd, root, rid)
+                if b is not None and os.path.dirname(b) == base:
+                    in_use.add(os.path.basename(b))
+        finally:
+            os.close(fd)
+    result = {"root": str(root), "builds": base, "in_use": sorted(in_use), "removed": [], "changed": False,
+              "other_roots": []}
+    if not os.path.lexists(builds):
+        return result
+    bfd = open_root(builds, "--builds")
+    try:
+        own = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
+        others, roots = _in_use_records(bfd, builds, own)
+        _write_record(bfd, root, sorted(in_use))
+        removed = []
+        for name in sorted(os.listdir(bfd)):
+            if not BUILD_RE.fullmatch(name) or name in in_use or name in others:
+                continue
+            st = os.stat(name, dir_fd=bfd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            shutil.rmtree(name, dir_fd=bfd)  # fd-based walk: never follows a symlink inside
+            removed.append(name)
+    finally:
+        os.close(bfd)
+    result.update(removed=removed, changed=bool(removed), other_roots=roots, in_use=sorted(in_use | others))
+    return result
+
+
 # --- the gate -------------------------------------------------------------------------------
 
 GATE_MAX_NEW_TOKENS = 64
@@ -704,126 +866,37 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
     return checks, extra
 
 
-# --- the CLI (registered in ddtree_ops/cli.py as `ddtree-ops release`) -----------------------
+# --- standard-library entry point (the SGLang build's venv has no typer) ---------------------
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddtree_ops.ops.release prune-builds --root R --builds B [--keep NAME ...]``:
+    :func:`prune_builds`, one JSON object on stdout as ``--json`` everywhere (``{"ok", "checks",
+    ...}``). The ``sglang`` role runs it with the python of the build it just installed, so the
+    code that decides is the code of this deploy, whatever ops venv the host has. Exit 0 ok,
+    1 refused (one line: what, the rule, the fix), 2 usage."""
+    import argparse
+    import sys
 
-ROOT_MAX = 4096
-"""Longest ``--root`` (PATH_MAX)."""
-
-
-def _root_ok(root: Path) -> Path:
-    """``--root`` as given, if it is a path that can be named in one line: no control or format
-    character (a newline, a terminal escape or a bidi override would forge or garble the
-    output), at most :data:`ROOT_MAX` characters."""
-    import unicodedata
-
-    text = str(root)
-    # Cc: C0/C1 controls (newline, ESC); Cf: format characters (bidi overrides reorder a line);
-    # Zl/Zp: line and paragraph separators
-    if len(text) > ROOT_MAX or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text):
-        raise typer.BadParameter(f"--root {_shown(text)}: must be a path of at most {ROOT_MAX} characters without "
-                                 "control characters (the service's {config_dir}/releases)")
-    return root
-
-
-RootOpt = Annotated[Path, typer.Option("--root", help="The release root, {config_dir}/releases "
-                                                      "(e.g. /etc/ddtree-ops/sglang/releases).", callback=_root_ok)]
-KeepOpt = Annotated[int, typer.Option(
-    "--keep", help=f"Previous releases to keep (1..{KEEP_MAX}; ddtree_service.keep_releases).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-
-
-def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = None) -> None:
-    from ..cli import _print_checks
-
-    _print_checks([{"name": name, "ok": ok, "detail": detail}], as_json, extra)
-
-
-def _refused(name: str, exc: ReleaseError, as_json: bool, extra: dict | None = None) -> None:
-    _emit(False, name, str(exc), as_json, extra)
-
-
-def _pruned(res: dict) -> str:
-    """The pruned ids for the one-line summary (at most 10 named) and any that could not be removed."""
-    ids, failed = res["pruned"], res.get("prune_failed") or {}
-    text = f"; pruned {', '.join(ids[:10])}" + (f" and {len(ids) - 10} more" if len(ids) > 10 else "") if ids else ""
-    if failed:
-        rid, why = next(iter(failed.items()))
-        text += (f"; could not prune {len(failed)} release(s), e.g. {rid} ({_shown(why, 120)}): remove by hand "
-                 "(the switch itself is done)")
-    return text
-
-
-def _keep(keep: int) -> int:
-    if not 1 <= keep <= KEEP_MAX:
-        raise typer.BadParameter(f"--keep {keep}: must be 1..{KEEP_MAX} (ddtree_service.keep_releases)")
-    return keep
-
-
-@app.command("list")
-def list_cmd(root: RootOpt, as_json: JsonOpt = False) -> None:
-    """The releases under ROOT: which is current, which is previous, the history."""
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.ops.release")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pb = sub.add_parser("prune-builds", help="remove SGLang builds no release runs")
+    pb.add_argument("--root", type=Path, required=True, help="the release root, {config_dir}/releases")
+    pb.add_argument("--builds", type=Path, required=True, help="<sglang_venv>.builds")
+    pb.add_argument("--keep", action="append", default=[], help="a build name to keep (repeatable)")
+    args = ap.parse_args(argv)
     try:
-        info = list_releases(root)
-    except ReleaseError as exc:
-        return _refused("release-list", exc, as_json, {"root": str(root)})
-    if as_json:
-        _emit(True, "release-list", f"{len(info['releases'])} releases, current {info['current']}", True, info)
-        return
-    from ..cli import out
-
-    for r in info["releases"]:
-        mark = "current " if r["current"] else ("previous" if r["id"] == info["previous"] else "        ")
-        out.print(f"{mark} {r['id']}", highlight=False)
-    if not info["releases"]:
-        out.print(f"no releases under {root}", highlight=False)
+        res = prune_builds(args.root, args.builds, tuple(args.keep))
+        what = f"removed {', '.join(res['removed'])}" if res["removed"] else "nothing to remove"
+        check = {"name": "release-prune-builds", "ok": True, "detail": f"{what}; in use: {', '.join(res['in_use'])}"}
+        out, rc = {"ok": True, "checks": [check], **res}, 0
+    except (ReleaseError, OSError) as exc:
+        detail = str(exc) if isinstance(exc, ReleaseError) else f"{args.builds}: {exc.strerror or exc}"
+        out = {"ok": False, "checks": [{"name": "release-prune-builds", "ok": False, "detail": detail}],
+               "root": str(args.root), "builds": str(args.builds)}
+        rc = 1
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return rc
 
 
-@app.command("activate")
-def activate_cmd(root: RootOpt, rid: Annotated[str, typer.Option("--id", help="The release id (12 hex digits).")],
-                 keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
-    """Make release ID (installed under ROOT) current; prune beyond --keep. Then: daemon-reload + restart."""
-    _keep(keep)
-    try:
-        res = activate(root, rid, keep)
-    except ReleaseError as exc:
-        return _refused("release-activate", exc, as_json, {"root": str(root)})
-    what = f"{res['from']} -> {res['id']}" if res["changed"] else f"{res['id']} was already current"
-    _emit(True, "release-activate", what + _pruned(res), as_json, res)
-
-
-@app.command("rollback")
-def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> None:
-    """Switch ROOT's current release back to the previous one. Then: daemon-reload + restart + gate."""
-    _keep(keep)
-    try:
-        res = rollback(root, keep)
-    except ReleaseError as exc:
-        return _refused("release-rollback", exc, as_json, {"root": str(root)})
-    _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{_pruned(res)}", as_json, res)
-
-
-@app.command("gate")
-def gate_cmd(plan_file: Annotated[Path, typer.Option(
-                 "--plan", help="The host's plan.json (/etc/ddtree-ops/<name>/plan.json).")],
-             url: Annotated[str | None, typer.Option(help="Server base URL (default: the plan's url).")] = None,
-             deadline: Annotated[float, typer.Option(help="Total seconds for the whole gate.")] = 120.0,
-             requests: Annotated[int, typer.Option(help="Requests of the synthetic load (1..1000).")] = 16,
-             concurrency: Annotated[int, typer.Option(help="Requests in flight (1..256).")] = 4,
-             max_new_tokens: Annotated[int, typer.Option(help="Tokens per request (1..4096).")] = GATE_MAX_NEW_TOKENS,
-             as_json: JsonOpt = False) -> None:
-    """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
-    length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
-    from ..cli import _deployed, _positive, _print_checks, _target
-
-    _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
-    for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
-                            ("--max-new-tokens", max_new_tokens, 4096)):
-        if not 1 <= value <= hi:
-            raise typer.BadParameter(f"{name} {value}: must be 1..{hi}")
-    doc, default_url = _deployed(plan_file, None, None)
-    target = _target(url, default_url)
-    checks, extra = gate(doc, target, GateOptions(deadline, requests, concurrency, max_new_tokens))
-    _print_checks(checks, as_json, {"url": target, **extra})
+if __name__ == "__main__":
+    raise SystemExit(main())

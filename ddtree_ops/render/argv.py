@@ -14,6 +14,44 @@ from ..config.plan import Plan
 from ..config.versions import GraphFlagDialect, version_info
 
 
+def sglang_build_path(d: Deployment) -> str | None:
+    """The SGLang build a release of ``d`` runs: ``<sglang_venv>.builds/<build name>``, the name
+    content-keyed by :func:`ddtree_ops.sglang.wheelhouse.build_name` (pin, lock, controller
+    Python tag, ddtree-ops source id), the same directory the ``sglang`` role installs into;
+    None when no build is installed (:attr:`ddtree_ops.config.models.SGLangPin.installs_sglang`).
+
+    The unit runs this path, not the ``sglang_venv`` symlink (which points at the newest
+    build), so a rolled-back release runs the build it was rendered for.
+
+    Raises:
+        ConfigError: ``ddtree_sglang.requirements`` names no file on the controller.
+    """
+    if not d.sglang.installs_sglang:
+        return None
+    from ..sglang.wheelhouse import PROJECT_ROOT, WheelhouseError, build_name, ops_source_id, python_tag
+
+    pin = d.sglang.model_dump(mode="json")
+    try:
+        name = build_name(pin, PROJECT_ROOT, python_tag(), ops_source_id(PROJECT_ROOT))
+    except WheelhouseError:
+        from ..config.errors import ConfigError, Finding
+
+        raise ConfigError([Finding(
+            "error", "ddtree_sglang.requirements", pin.get("requirements"),
+            "no such file on the controller: the SGLang build (and so the release) is named by the lock's sha256",
+            f"give an existing lock file (relative paths start at the project root, {PROJECT_ROOT.name}/)",
+            host=d.host)]) from None
+    return f"{d.service.sglang_venv_path}.builds/{name}"
+
+
+def unit_sglang_build(d: Deployment) -> str | None:
+    """The SGLang build the unit runs, and so the one its release pins
+    (``identity.sglang_build``): :func:`sglang_build_path` for a real SGLang source; None for
+    the simulator, which runs from the ops venv (an ``install_release`` build only serves the
+    deploy-time probe, so no release keeps it)."""
+    return None if d.sglang.source == "simulator" else sglang_build_path(d)
+
+
 def build_argv(d: Deployment, plan: Plan) -> list[str]:
     """``[python, -m, module, ARGS...]`` for ``python -m sglang.launch_server``.
 
@@ -26,8 +64,8 @@ def build_argv(d: Deployment, plan: Plan) -> list[str]:
         :func:`ddtree_ops.render.files.systemd_exec` for the unit file form).
     """
     dialect = version_info(d.sglang.base_version).dialect
-    # Real SGLang runs from the SGLang venv; the simulator (ddtree-ops) from the ops venv.
-    venv = d.service.venv if d.sglang.source == "simulator" else d.service.sglang_venv_path
+    # Real SGLang runs from the release's own SGLang build; the simulator (ddtree-ops) from the ops venv.
+    venv = unit_sglang_build(d) or d.service.venv
     argv = [f"{venv}/bin/python", "-m", d.sglang.launcher_module]
     argv += _model_flags(d)
     argv += _server_flags(d, plan)

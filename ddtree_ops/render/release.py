@@ -29,9 +29,13 @@ they always read (``{config_dir}/plan.json``...), so switching ``current`` switc
 them at once, and rollback is ``current`` -> the previous id + ``daemon-reload`` + restart.
 
 Not in a release: the secrets file (``{config_dir}/secrets.env``, 0600: a secret rotation is no
-new release, and a hash of secrets is never printed), the ops venv (shared by every release of
-the host; its version is part of the identity) and the SGLang build (the ``sglang`` role's
-pin-keyed venv; its pin is part of the identity and its path is recorded in the manifest).
+new release, and a hash of secrets is never printed) and the ops venv (shared by every release
+of the host; its version is part of the identity). The SGLang build is pinned, not copied: the
+unit's ``ExecStart`` runs ``<sglang_venv>.builds/<build name>/bin/python`` (content-keyed:
+:func:`ddtree_ops.sglang.wheelhouse.build_name`, the directory the ``sglang`` role installs
+into), recorded as ``identity.sglang_build`` in the manifest; the role removes only builds no
+release on the host names (``ddtree-ops release prune-builds``), so a rollback across an SGLang
+pin change runs the old build again.
 """
 
 from __future__ import annotations
@@ -63,13 +67,17 @@ def release_files(v: Validated) -> list[RenderedFile]:
 
 def identity(v: Validated) -> dict:
     """What a release depends on beyond its files' bytes: the ddtree-ops version (the ops venv
-    the unit runs health, warmup and the exporter from) and the SGLang pin (the ``sglang``
-    role's build; its venv path is recorded too). JSON-ready, no secrets."""
+    the unit runs health, warmup and the exporter from), the SGLang pin, the SGLang venv path
+    and ``sglang_build``: the content-keyed build directory the release's unit runs
+    (:func:`ddtree_ops.render.argv.unit_sglang_build`; None for the simulator). The host-side prune
+    (``ddtree-ops release prune-builds``) keeps every build a kept release names here.
+    JSON-ready, no secrets."""
     from .. import __version__
+    from .argv import unit_sglang_build
 
     d = v.deployment
     return {"ddtree_ops": __version__, "sglang_pin": d.sglang.model_dump(mode="json"),
-            "sglang_venv": d.service.sglang_venv_path}
+            "sglang_venv": d.service.sglang_venv_path, "sglang_build": unit_sglang_build(d)}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import re
@@ -90,6 +91,62 @@ def wheelhouse_id(pin: dict[str, Any], root: Path, python_tag: str) -> str:
     if pin.get("requirements"):
         key["lock"] = sha256_file(_need_file("requirements", pin["requirements"], root))
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+OPS_ID_LENGTH = 12
+"""Hex digits of :func:`ops_source_id`."""
+
+
+def python_tag() -> str:
+    """``cpXY`` of the running interpreter (the controller's; the hosts' must match: the roles check)."""
+    from ..python_tag import current
+
+    return current()
+
+
+@functools.lru_cache(maxsize=8)
+def ops_source_id(root: Path = PROJECT_ROOT) -> str:
+    """Content key of the ddtree-ops code at ``root`` (12 hex digits): sha256 over every
+    ``ddtree_ops/**/*.py`` (each as its path relative to ``root``, a NUL, its size, a NUL, its
+    bytes; paths sorted). The package's own files only, so a checkout and an installed wheel of
+    the same code give the same id (``ddtree-ops render`` from either names the same build).
+    :func:`build_name` uses it (the code installed ``--no-deps`` into an SGLang build);
+    :func:`ops_wheelhouse_id` adds ``pyproject.toml`` for the ops wheelhouse (which holds the
+    dependencies too)."""
+    h = hashlib.sha256()
+    files = sorted((root / "ddtree_ops").rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+    for f in files:
+        data = f.read_bytes()
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()[:OPS_ID_LENGTH]
+
+
+def ops_wheelhouse_id(root: Path = PROJECT_ROOT) -> str:
+    """Content key of the ddtree-ops wheelhouse built from the project at ``root`` (12 hex
+    digits): sha256 over ``pyproject.toml`` (the dependencies) and :func:`ops_source_id`.
+    ``scripts/build-wheelhouse.sh`` names its directory ``<cpXY>-<this id>`` (``--ops-wheelhouse-id``)."""
+    pyproject = root / "pyproject.toml"
+    data = pyproject.read_bytes() if pyproject.is_file() else b""
+    return hashlib.sha256(data + b"\0" + ops_source_id(root).encode()).hexdigest()[:OPS_ID_LENGTH]
+
+
+BUILD_RE = re.compile(r"^cp[0-9]{2,3}-[0-9a-f]{16}-[0-9a-f]{12}$")
+"""The shape of an SGLang build's directory name (:func:`build_name`); the host-side prune
+(:func:`ddtree_ops.ops.release.prune_builds`) touches no other name."""
+
+
+def build_name(pin: dict[str, Any], root: Path, tag: str, ops_id: str) -> str:
+    """The directory name of the SGLang build of ``pin`` under ``<sglang_venv>.builds/``:
+    ``<cpXY>-<wheelhouse_id>-<ops_source_id>`` (the SGLang wheelhouse and the ddtree-ops wheel
+    installed into it). The one definition: the ``sglang`` role installs into it (the
+    wheelhouse CLI prints it as ``build``) and a release's unit runs it
+    (:func:`ddtree_ops.render.argv.sglang_build_path`), so a rolled-back release runs the build it
+    was rendered for.
+
+    Raises:
+        WheelhouseError: a lock file named by the pin is missing on the controller.
+    """
+    return f"{tag}-{wheelhouse_id(pin, root, tag)}-{ops_id}"
 
 
 def _run(cmd: list[str], what: str, cwd: Path | None = None) -> str:
@@ -227,8 +284,9 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
         python: interpreter whose pip downloads/builds (its CPython tag must match the hosts').
 
     Returns:
-        ``{"ok", "dir", "id", "changed", "pin", "requirement", "wheel", "lock", "file_count",
-        "size_bytes"}`` (``wheelhouse.json`` in the directory also lists every file's sha256).
+        ``{"ok", "dir", "id", "changed", "build", "pin", "requirement", "wheel", "lock",
+        "file_count", "size_bytes"}`` (``build``: :func:`build_name`; ``wheelhouse.json`` in the
+        directory also lists every file's sha256).
 
     Raises:
         WheelhouseError: the pin cannot be fetched, verified, patched or built; the cache
@@ -257,7 +315,8 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
                 shutil.rmtree(work, ignore_errors=True)
     manifest = json.loads((final / MANIFEST).read_text())
     files = manifest.pop("files")
-    return {"ok": True, "dir": str(final), "id": final.name, "changed": changed, **manifest,
+    return {"ok": True, "dir": str(final), "id": final.name, "changed": changed,
+            "build": build_name(pin, root, tag, ops_source_id(root)), **manifest,
             "file_count": len(files), "size_bytes": sum(f.stat().st_size for f in final.iterdir() if f.is_file())}
 
 
@@ -300,11 +359,20 @@ def _populate(pin: dict[str, Any], root: Path, python: str, work: Path, wid: str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_ops.sglang.wheelhouse",
                                  description="Build (once) the controller wheelhouse of a pinned SGLang build.")
-    ap.add_argument("--pin", required=True, help="ddtree_sglang as a JSON object")
-    ap.add_argument("--out", required=True, type=Path, help="cache directory")
+    ap.add_argument("--pin", help="ddtree_sglang as a JSON object")
+    ap.add_argument("--out", type=Path, help="cache directory")
+    ap.add_argument("--ops-id", action="store_true", help="only print the ddtree-ops source id of --root "
+                    "(part of an SGLang build's name)")
+    ap.add_argument("--ops-wheelhouse-id", action="store_true", help="only print the ddtree-ops wheelhouse id "
+                    "of --root (scripts/build-wheelhouse.sh names its wheelhouse with it)")
     ap.add_argument("--root", type=Path, default=PROJECT_ROOT, help="start of relative paths (project root)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for pip (its CPython tag = the hosts')")
     args = ap.parse_args(argv)
+    if args.ops_id or args.ops_wheelhouse_id:
+        print((ops_source_id if args.ops_id else ops_wheelhouse_id)(args.root.resolve()))
+        return 0
+    if args.pin is None or args.out is None:
+        ap.error("--pin and --out are required (or --ops-id)")
     try:
         pin = json.loads(args.pin)
         if not isinstance(pin, dict) or "source" not in pin:

@@ -170,3 +170,64 @@ def test_change_only_the_running_build_reveals_fails_on_the_canary(fleet):
 def test_collapsed_acceptance_length_is_caught_by_the_gate(fleet):
     _bad_rollout(fleet, r"gate FAILED \(Gate .*acceptance length 1\.[0-4]\d < the floor 1\.5",
                  ddtree_service={"env": {"SGLANG_SIM_ACCEPT_LENGTH": "1.2"}})
+
+
+# --- one host: a release pins its SGLang build; the role prunes only builds no release runs ------
+
+BUILDS = "/opt/ddtree-ops/sglang-venv.builds"
+OPS = "/opt/ddtree-ops/venv/bin"
+# An older release on another SGLang pin, as a deploy of that pin leaves it: the current
+# release's files with identity.sglang_build naming another build (content key recomputed),
+# activated before the current one (history).
+_FAKE_OLDER = r"""
+import json, shutil, sys
+from ddtree_ops.ops.release import MANIFEST, compute_id
+root, cur, build = sys.argv[1:4]
+doc = json.load(open(f"{root}/{cur}/{MANIFEST}"))
+doc["identity"]["sglang_build"] = build
+doc["id"] = rid = compute_id(doc["files"], doc["identity"])
+shutil.copytree(f"{root}/{cur}", f"{root}/{rid}")
+json.dump(doc, open(f"{root}/{rid}/{MANIFEST}", "w"))
+hist = [i for i in open(f"{root}/history").read().split() if i not in (cur, rid)]
+open(f"{root}/history", "w").write("\n".join(hist + [rid, cur]) + "\n")
+print(rid)
+"""
+
+
+def test_the_release_pins_its_sglang_build_and_prune_keeps_the_builds_releases_run(hosts):
+    """deploy.yml on ddt-th1 (inventory/test installs the real SGLang release beside the
+    simulator, whose release runs the ops venv and pins no build): the role installs the build
+    ddtree_render names; a build an older kept release runs survives the next deploy's prune, a
+    build no release runs does not; rollback switches to the older release, whose build is on disk."""
+    assert "ddt-th1" in hosts, hosts
+    addr = hosts["ddt-th1"]
+    r, t = deploy()
+    assert r.returncode == 0, _fail(r, addr)
+    print(f"\ndeploy.yml on ddt-th1: {t:.1f} s")
+    info = json.loads(ssh(addr, f"{OPS}/ddtree-ops release list --root {ROOT} --json").stdout)
+    cur = info["current"]
+    assert next(x["sglang_build"] for x in info["releases"] if x["id"] == cur) is None, info  # the simulator's
+    build = ssh(addr, "readlink /opt/ddtree-ops/sglang-venv").stdout.strip()
+    assert re.fullmatch(rf"{BUILDS}/cp311-[0-9a-f]{{16}}-[0-9a-f]{{12}}", build), build
+    check = ssh(addr, f"ls {BUILDS}; test -f {build}/.ddtree-sglang-complete && echo done")
+    assert check.stdout.split() == [Path(build).name, "done"], check.stdout + check.stderr  # older builds pruned
+    old, stray = f"{BUILDS}/cp311-{'e' * 16}-{'e' * 12}", f"{BUILDS}/cp311-{'f' * 16}-{'f' * 12}"
+    made = ssh(addr, f"mkdir -p {old} {stray} && {OPS}/python -c '{_FAKE_OLDER}' {ROOT} {cur} {old}")
+    assert made.returncode == 0, made.stdout + made.stderr
+    older = made.stdout.strip()
+    try:
+        r, t = deploy()
+        assert r.returncode == 0, _fail(r, addr)
+        print(f"deploy.yml again (prune): {t:.1f} s")
+        assert re.search(r"TASK \[sglang : Remove builds no release runs[^\n]*\n\s*changed: \[ddt-th1\]", r.stdout), \
+            r.stdout[-4000:]
+        left = ssh(addr, f"ls {BUILDS}; cat {BUILDS}/.in-use/*.json").stdout
+        assert Path(old).name in left and Path(build).name in left and Path(stray).name not in left, left
+        # rollback across the "pin change": the older release is current and its build is there
+        back = json.loads(ssh(addr, f"{OPS}/ddtree-ops release rollback --root {ROOT} --json").stdout)
+        assert (back["from"], back["to"]) == (cur, older), back
+        info = json.loads(ssh(addr, f"{OPS}/ddtree-ops release list --root {ROOT} --json").stdout)
+        assert next(x["sglang_build"] for x in info["releases"] if x["id"] == older) == old
+    finally:  # leave the host as a deploy leaves it: the real release current, no fake one
+        ssh(addr, f"{OPS}/ddtree-ops release activate --root {ROOT} --id {cur} --json; rm -rf {ROOT}/{older} {old}; "
+                  f"sed -i '/^{older}$/d' {ROOT}/history")

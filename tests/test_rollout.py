@@ -1,0 +1,176 @@
+"""The rolling gate's verdict and the rollout's summary lines (``ddtree_ops/ops/rollout.py``), and
+the filters ``playbooks/rolling.yml`` calls them through (``filter_plugins/ddtree_rollout.py``,
+loaded by a real ``ansible-playbook`` with this checkout's ansible.cfg, connection local)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO
+
+from ddtree_ops.ops.rollout import (
+    GATE_OUTPUT_CAP,
+    NOT_UPGRADED,
+    read_gate,
+    release_current,
+    roll_line,
+    roll_summary,
+    roll_why,
+)
+
+
+def _gate(acc, floor=1.5, ok=None, extra_checks=()):
+    checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"}, *extra_checks]
+    if acc is not None and floor is not None:
+        checks.append({"name": "accept_length_floor", "ok": acc >= floor,
+                       "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor {floor:g} "
+                                 "(ddtree_ops.accept_length_floor)"})
+    ok = all(c["ok"] for c in checks) if ok is None else ok
+    return json.dumps({"ok": ok, "checks": checks, "url": "http://127.0.0.1:30000", "accept_length": acc,
+                       "floor": floor, "elapsed_s": 2.5})
+
+
+def test_a_passing_gate_reads_accept_length_and_floor():
+    v = read_gate(_gate(3.1), 0)
+    assert v.ok and (v.accept_length, v.floor, v.elapsed_s) == (3.1, 1.5, 2.5)
+    assert v.detail == "accept length 3.10 >= floor 1.50"
+
+
+def test_a_gate_without_speculation_has_no_floor():
+    v = read_gate(_gate(None, floor=None), 0)
+    assert v.ok and v.floor is None and v.detail == "accept length - vs floor -"
+
+
+def test_a_gate_under_the_floor_fails_with_its_check():
+    v = read_gate("some warning on stderr\n" + _gate(1.2), 1)
+    assert not v.ok and v.accept_length == 1.2
+    assert v.detail == "accept_length_floor: acceptance length 1.20 < the floor 1.5 (ddtree_ops.accept_length_floor)"
+    assert v.versus == "accept length 1.20 < floor 1.50"
+
+
+@pytest.mark.parametrize(("out", "rc", "expect"), [
+    (_gate(1.0, ok=True).replace('"ok": false', '"ok": true'), 0, "acceptance length 1.00 under the floor 1.5"),
+    (_gate(3.0), 1, "the gate failed (exit 1"),  # a document that says ok but a non-zero exit
+    (json.dumps({"ok": True, "checks": [{"name": "x", "ok": True}], "accept_length": True, "floor": 1.5}), 0,
+     "acceptance length - under the floor"),  # a bool is no number
+    (json.dumps({"ok": True, "checks": [{"name": "x", "ok": True}], "accept_length": 2, "floor": "1.5"}), 0,
+     "floor '1.5' is no number"),
+    ('{"ok": true, "checks": [{"name": "x", "ok": true}], "accept_length": 1e999, "floor": 1.5}', 0,
+     "acceptance length - under"),  # inf is no finite number
+    ('{"ok": true, "checks": "all fine"}', 0, "no list of checks"),
+    ('[1, 2]', 0, "no JSON result"),
+    ("", None, "no JSON result from `ddtree-ops release gate` (exit None): no output"),
+    ('{"ok": true, "checks": [' + "[" * 100_00 + "]", 0, "no JSON result"),  # deeper than the parser goes
+    ("x" * (GATE_OUTPUT_CAP + 1), 0, f"more than {GATE_OUTPUT_CAP} bytes"),
+])
+def test_malformed_or_lying_gate_output_is_a_failed_gate(out, rc, expect):
+    v = read_gate(out, rc)
+    assert not v.ok and expect in v.detail, v.detail
+    assert "\n" not in v.detail and len(v.detail) <= 320
+
+
+def test_a_cut_output_is_never_trusted():
+    assert not read_gate(_gate(3.0), 0, cut=True).ok
+
+
+def test_gate_text_is_cleaned_and_scrubbed():
+    evil = "\x1b]0;x\x07\x1b[31mred\nnext token=hf_abcdefghijklmnopqrstuvwxyz0123 " + "B" * 2000
+    v = read_gate(_gate(3.0, extra_checks=[{"name": "load", "ok": False, "detail": evil}]), 1)
+    assert not v.ok and "\x1b" not in v.detail and "\n" not in v.detail and "hf_abc" not in v.detail
+    assert v.detail.startswith("load: red next") and len(v.detail) <= 301
+
+
+def test_roll_line_passed_and_failed():
+    t0 = time.time() - 12.34
+    gate = {"rc": 0, "stdout": _gate(3.1)}
+    line = roll_line("th1", "aaaaaaaaaaaa", "bbbbbbbbbbbb", t0, gate=gate)
+    assert line.startswith("th1: aaaaaaaaaaaa -> bbbbbbbbbbbb: gate passed (accept length 3.10, floor 1.50) in 12.")
+    assert roll_line("th1", None, "bbbbbbbbbbbb", t0, gate=gate).startswith("th1: none -> bbbbbbbbbbbb: gate passed")
+    why = roll_why("Gate (health, load)", {"rc": 1, "stdout": _gate(1.2), "msg": "non-zero return code"})
+    back = {"rc": 0, "stdout": json.dumps({"ok": True, "checks": [], "from": "bbbbbbbbbbbb", "to": "aaaaaaaaaaaa"})}
+    line = roll_line("th1", "aaaaaaaaaaaa", "bbbbbbbbbbbb", t0, failed=True, why=why, back=back,
+                     regate={"rc": 0, "stdout": _gate(3.0)})
+    assert line.startswith("th1: aaaaaaaaaaaa -> bbbbbbbbbbbb: gate FAILED (Gate (health, load): accept_length_floor: "
+                           "acceptance length 1.20 < the floor 1.5 (ddtree_ops.accept_length_floor)); rolled back to "
+                           "aaaaaaaaaaaa; serving again (gate passed) in 12."), line
+
+
+@pytest.mark.parametrize(("frm", "back", "regate", "expect"), [
+    (None, {"skipped": True, "changed": False}, {"skipped": True}, "not rolled back: no previous release; NOT serving"),
+    ("aaaaaaaaaaaa", {"skipped": True, "changed": False}, {"rc": 0}, "not rolled back: the new release was never "
+                                                                      "activated; serving again"),
+    ("aaaaaaaaaaaa", None, None, "not rolled back: the new release was never activated; NOT serving"),
+    ("aaaaaaaaaaaa", {"rc": 1, "stdout": json.dumps({"ok": False, "checks": [
+        {"name": "release-rollback", "ok": False, "detail": "R: no previous release on disk\x1b[2J"}]})}, {"rc": 1},
+     "not rolled back: R: no previous release on disk; NOT serving (gate after rollback failed)"),
+    ("aaaaaaaaaaaa", {"rc": 2, "stdout": "Usage: ...\nError: No such command 'release'."}, {"rc": 1},
+     "not rolled back: rollback failed; NOT serving"),
+])
+def test_roll_line_of_a_host_not_rolled_back(frm, back, regate, expect):
+    why = roll_why("Restart onto the new release", {"msg": "Unable to start service ddtree-sglang.service:\n  Job "
+                                                           "failed"})
+    assert why == "Restart onto the new release: Unable to start service ddtree-sglang.service: Job failed"
+    line = roll_line("th1", frm, "bbbbbbbbbbbb", "not a number", failed=True, why=why, back=back, regate=regate)
+    assert expect in line and line.endswith(" in ? s") and "\n" not in line and "\x1b" not in line, line
+
+
+def test_roll_why_caps_a_long_reason():
+    line = roll_line("h", "aaaaaaaaaaaa", "bbbbbbbbbbbb", time.time(), failed=True, why="x " * 400, back=None)
+    assert "x x" in line and "x …); not rolled back" in line and len(line) < 460
+
+
+def test_summary_names_every_host_in_order():
+    text = roll_summary(["th1", "th2", "th3"], ["th1: a ->  b:\n gate passed", "", None])
+    assert text.splitlines() == ["th1: a -> b: gate passed", f"th2: {NOT_UPGRADED}", f"th3: {NOT_UPGRADED}"]
+
+
+@pytest.mark.parametrize(("result", "current"), [
+    ({"rc": 0, "stdout": json.dumps({"ok": True, "checks": [], "current": "0123456789ab"})}, "0123456789ab"),
+    ({"rc": 0, "stdout": json.dumps({"ok": True, "checks": [], "current": None})}, None),
+    ({"rc": 0, "stdout": json.dumps({"ok": True, "current": "../../etc"})}, None),
+    ({"rc": 1, "stdout": json.dumps({"ok": False, "current": "0123456789ab"})}, None),
+    ({"rc": 2, "stdout": "Error: No such command 'release'."}, None),
+    ({"rc": 0, "stdout": "not json"}, None),
+    (None, None),
+])
+def test_release_current_of_a_list_result(result, current):
+    assert release_current(result) == current
+
+
+def test_the_playbook_reaches_the_filters_through_ansible_cfg(tmp_path):
+    """A real ansible-playbook (this checkout's ansible.cfg: filter_plugins) on two local hosts:
+    the rolling play's summary task, as written in playbooks/rolling.yml, with one host that
+    recorded a line and one that did not."""
+    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    if playbook is None:
+        pytest.skip("ansible-playbook not installed next to this Python")
+    rolling = yaml.safe_load((REPO / "playbooks" / "rolling.yml").read_text())
+    summary = next(t for t in rolling[1]["tasks"] if t["name"].startswith("Rollout summary"))
+    record = next(t for t in rolling[1]["tasks"] if "block" in t)["block"][-1]
+    assert record["name"] == "Record the result"
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        "th1": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "th2": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    tasks = [
+        {"name": "fake a gate", "ansible.builtin.set_fact": {
+            "_ddtree_roll_t0": "{{ now(utc=true).timestamp() }}", "_ddtree_roll_from": "aaaaaaaaaaaa",
+            "_ddtree_roll_to": "bbbbbbbbbbbb", "_ddtree_roll_gate": {"rc": 0, "stdout": _gate(2.75)}},
+         "when": "inventory_hostname == 'th1'"},
+        {**record, "when": "inventory_hostname == 'th1'"},
+        {**summary, "run_once": True}]
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([playbook, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "pb.yml")], capture_output=True,
+                       text=True, timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    shown = r.stdout.split("TASK [Rollout summary")[1]  # the yaml result format prints msg's lines as they are
+    assert "th1: aaaaaaaaaaaa -> bbbbbbbbbbbb: gate passed (accept length 2.75, floor 1.50) in " in shown, shown
+    assert f"th2: {NOT_UPGRADED}" in shown, shown
