@@ -74,6 +74,7 @@ case "$1" in
       echo "Usage: ddtree-ops [OPTIONS] COMMAND [ARGS]..."; echo "Error: No such command 'release'."; exit 2
     fi
     echo "$*" >> "$S/calls"; ln -sfn r1 "@CONFIG@/releases/current"
+    if [ -f "$S/rollback-flood" ] && [ "$2" = rollback ]; then head -c 400000 /dev/zero | tr '\0' x; exit 0; fi
     echo '{"ok": true, "current": "r1", "previous": "r2"}';;
 esac
 """
@@ -549,3 +550,49 @@ def test_the_gate_waits_for_the_unit_to_leave_activating_before_asking_health(ss
     calls = (sshd.state / "slow" / "calls").read_text().splitlines()
     assert "health activating" not in calls and calls.count("health active") == 2, calls  # before + gate
     assert sum(c.startswith("show ") for c in calls) >= 3, calls
+
+
+# --- attack pass 7 (hostile hosts) ------------------------------------------------------------
+
+def test_health_json_nested_past_the_stack_fails_that_host_cleanly(sshd):
+    deep = "[" * 100_000 + "]" * 100_000
+    t, good = sshd.host("deep", **{"health.json": '{"ok": true, "checks": ' + deep + "}"}), sshd.host("good5")
+    a, b = fleet_ssh.status([t, good], _limits(sshd))
+    assert not a.ok and b.ok
+    assert any("no JSON from" in c["detail"] for c in a.checks), a.checks
+
+
+@pytest.mark.parametrize("content", [b"[127.0.0.1]:22 ssh-ed25519 !!!not-base64!!!\n", b"\xff\xfe\x00binary\x80\n"])
+def test_a_known_hosts_file_that_cannot_be_parsed_is_one_line_per_host(sshd, tmp_path, content):
+    kh = tmp_path / "known_hosts"
+    kh.write_bytes(content)
+    [s] = fleet_ssh.status([sshd.host("good")], Limits(known_hosts=kh, timeout_s=10))
+    assert not s.ok and "cannot be read" in s.error and "\n" not in s.error, s.error
+
+
+def test_one_hosts_surprise_does_not_cost_the_others_their_results(sshd):
+    good, bad = sshd.host("good6"), sshd.host("surprise")
+
+    def work(t, deadline, cancel):
+        if t.host == "surprise":
+            raise RuntimeError("boom")
+        return fleet_ssh.HostStatus(host=t.host, ok=True)
+
+    res = fleet_ssh.run_pool([bad, good], work, lambda t, why: fleet_ssh.HostStatus(host=t.host, error=why),
+                             _limits(sshd))
+    assert res[1].ok and not res[0].ok and "internal error on this host: RuntimeError: boom" in res[0].error
+
+
+def test_a_host_without_ssh_banner_prints_nothing_to_stderr(sshd, hanging_port, capfd):
+    good = sshd.host("good7")
+    hang = Target(**{**good.__dict__, "host": "hang", "port": hanging_port})
+    [r] = fleet_ssh.status([hang], _limits(sshd, timeout_s=2.0))
+    assert not r.ok
+    assert capfd.readouterr().err == ""
+
+
+def test_a_rollback_that_switches_then_floods_is_not_restarted_and_says_where_current_is(sshd):
+    t = sshd.host("flood", **{"rollback-flood": ""})
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0), rollback=True)
+    assert not r.ok and "current` is now" in r.detail and "NOT restarted" in r.detail, r.detail
+    assert "restart" not in (sshd.state / "flood" / "calls").read_text()

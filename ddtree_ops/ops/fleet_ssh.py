@@ -35,6 +35,7 @@ read by :func:`ddtree_ops.ops.rollout.read_gate`): its acceptance length must re
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -49,6 +50,12 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# paramiko logs a transport failure (e.g. a host that accepts TCP but sends no SSH banner) with a
+# traceback through the logging module; with no handler configured Python prints it to stderr.
+# Every failure is reported as the host's one line instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 if TYPE_CHECKING:
     from ..config import Validated
@@ -303,9 +310,12 @@ class HostSession:
         conn.client.set_missing_host_key_policy(_reject_policy())
         try:
             conn.client.load_system_host_keys(str(self.known_hosts))
-        except (OSError, paramiko.SSHException) as exc:
+        except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError) as exc:
+            # ValueError: undecodable bytes (UnicodeDecodeError) or a line paramiko cannot parse
             self.close()
-            raise FleetError(f"known_hosts {self.known_hosts}: cannot be read ({clean(str(exc), 120)})") from None
+            raise FleetError(f"known_hosts {self.known_hosts}: cannot be read ({clean(str(exc), 120)}). Fix: "
+                             "give a known_hosts file in OpenSSH's format (ssh-keyscan HOST >> FILE, keys checked)"
+                             ) from None
         self._conn = conn
         try:
             conn.open()
@@ -565,7 +575,7 @@ def parse_status(t: Target, data: bytes, nonce: str) -> HostStatus:
             raise TypeError
         s.checks = [{"name": clean(str(c.get("name")), 40), "ok": c.get("ok") is True,
                      "detail": clean(str(c.get("detail")))} for c in checks[:20] if isinstance(c, dict)]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested past the stack
         s.checks = [{"name": "health", "ok": False,
                      "detail": f"no JSON from {t.ddtree_ops} health (exit {rc}): {clean(body) or 'no output'}"}]
     by = {c["name"]: c for c in s.checks}
@@ -635,8 +645,13 @@ def run_pool(targets: Sequence[Target], work: Callable[[Target, float, threading
             done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
             for f in done:
                 exc = f.exception()
-                results[futures[f]] = (failed(targets[futures[f]], str(exc)) if isinstance(exc, FleetError)
-                                       else f.result())
+                if exc is None:
+                    results[futures[f]] = f.result()
+                elif isinstance(exc, FleetError):
+                    results[futures[f]] = failed(targets[futures[f]], str(exc))
+                else:  # one host's surprise never costs the others their results
+                    results[futures[f]] = failed(targets[futures[f]], f"internal error on this host: "
+                                                 f"{type(exc).__name__}: {clean(str(exc), 200)} (please report)")
     finally:
         cancel.set()  # sessions still open see it at their next wait; the watchdogs close them
         pool.shutdown(wait=False, cancel_futures=True)
@@ -781,6 +796,19 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _current_release(s: HostSession) -> str:
+    """The host's ``current`` release per ``ddtree-ops release list --json`` (bounded), or "unknown"."""
+    from .rollout import release_current
+
+    t = s.target
+    try:
+        rc, out, _ = s.run(f"{_q(t.ddtree_ops)} release list --root {_q(t.releases_root)} --json "
+                           "</dev/null 2>/dev/null", "reading the current release", cap=64 << 10)
+    except FleetError:
+        return "unknown"
+    return release_current({"rc": rc, "stdout": out.decode("utf-8", "replace")}) or "unknown"
+
+
 def _rollback(s: HostSession) -> str:
     """Run the host's ``ddtree-ops release rollback``; return the release it switched to.
 
@@ -790,6 +818,11 @@ def _rollback(s: HostSession) -> str:
     cmd = f"{_q(t.ddtree_ops)} release rollback --root {_q(t.releases_root)} --json </dev/null 2>&1"
     rc, out, _ = s.run(cmd, "rolling back the release")
     text = clean(out, 400)
+    if rc is None:  # output cut at the cap: the switch may have happened; say where `current` is now
+        cur = _current_release(s)
+        raise FleetError(f"rollback: `ddtree-ops release rollback` printed more than the output cap; `current` is now "
+                         f"{cur}; the unit was NOT restarted (it runs what it ran before). Fix: check the host, then "
+                         "`ddtree-ops fleet restart -l HOST` to run the current release")
     if rc != 0:
         missing = re.search(r"(?i)no such command[^\n]{0,80}|[^\n]{0,200}: not found", out.decode("utf-8", "replace"))
         if missing:
@@ -798,7 +831,7 @@ def _rollback(s: HostSession) -> str:
         raise FleetError(f"rollback failed: `ddtree-ops release rollback` exited {rc}: {text or 'no output'}")
     try:
         doc = json.loads(out.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = {}
     to = doc.get("current") or doc.get("to") or doc.get("release") if isinstance(doc, dict) else None
     return clean(str(to), 64) if to else "?"
