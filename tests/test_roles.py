@@ -87,3 +87,56 @@ def test_role_readmes_are_generated_from_the_argument_specs():
         for line in specs.splitlines():
             if line.startswith("      ") and not line.startswith("       ") and line.rstrip().endswith(":"):
                 assert f"`{line.strip()[:-1]}`" in text, (role.name, line)
+
+
+# --- task files with tags (issue 14 item 9) -----------------------------------------------------
+
+TAGS = {"preflight", "install", "configure"}
+
+
+def _listed(tags: str) -> dict[str, set[str]]:
+    """`deploy.yml --list-tasks --tags TAGS` as {task: its tags} (real ansible-playbook)."""
+    import re
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "inventory/test", "deploy.yml", "--list-tasks",
+                        "--tags", tags], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out: dict[str, set[str]] = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^\s{6}(.+?)\tTAGS: \[(.*)\]$", line)
+        if m:
+            out[m.group(1)] = {t.strip() for t in m.group(2).split(",") if t.strip()}
+    return out
+
+
+def test_each_roles_main_is_always_tasks_then_tagged_task_files():
+    """tasks/main.yml of every role: the validate/render tasks every other file needs (tag
+    always), then the task files (preflight / install / configure) imported with their tag."""
+    for role in ROLES:
+        tasks = yaml.safe_load((REPO / "roles" / role / "tasks" / "main.yml").read_text())
+        for t in tasks:
+            if "ansible.builtin.import_tasks" in t:
+                assert set(t["tags"]) <= TAGS | {"always"}, (role, t)
+                assert (REPO / "roles" / role / "tasks" / t["ansible.builtin.import_tasks"]).is_file()
+            elif "ansible.builtin.include_tasks" in t:
+                assert t["tags"] == t["ansible.builtin.include_tasks"]["apply"]["tags"], (role, t)
+            else:
+                assert t.get("tags") == ["always"], (role, t["name"])
+
+
+def test_tags_select_the_task_files_and_keep_validation():
+    install, configure = _listed("install"), _listed("configure")
+    for listed, tag in ((install, "install"), (configure, "configure")):
+        assert listed and all(tags & {tag, "always"} for tags in listed.values()), tag
+        # the controller-side validation and the deploy waves run whatever the tags
+        assert "Validate deployment config" in listed
+        assert "Group the instances of each machine into deploy waves" in listed
+    assert "ddtree_service : Install ddtree-ops into the service venv (offline, from the wheelhouse)" in install
+    assert "ddtree_service : Install ddtree-ops into the service venv (offline, from the wheelhouse)" not in configure
+    assert "ddtree_service : Activate this release (switch `current`, prune beyond ddtree_service.keep_releases)" \
+        in configure
+    assert not any(t.startswith("ddtree_service : Activate") for t in install)
+    assert any(t.startswith("sglang : Install SGLang") for t in install)
