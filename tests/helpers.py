@@ -20,3 +20,29 @@ def base_hostvars() -> dict:
         "ddtree_server": {"tp_size": 8, "max_running_requests": 16, "attention_backend": "triton", "page_size": 1},
         "ddtree_accepted_risks": [{"rule": "sm103-ddtree-graph-capture", "reason": "validated in staging for 24 h"}],
     }
+
+
+def role_text(role: str) -> str:
+    """Every task file of ``roles/<role>/tasks/`` as one text (main.yml first, then the files it
+    imports: preflight / install / configure ...), for tests that look for what a role runs."""
+    tasks = REPO / "roles" / role / "tasks"
+    files = [tasks / "main.yml"] + sorted(p for p in tasks.glob("*.yml") if p.name != "main.yml")
+    return "\n".join(p.read_text() for p in files)
+
+
+def role_tasks(role: str) -> list[dict]:
+    """Every task of ``roles/<role>/tasks/*.yml``, blocks flattened (a block's own entry kept too)."""
+    import yaml
+
+    out: list[dict] = []
+
+    def walk(items: list) -> None:
+        for t in items or []:
+            out.append(t)
+            for key in ("block", "rescue", "always"):
+                if isinstance(t.get(key), list):
+                    walk(t[key])
+
+    for p in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
+        walk(yaml.safe_load(p.read_text()))
+    return out

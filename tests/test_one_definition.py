@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from helpers import REPO, base_hostvars
+from helpers import REPO, base_hostvars, role_tasks, role_text
 
 ANSIBLE = [REPO / "deploy.yml", *sorted((REPO / "roles").rglob("*.yml")), *sorted((REPO / "roles").rglob("*.j2")),
            *sorted((REPO / "playbooks").rglob("*.yml"))]
@@ -125,7 +125,7 @@ def test_the_role_installs_where_the_action_says():
 
     defaults = yaml.safe_load((REPO / "roles/prometheus_targets/defaults/main.yml").read_text())
     assert defaults["prometheus_targets_rules_file"] == "" and defaults["prometheus_targets_dashboard_file"] == ""
-    tasks = yaml.safe_load((REPO / "roles/prometheus_targets/tasks/main.yml").read_text())
+    tasks = role_tasks("prometheus_targets")
     dests = {t["name"]: t["ansible.builtin.copy"]["dest"] for t in tasks if "ansible.builtin.copy" in t}
     assert dests["Install the alert rules (checked by promtool)"] == "{{ _prometheus_targets_render.rules_path }}"
     assert dests["Install the Grafana dashboard"] == "{{ _prometheus_targets_render.dashboard_path }}"
@@ -173,7 +173,7 @@ def test_the_role_runs_the_query_the_parser_reads():
 
     result = _render()
     assert result["driver_query"] == QUERY_COMMAND[1:]
-    tasks = yaml.safe_load((REPO / "roles/cuda_toolkit/tasks/main.yml").read_text())
+    tasks = role_tasks("cuda_toolkit")
     [task] = [t for t in tasks if t["name"] == "Read the NVIDIA driver version"]
     assert task["ansible.builtin.command"]["argv"].endswith("+ _cuda_toolkit_render.driver_query }}")
     assert [g.driver_version for g in parse_query_gpu("580.159.04, 10.3\n")] == ["580.159.04"]
@@ -197,7 +197,7 @@ def test_every_reader_of_the_tag_gets_the_same_tag(tmp_path):
     assert by_code.stdout == by_module.stdout == want + "\n"
     assert _render()["python_tag_code"] == PYTHON_TAG_CODE
     for role, var in (("sglang", "_sglang_render"), ("ddtree_service", "_ddtree_service_render")):
-        text = (REPO / f"roles/{role}/tasks/main.yml").read_text()
+        text = role_text(role)
         assert f'"-c", "{{{{ {var}.python_tag_code }}}}"]' in text, role
     script = (REPO / "scripts/build-wheelhouse.sh").read_text()
     assert '"$py" -m ddtree_ops.python_tag' in script
@@ -223,7 +223,7 @@ def test_every_managed_file_carries_the_header(tmp_path):
     texts += [render_prometheus([v]), render_rules(validated=[v])]
     assert texts and all(f"# {MANAGED}\n" in t for t in texts)
     assert _render()["managed_by"] == MANAGED_BY
-    tasks = (REPO / "roles/cuda_toolkit/tasks/main.yml").read_text()
+    tasks = role_text("cuda_toolkit")
     assert 'managed: "{{ _cuda_toolkit_render.managed_by }}."' in tasks
     assert "// {{ _cuda_toolkit_render.managed_by }} (cuda_toolkit role):" in tasks
 
@@ -258,8 +258,8 @@ def test_the_roles_install_what_the_model_says(pin, installs):
     assert v.deployment.sglang.installs_sglang is installs
     assert _render(**over)["installs_sglang"] is installs
     sglang = yaml.safe_load((REPO / "roles/sglang/tasks/main.yml").read_text())
-    [block] = [t for t in sglang if t["name"] == "Install the pinned SGLang build"]
-    assert block["when"] == "_sglang_render.installs_sglang"
+    files = [t for t in sglang if "ansible.builtin.import_tasks" in t]
+    assert files and all(t["when"] == "_sglang_render.installs_sglang" for t in files)
     triton = (REPO / "roles/triton/tasks/main.yml").read_text()
     assert "and not _triton_render.installs_sglang" in triton
 
@@ -298,12 +298,10 @@ def test_loopback_urls_come_from_loopback_url():
 # --- probe output formatting --------------------------------------------------------------------
 
 def test_probe_output_is_read_in_python_not_yaml():
-    text = (REPO / "roles/sglang/tasks/main.yml").read_text()
+    text = role_text("sglang")
     for logic in ("map('ternary'", "rejectattr('ok')", "_sglang_probe_run.stdout | from_json", "startswith('{')"):
         assert logic not in text, logic
-    tasks = yaml.safe_load(text)
-    [block] = [t for t in tasks if t["name"] == "Install the pinned SGLang build"]
-    by_name = {t["name"]: t for t in block["block"]}
+    by_name = {t["name"]: t for t in role_tasks("sglang")}
     read = next(t for n, t in by_name.items() if n.startswith("Read the probe's report"))
     assert set(read["ddtree_probe"]) == {"stdout", "stderr"} and read["register"] == "_sglang_probe"
     assert by_name["Show the probe"]["ansible.builtin.debug"]["msg"] == "{{ _sglang_probe.lines }}"

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from helpers import REPO, base_hostvars
+from helpers import REPO, base_hostvars, role_tasks, role_text
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
@@ -598,12 +598,11 @@ def test_local_url_used_everywhere(host, url):
 
 
 def test_roles_use_the_action_result_urls():
-    svc = (REPO / "roles/ddtree_service/tasks/main.yml").read_text()
-    exp = (REPO / "roles/ddtree_exporter/tasks/main.yml").read_text()
+    svc = role_text("ddtree_service")
+    exp = role_text("ddtree_exporter")
     assert '"{{ _ddtree_service_render.url }}/health"' in svc and "127.0.0.1" not in svc
     assert '"{{ _ddtree_exporter_render.exporter_url }}/metrics"' in exp
-    tasks = yaml.safe_load(svc)
-    [rm] = [t for t in tasks if t.get("name", "").startswith("Remove the secrets file")]
+    [rm] = [t for t in role_tasks("ddtree_service") if t.get("name", "").startswith("Remove the secrets file")]
     assert rm["ansible.builtin.file"] == {"path": "{{ _ddtree_service_render.paths.secrets }}", "state": "absent"}
     assert rm["when"] == "_ddtree_service_secrets.files | length == 0" and rm["notify"] == "Restart ddtree service"
 
