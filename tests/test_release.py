@@ -13,6 +13,7 @@ from helpers import REPO, base_hostvars
 from test_sim import Sim
 from test_warmup_health import _launch
 
+from ddtree_ops import python_tag
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops import release as hr
@@ -499,7 +500,7 @@ def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
 
     v = _pinned(f"{opt_dir}/sglang-venv", "a")
     build = sglang_build_path(v.deployment)
-    name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, wh.python_tag(),
+    name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, python_tag.current(),
                          wh.ops_source_id(wh.PROJECT_ROOT))
     assert build == f"{opt_dir}/sglang-venv.builds/{name}" and wh.BUILD_RE.fullmatch(name)
     rel = build_release(v)
@@ -540,7 +541,7 @@ def test_build_wheelhouse_script_names_its_dir_with_the_one_ops_id(tmp_path):
 
     from ddtree_ops.sglang import wheelhouse as wh
 
-    done = tmp_path / f"{wh.python_tag()}-{wh.ops_wheelhouse_id(REPO)}"
+    done = tmp_path / f"{python_tag.current()}-{wh.ops_wheelhouse_id(REPO)}"
     done.mkdir()
     (done / ".complete").touch()
     r = subprocess.run(["bash", str(REPO / "scripts" / "build-wheelhouse.sh"), str(tmp_path), sys.executable],

@@ -16,6 +16,7 @@ import pytest
 from helpers import base_hostvars
 from sglang_git import GitSource, make_git_source
 
+from ddtree_ops import python_tag
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.sglang import wheelhouse as wh
 from ddtree_ops.sglang.wheelhouse import WheelhouseError, build
@@ -216,7 +217,7 @@ def test_sglang_venv_default_and_argv():
     v = validate_hostvars("h1", pin_vars(source="pypi", version="0.5.23"))
     assert plan_document(v)["paths"]["sglang_venv"] == "/opt/ddtree-ops/sglang-venv"
     # the unit runs the release's build (one name: wheelhouse.build_name), never the shared symlink
-    name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, wh.python_tag(),
+    name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, python_tag.current(),
                          wh.ops_source_id(wh.PROJECT_ROOT))
     assert build_argv(v.deployment, v.plan)[0] == f"/opt/ddtree-ops/sglang-venv.builds/{name}/bin/python"
-    assert wh.BUILD_RE.fullmatch(name) and name.startswith(wh.python_tag() + "-")
+    assert wh.BUILD_RE.fullmatch(name) and name.startswith(python_tag.current() + "-")

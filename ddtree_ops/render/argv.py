@@ -28,11 +28,12 @@ def sglang_build_path(d: Deployment) -> str | None:
     """
     if not d.sglang.installs_sglang:
         return None
-    from ..sglang.wheelhouse import PROJECT_ROOT, WheelhouseError, build_name, ops_source_id, python_tag
+    from ..python_tag import current
+    from ..sglang.wheelhouse import PROJECT_ROOT, WheelhouseError, build_name, ops_source_id
 
     pin = d.sglang.model_dump(mode="json")
     try:
-        name = build_name(pin, PROJECT_ROOT, python_tag(), ops_source_id(PROJECT_ROOT))
+        name = build_name(pin, PROJECT_ROOT, current(), ops_source_id(PROJECT_ROOT))
     except WheelhouseError:
         from ..config.errors import ConfigError, Finding
 

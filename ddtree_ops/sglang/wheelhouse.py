@@ -97,13 +97,6 @@ OPS_ID_LENGTH = 12
 """Hex digits of :func:`ops_source_id`."""
 
 
-def python_tag() -> str:
-    """``cpXY`` of the running interpreter (the controller's; the hosts' must match: the roles check)."""
-    from ..python_tag import current
-
-    return current()
-
-
 @functools.lru_cache(maxsize=8)
 def ops_source_id(root: Path = PROJECT_ROOT) -> str:
     """Content key of the ddtree-ops code at ``root`` (12 hex digits): sha256 over every
@@ -361,18 +354,16 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Build (once) the controller wheelhouse of a pinned SGLang build.")
     ap.add_argument("--pin", help="ddtree_sglang as a JSON object")
     ap.add_argument("--out", type=Path, help="cache directory")
-    ap.add_argument("--ops-id", action="store_true", help="only print the ddtree-ops source id of --root "
-                    "(part of an SGLang build's name)")
     ap.add_argument("--ops-wheelhouse-id", action="store_true", help="only print the ddtree-ops wheelhouse id "
                     "of --root (scripts/build-wheelhouse.sh names its wheelhouse with it)")
     ap.add_argument("--root", type=Path, default=PROJECT_ROOT, help="start of relative paths (project root)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for pip (its CPython tag = the hosts')")
     args = ap.parse_args(argv)
-    if args.ops_id or args.ops_wheelhouse_id:
-        print((ops_source_id if args.ops_id else ops_wheelhouse_id)(args.root.resolve()))
+    if args.ops_wheelhouse_id:
+        print(ops_wheelhouse_id(args.root.resolve()))
         return 0
     if args.pin is None or args.out is None:
-        ap.error("--pin and --out are required (or --ops-id)")
+        ap.error("--pin and --out are required (or --ops-wheelhouse-id)")
     try:
         pin = json.loads(args.pin)
         if not isinstance(pin, dict) or "source" not in pin:
