@@ -46,3 +46,21 @@ def role_tasks(role: str) -> list[dict]:
     for p in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
         walk(yaml.safe_load(p.read_text()))
     return out
+
+
+def gate_document(acc: float | None, floor: float | None = 1.5, ok: bool | None = None, extra_checks=(),
+                  elapsed_s: float = 2.5) -> str:
+    """What ``ddtree-ops release gate --json`` prints for a gate that measured ``acc`` against
+    ``floor`` (the floor check from :func:`ddtree_ops.ops.release.floor_check`, the one the gate
+    uses), after a passing ``ready`` check and ``extra_checks``; ``ok`` overrides the verdict (a
+    host that lies)."""
+    import json
+
+    from ddtree_ops.ops.release import floor_check
+
+    checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"}, *extra_checks]
+    if acc is not None and floor is not None:
+        checks.append(floor_check(acc, floor))
+    ok = all(c["ok"] for c in checks) if ok is None else ok
+    return json.dumps({"ok": ok, "checks": checks, "url": "http://127.0.0.1:30000", "accept_length": acc,
+                       "floor": floor, "elapsed_s": elapsed_s}, indent=2)

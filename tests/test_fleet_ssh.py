@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import gate_document
 
 pytest.importorskip("fabric")
 from ddtree_ops.ops import fleet_ssh  # noqa: E402
@@ -106,16 +107,9 @@ cat "$S/metrics" 2>/dev/null
 
 
 def _gate_doc(acc: float | None, floor: float | None = 1.5, ok: bool | None = None) -> str:
-    """What `ddtree-ops release gate --json` prints (ddtree_ops/ops/release.py gate, cli._print_checks)."""
-    checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"},
-              {"name": "load", "ok": True, "detail": "16/16 requests answered in 1.20 s (850 tok/s)"}]
-    if floor is not None and acc is not None:
-        checks.append({"name": "accept_length_floor", "ok": acc >= floor,
-                       "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor {floor:g} "
-                                 "(ddtree_ops.accept_length_floor)"})
-    ok = all(c["ok"] for c in checks) if ok is None else ok
-    return json.dumps({"ok": ok, "checks": checks, "url": "http://127.0.0.1:30000", "accept_length": acc,
-                       "floor": floor, "elapsed_s": 1.4}, indent=2)
+    """What `ddtree-ops release gate --json` prints (tests/helpers.py gate_document), after a load check."""
+    return gate_document(acc, floor, ok, extra_checks=[
+        {"name": "load", "ok": True, "detail": "16/16 requests answered in 1.20 s (850 tok/s)"}], elapsed_s=1.4)
 
 
 PYTHON = PYTHON.replace("@GATE_OK@", _gate_doc(3.1).replace("\n", " "))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, gate_document
 
 from ddtree_ops.ops.rollout import (
     GATE_OUTPUT_CAP,
@@ -26,16 +26,7 @@ from ddtree_ops.ops.rollout import (
     roll_why,
 )
 
-
-def _gate(acc, floor=1.5, ok=None, extra_checks=()):
-    checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"}, *extra_checks]
-    if acc is not None and floor is not None:
-        checks.append({"name": "accept_length_floor", "ok": acc >= floor,
-                       "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor {floor:g} "
-                                 "(ddtree_ops.accept_length_floor)"})
-    ok = all(c["ok"] for c in checks) if ok is None else ok
-    return json.dumps({"ok": ok, "checks": checks, "url": "http://127.0.0.1:30000", "accept_length": acc,
-                       "floor": floor, "elapsed_s": 2.5})
+_gate = gate_document  # tests/helpers.py: the gate's own floor check
 
 
 def test_a_passing_gate_reads_accept_length_and_floor():

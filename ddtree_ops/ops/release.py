@@ -785,6 +785,14 @@ class GateOptions:
     max_new_tokens: int = GATE_MAX_NEW_TOKENS
 
 
+def floor_check(acc: float, floor: float) -> dict:
+    """The gate's ``accept_length_floor`` check for a measured acceptance length ``acc`` (tokens
+    per verify pass) against ``floor`` (``ddtree_ops.accept_length_floor``): ``{name, ok, detail}``."""
+    return {"name": "accept_length_floor", "ok": acc >= floor,
+            "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor "
+                      f"{floor:g} (ddtree_ops.accept_length_floor)"}
+
+
 def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:
     """The rolling upgrade's per-host gate, all within ``o.deadline_s``:
 
@@ -859,9 +867,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
                                      "accept more; the server's counts (meta_info spec_verify_ct, or its "
                                      "/metrics counters) are wrong"})
         else:
-            checks.append({"name": "accept_length_floor", "ok": acc >= floor,
-                           "detail": f"acceptance length {acc:.2f} {'>=' if acc >= floor else '<'} the floor "
-                                     f"{floor:g} (ddtree_ops.accept_length_floor)"})
+            checks.append(floor_check(acc, floor))
     extra["elapsed_s"] = round(time.monotonic() - t0, 3)
     return checks, extra
 
