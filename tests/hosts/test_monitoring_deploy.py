@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
 import urllib.parse
 
 import pytest
-from hostutil import HOST, recap, ssh
+from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, VENV_BIN, recap, ssh
 
 pytestmark = pytest.mark.hosts
 EXPORTER_UNIT = "ddtree-sglang-exporter.service"
@@ -69,3 +70,30 @@ def test_prometheus_scrapes_exporter_and_sees_accept_length(deployed):
     rules = _get(addr, f"{api}/rules")["data"]["groups"]
     names = {r["name"] for g in rules for r in g["rules"]}
     assert "DDTreeAcceptLengthCollapse" in names and "DDTreeServiceDown" in names
+
+
+def test_a_first_start_with_a_changed_config_keeps_prometheus_running(deployed):
+    """A first deploy starts Prometheus and then reloads it for the new config a moment later.
+    Debian's unit reloads with ``kill -HUP $MAINPID``, and a SIGHUP before Prometheus installs
+    its handler stops it for good (Go exits on it; systemd counts that as a clean stop, so
+    ``Restart=on-failure`` does nothing): CI lost Prometheus this way on a loaded machine. The
+    handler must wait for /-/ready before it reloads. Here the window is made wide and certain:
+    a drop-in starts Prometheus through ``sh -c 'sleep 3; exec prometheus'`` (a SIGHUP in those
+    3 s stops the unit as one before Prometheus's handler would), Prometheus is stopped and its
+    rules file changed, as on a first deploy."""
+    addr = deployed["address"]
+    dropin = "/etc/systemd/system/prometheus.service.d/zz-test-slow-start.conf"
+    slow = "[Service]\nExecStart=\nExecStart=/bin/sh -c 'sleep 3; exec /usr/bin/prometheus $ARGS'\n"
+    assert ssh(addr, f"mkdir -p {shlex.quote(dropin.rsplit('/', 1)[0])} && printf {shlex.quote(slow)} >{dropin} && "
+                     "systemctl daemon-reload && systemctl stop prometheus.service && "
+                     "echo '# changed' >> /etc/prometheus/ddtree-rules.yml").returncode == 0
+    try:
+        r = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(TEST_INVENTORY), "-l", "monitoring",
+                            "playbooks/monitoring.yml"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        assert recap(r.stdout)["changed"] >= 2, r.stdout[-3000:]  # the rules file and the start
+        time.sleep(1)
+        assert ssh(addr, "systemctl is-active prometheus.service").stdout.strip() == "active"
+    finally:
+        ssh(addr, f"rm -f {dropin} && systemctl daemon-reload && systemctl restart prometheus.service")
