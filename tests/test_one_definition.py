@@ -357,3 +357,68 @@ def test_probe_text_output_is_the_roles_lines(tmp_path, capsys, monkeypatch):
     req.write_text('{"argv": []}')
     assert probe.main(["--request", str(req)]) == 1
     assert capsys.readouterr().out.splitlines() == r["lines"]
+
+
+def test_offline_pip_arguments_have_one_definition():
+    """The offline ``pip install`` flags and the build's pip commands are built in Python
+    (:func:`ddtree_ops.sglang.wheelhouse.install_steps` / ``offline_pip_args``), not in the roles."""
+    run = [p for p in ANSIBLE + PLUGINS if p.name != "argument_specs.yml"]  # specs describe, they do not run
+    assert _hits(r"--no-index|--find-links|-m,? pip|'pip'", run) == []
+    install = next(t for t in role_tasks("sglang") if t.get("name", "").startswith("Install the lock, SGLang"))
+    assert "ddtree_sglang_install_steps" in install["loop"] and install["ansible.builtin.command"] == {
+        "argv": "{{ item.argv }}"}
+    pip = next(t for t in role_tasks("ddtree_service") if "ansible.builtin.pip" in t)["ansible.builtin.pip"]
+    assert "ddtree_pip_offline_args" in pip["extra_args"]
+
+
+@pytest.mark.parametrize("lock", ["requirements.lock", None])
+def test_install_steps(lock):
+    from ddtree_ops.sglang.wheelhouse import install_steps, offline_pip_args
+
+    steps = install_steps("/opt/b", "/var/wh/x", "/var/wh/ops-y", lock, "sglang-0.5.9-py3-none-any.whl")
+    pip = ["/opt/b/bin/python", "-m", "pip", "install", "-q"]
+    expect = [[*pip, *offline_pip_args("/var/wh/x"), "--no-deps", "-r", "/var/wh/x/requirements.lock"]] if lock else []
+    expect += [[*pip, *offline_pip_args("/var/wh/x"), *(["--no-deps"] if lock else []),
+                "/var/wh/x/sglang-0.5.9-py3-none-any.whl"],
+               [*pip, *offline_pip_args("/var/wh/ops-y"), "--no-deps", "ddtree-ops"]]
+    assert [s["argv"] for s in steps] == expect
+    assert offline_pip_args("/w") == ["--no-index", "--disable-pip-version-check", "--find-links", "/w"]
+    assert all(isinstance(a, str) for s in steps for a in s["argv"]) and all(s["what"] for s in steps)
+
+
+def test_the_role_runs_the_install_steps_through_the_filters(tmp_path):
+    """The sglang role's install task and ddtree_service's pip arguments, as written, under a real
+    ansible-playbook with this checkout's ansible.cfg (filter_plugins): the build's ``bin/python`` is
+    a stand-in that records its argv, so what the role runs is compared with what Python built."""
+    import os
+    import shlex
+    import shutil
+
+    from ddtree_ops.sglang.wheelhouse import install_steps, offline_pip_args
+
+    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    if playbook is None:
+        pytest.skip("ansible-playbook not installed next to this Python")
+    build, log = tmp_path / "build", tmp_path / "argv.log"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "python").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {log}\n")
+    (build / "bin" / "python").chmod(0o755)
+    install = next(t for t in role_tasks("sglang") if t.get("name", "").startswith("Install the lock, SGLang"))
+    pip = next(t for t in role_tasks("ddtree_service") if "ansible.builtin.pip" in t)["ansible.builtin.pip"]
+    wh = {"lock": "requirements.lock", "wheel": "sglang-0.5.9-py3-none-any.whl"}
+    facts = {"_sglang_wh": wh, "_sglang_build": str(build), "_sglang_host_wh": "/var/wh/x",
+             "_sglang_host_ops": "/var/wh/ops-y", "_ddtree_service_wheels": "/var/wh/ops z"}
+    tasks = [{"name": "facts", "ansible.builtin.set_fact": facts}, install,
+             {"name": "extra", "ansible.builtin.copy": {"content": pip["extra_args"], "dest": str(tmp_path / "extra"),
+                                                         "mode": "0644"}}]
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        "th1": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([playbook, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "pb.yml")], capture_output=True,
+                       text=True, timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = log.read_text().splitlines()
+    assert ran == [" ".join(s["argv"][1:]) for s in install_steps(str(build), "/var/wh/x", "/var/wh/ops-y",
+                                                                   wh["lock"], wh["wheel"])]
+    assert (tmp_path / "extra").read_text() == "--force-reinstall " + shlex.join(offline_pip_args("/var/wh/ops z"))

@@ -139,4 +139,4 @@ def test_tags_select_the_task_files_and_keep_validation():
     assert "ddtree_service : Activate this release (switch `current`, prune beyond ddtree_service.keep_releases)" \
         in configure
     assert not any(t.startswith("ddtree_service : Activate") for t in install)
-    assert any(t.startswith("sglang : Install SGLang") for t in install)
+    assert any(t.startswith("sglang : Install the lock, SGLang and ddtree-ops") for t in install)

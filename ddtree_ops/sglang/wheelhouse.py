@@ -154,6 +154,47 @@ def _pip(python: str) -> list[str]:
     return [python, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
+def offline_pip_args(find_links: str) -> list[str]:
+    """The arguments of every offline ``pip install`` on a host: no index, no version check, only
+    the wheels in ``find_links`` (a directory on the host). One definition for the ``sglang``
+    role's build (:func:`install_steps`) and ``ddtree_service``'s ops venv (``ansible.builtin.pip``
+    ``extra_args``, through the ``ddtree_pip_offline_args`` filter)."""
+    return ["--no-index", "--disable-pip-version-check", "--find-links", find_links]
+
+
+def install_steps(build: str, wheelhouse: str, ops_wheelhouse: str, lock: str | None,
+                  wheel: str) -> list[dict[str, Any]]:
+    """The pip commands that install an SGLang build offline, in order, for the ``sglang`` role
+    (``ddtree_sglang_install_steps`` filter; the role runs each ``argv`` with
+    ``ansible.builtin.command``).
+
+    Args:
+        build: the build's venv on the host (``<sglang_venv>.builds/<name>``, :func:`build_name`).
+        wheelhouse: the SGLang wheelhouse's copy on the host.
+        ops_wheelhouse: the ddtree-ops wheelhouse's copy on the host (its plugin and probe).
+        lock: the lock file's name inside ``wheelhouse`` (:data:`LOCK_NAME`), or None for a pin
+            without one.
+        wheel: the SGLang wheel's file name inside ``wheelhouse``.
+
+    Returns:
+        ``[{"what", "argv"}]``: with a lock, the lock's exact versions (``--no-deps -r``, no
+        resolver), then SGLang ``--no-deps``; without one, SGLang with the dependencies pip
+        resolves from the wheelhouse; then ddtree-ops ``--no-deps`` (its dependencies are
+        SGLang's). ``argv`` is a list of strings, run without a shell.
+    """
+    pip = [f"{build}/bin/python", "-m", "pip", "install", "-q"]
+    steps = []
+    if lock is not None:
+        steps.append({"what": "the lock (exact versions, no resolver)",
+                      "argv": [*pip, *offline_pip_args(wheelhouse), "--no-deps", "-r", f"{wheelhouse}/{lock}"]})
+    steps.append({"what": "SGLang",
+                  "argv": [*pip, *offline_pip_args(wheelhouse), *(["--no-deps"] if lock is not None else []),
+                           f"{wheelhouse}/{wheel}"]})
+    steps.append({"what": "ddtree-ops without its dependencies (probe and SGLang plugin)",
+                  "argv": [*pip, *offline_pip_args(ops_wheelhouse), "--no-deps", "ddtree-ops"]})
+    return steps
+
+
 def _check_pin(pin: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
