@@ -3,8 +3,19 @@
 # for the shipped b300 inventory, deploy with `ansible-playbook deploy.yml`, then show the
 # service active under systemd, health, warmup over the plan and acceptance length.
 # The test host stays up afterwards; stop it with: scripts/testhost.sh down
+#
+#   scripts/demo.sh                  the simulator as the host's SGLang server
+#   scripts/demo.sh --real-sglang    also install the real SGLang 0.5.23 release beside it (as the
+#                                    tests do: ~540 MiB wheelhouse, ~1 min more) and check the
+#                                    rendered argv with its own parser
 set -euo pipefail
 cd "$(dirname "$0")/.."
+real_sglang=0
+case ${1:-} in
+  "") ;;
+  --real-sglang) real_sglang=1 ;;
+  *) printf 'usage: %s [--real-sglang]\n' "$0" >&2; exit 2 ;;
+esac
 source scripts/lib/phase.sh
 phase "set up (apt packages, .venv, test-host rootfs)"
 bash scripts/setup.sh
@@ -23,9 +34,20 @@ ddtree-ops plan -i inventory/example -l b300
 step "Plan for the test host (inventory/test: b300 profile, SGLang simulator)"
 ddtree-ops plan -i inventory/test
 
-step "ansible-playbook deploy.yml -i inventory/test"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+extra=()
+if ((real_sglang == 0)); then
+  # inventory/test installs the real release beside the simulator (the tests need it); the demo
+  # deploys the same ddtree_sglang with install_release off unless asked.
+  python -c 'import json, sys, yaml
+pin = yaml.safe_load(open(sys.argv[1]))["ddtree_sglang"]
+pin["install_release"] = False
+json.dump({"ddtree_sglang": pin}, sys.stdout)' inventory/test/group_vars/testhosts.yml >"$tmp/demo-vars.json"
+  extra=(-e "@$tmp/demo-vars.json")
+fi
+step "ansible-playbook deploy.yml -i inventory/test ${extra[*]}"
 start=$(date +%s)
-ansible-playbook -i inventory/test deploy.yml
+ansible-playbook -i inventory/test deploy.yml "${extra[@]}"
 echo "deploy took $(( $(date +%s) - start )) s"
 
 addr=$(bash scripts/testhost.sh status | awk '$1=="ddt-th1" {print $3}')
@@ -37,7 +59,7 @@ step "The unit became active only after its own warmup (ExecStartPost) covered t
 bash scripts/testhost.sh ssh ddt-th1 "journalctl -u ddtree-sglang.service -b --no-pager -o cat | grep -E 'batch sizes|warmup:' | tail -n 2"
 
 step "Warmup over every captured batch size of the plan (from the controller)"
-plan=$(mktemp); trap 'rm -f "$plan"' EXIT
+plan=$tmp/plan.json
 bash scripts/testhost.sh ssh ddt-th1 cat /etc/ddtree-ops/sglang/plan.json >"$plan"
 ddtree-ops warmup "http://$addr:30000" --plan "$plan" --deadline 120
 
