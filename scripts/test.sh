@@ -28,6 +28,10 @@ phase "test-host stand-ins (NVIDIA apt repository, nvidia-smi)"
 bash scripts/testhost-standins.sh up 3   # NVIDIA apt repo + nvidia-smi stand-ins (no GPU here)
 phase "pytest"
 rc=0
-DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -ra "$@" || rc=$?
+# Two workers (pytest-xdist): the host tests run in one of them, in order (tests/conftest.py),
+# the rest spread over both. DDTREE_TEST_WORKERS=0 runs everything in this process.
+workers=${DDTREE_TEST_WORKERS:-2}
+[[ $workers =~ ^[0-9]+$ ]] || { echo "test.sh: DDTREE_TEST_WORKERS must be a number, not '$workers'" >&2; exit 2; }
+DDTREE_TESTHOSTS=1 .venv/bin/python -m pytest -p no:cacheprovider -ra -n "$workers" --dist loadgroup "$@" || rc=$?
 phase "done (pytest rc=$rc)"
 exit "$rc"

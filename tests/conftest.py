@@ -9,3 +9,13 @@ from helpers import base_hostvars
 @pytest.fixture
 def hostvars() -> dict:
     return copy.deepcopy(base_hostvars())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) every test against
+    the booted test hosts runs in one worker, in file order: the hosts are machine-wide and the
+    host tests share session fixtures (one deploy of ``ddt-th1`` for test_deploy.py and
+    test_monitoring_deploy.py). The other tests spread over the workers."""
+    for item in items:
+        if item.get_closest_marker("hosts"):
+            item.add_marker(pytest.mark.xdist_group("hosts"))
