@@ -11,6 +11,7 @@ def hostvars() -> dict:
     return copy.deepcopy(base_hostvars())
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) every test against
     the booted test hosts runs in one worker, in file order: the hosts are machine-wide and the
