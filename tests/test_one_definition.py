@@ -386,6 +386,20 @@ def test_install_steps(lock):
     assert all(isinstance(a, str) for s in steps for a in s["argv"]) and all(s["what"] for s in steps)
 
 
+@pytest.mark.parametrize("args, field", [
+    (("rel/b", "/w", "/o", None, "s.whl"), "build"), (("/b", "/w\n", "/o", None, "s.whl"), "wheelhouse"),
+    (("/b", "/w", 7, None, "s.whl"), "ops_wheelhouse"), (("/b", "/w", "/o", "../lock", "s.whl"), "lock"),
+    (("/b", "/w", "/o", "--index-url=http://x", "s.whl"), "lock"), (("/b", "/w", "/o", None, "-e.whl"), "wheel"),
+    (("/b", "/w", "/o", None, "a/../s.whl"), "wheel"), (("/b", "/w", "/o", None, "s.tar.gz"), "wheel"),
+    (("/b", "/w", "/o", None, None), "wheel"), (("/b", "/w", "/o", "", "s.whl"), "lock"),
+])
+def test_install_steps_refuse_what_is_not_a_path_or_a_file_name(args, field):
+    from ddtree_ops.sglang.wheelhouse import WheelhouseError, install_steps
+
+    with pytest.raises(WheelhouseError, match=f"install_steps: {field} must be"):
+        install_steps(*args)
+
+
 def test_the_role_runs_the_install_steps_through_the_filters(tmp_path):
     """The sglang role's install task and ddtree_service's pip arguments, as written, under a real
     ansible-playbook with this checkout's ansible.cfg (filter_plugins): the build's ``bin/python`` is

@@ -176,12 +176,27 @@ def install_steps(build: str, wheelhouse: str, ops_wheelhouse: str, lock: str | 
             without one.
         wheel: the SGLang wheel's file name inside ``wheelhouse``.
 
+    Raises:
+        WheelhouseError: a path that is not absolute, or a lock / wheel that is not a plain file
+            name (``/``, a leading ``-`` or ``.``, control characters), or a wheel not ending ``.whl``.
+
     Returns:
         ``[{"what", "argv"}]``: with a lock, the lock's exact versions (``--no-deps -r``, no
         resolver), then SGLang ``--no-deps``; without one, SGLang with the dependencies pip
         resolves from the wheelhouse; then ddtree-ops ``--no-deps`` (its dependencies are
         SGLang's). ``argv`` is a list of strings, run without a shell.
     """
+    for field, path in (("build", build), ("wheelhouse", wheelhouse), ("ops_wheelhouse", ops_wheelhouse)):
+        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\0\n\r"):
+            raise WheelhouseError(f"install_steps: {field} must be an absolute host path, not {path!r}")
+    for field, name in (("lock", lock), ("wheel", wheel)):
+        if field == "lock" and name is None:
+            continue
+        if (not isinstance(name, str) or not name or name.startswith(("-", ".")) or "/" in name
+                or any(c in name for c in "\0\n\r")):
+            raise WheelhouseError(f"install_steps: {field} must be a file name inside the wheelhouse, not {name!r}")
+    if not wheel.endswith(".whl"):
+        raise WheelhouseError(f"install_steps: wheel must be a .whl file name, not {wheel!r}")
     pip = [f"{build}/bin/python", "-m", "pip", "install", "-q"]
     steps = []
     if lock is not None:
