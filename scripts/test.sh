@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set up, lint (scripts/lint.sh: a finding fails the run before any test),
-# boot the systemd test host, run every test (pytest), and stop the test host again. Extra
-# arguments go to pytest.
+# boot the systemd test hosts, run the tests (pytest, two workers), and stop the hosts again.
+# Extra arguments go to pytest; --slow also runs the slow host scenarios (rolling upgrades over
+# three hosts, the sweep through four deploys, an interrupted real-SGLang install), as CI does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/phase.sh

@@ -582,7 +582,11 @@ def test_nccl_probe_that_hangs_fails_within_the_total_deadline(tmp_path):
 @pytest.mark.parametrize("line", ['{"correct": true}', '{"correct": true, "bytes": "x", "world": 8, "seconds": 1}',
                                   '{"correct": true, "bytes": 1, "world": 8, "seconds": 1, "busbw_gbps": "fast"}',
                                   '{"correct": "yes", "bytes": 1, "world": 8, "seconds": 1}', "[1, 2]", "7" * 5000,
-                                  "[" * 100000 + "]" * 100000])
+                                  "[" * 100000 + "]" * 100000],
+                         # short ids: a 200 000-character id in PYTEST_CURRENT_TEST makes every exec of the
+                         # test's fake python fail with "Argument list too long"
+                         ids=["no-bytes", "bytes-str", "busbw-str", "correct-str", "list", "long-number",
+                              "deep-list"])
 def test_nccl_result_of_the_wrong_shape_is_a_failed_check(tmp_path, line):
     fake = tmp_path / "python"
     (tmp_path / "line").write_text(line + "\n")

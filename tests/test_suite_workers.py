@@ -30,3 +30,16 @@ def test_host_tests_run_in_one_worker_and_the_rest_spread():
     assert len({w for w, _ in hosts}) == 1, hosts  # one worker for every host test
     assert all(t.endswith("@hosts") for _, t in hosts), hosts  # xdist read the group
     assert len({w for w, _ in ran}) == 2, ran  # the rest did spread
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_slow_scenarios_skip_unless_asked(slow):
+    """Without ``--slow`` a slow scenario is skipped and says how to run it; with it, it runs (here it
+    then skips for want of booted hosts, the host tests' own reason)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DDTREE_TESTHOSTS", "PYTEST_XDIST_WORKER")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                        *(["--slow"] if slow else []), "tests/hosts/test_sweep_host.py"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert ("runs with scripts/test.sh --slow (CI)" in r.stdout) is not slow, r.stdout
+    assert ("host tests run under scripts/test.sh" in r.stdout) is slow, r.stdout

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from hostutil import KEY, REPO_ROOT, TEST_INVENTORY, VENV_BIN, deploy, ssh
 
-pytestmark = pytest.mark.hosts
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]  # three booted hosts, ~4.5 min: scripts/test.sh --slow (CI)
 
 HOSTS = ("ddt-th1", "ddt-th2", "ddt-th3")
 ROOT = "/etc/ddtree-ops/sglang/releases"

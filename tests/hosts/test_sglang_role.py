@@ -144,6 +144,7 @@ def test_build_without_ddtree_stops_before_the_service(installed, tmp_path):
                                "installed a build without DDTREE: set ddtree_sglang.source: git")
 
 
+@pytest.mark.slow  # ~1.5 min: scripts/test.sh --slow (CI)
 def test_interrupted_install_converges(installed):
     """Kill ansible-playbook while pip installs the lock on the host; the re-run replaces
     the incomplete build and ends where an uninterrupted run does."""

@@ -15,7 +15,7 @@ from hostutil import HOST, REPO_ROOT, TEST_INVENTORY, ssh
 
 from ddtree_ops.cli import main
 
-pytestmark = pytest.mark.hosts
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]  # four deploys, ~1 min: scripts/test.sh --slow (CI)
 
 
 def _deployed_budget(address: str, unit: str) -> int:
