@@ -38,10 +38,11 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 extra=()
 if ((real_sglang == 0)); then
   # inventory/test installs the real release beside the simulator (the tests need it); the demo
-  # deploys the same ddtree_sglang with install_release off unless asked.
+  # deploys the same ddtree_sglang without it (install_release off, no lock) unless asked.
   python -c 'import json, sys, yaml
 pin = yaml.safe_load(open(sys.argv[1]))["ddtree_sglang"]
 pin["install_release"] = False
+pin.pop("requirements", None)  # the lock of that release: the validator refuses it without one
 json.dump({"ddtree_sglang": pin}, sys.stdout)' inventory/test/group_vars/testhosts.yml >"$tmp/demo-vars.json"
   extra=(-e "@$tmp/demo-vars.json")
 fi
