@@ -24,7 +24,7 @@ from ddtree_ops.ops import ptxas as ptxas_mod
 from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, parse_query_gpu, parse_smi_xml, reboot_decision
 from ddtree_ops.render.files import service_env
 
-PTXAS_CACHE = Path("/var/cache/ddtree-ops/ptxas-bin")
+PTXAS_CACHE = Path(os.environ.get("DDTREE_CACHE", "/var/cache/ddtree-ops")) / "ptxas-bin"  # as scripts/triton-venv.sh
 
 
 def _standin():

@@ -12,6 +12,7 @@ driver version each test chooses; the module restores the default one at the end
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -26,9 +27,9 @@ VENV_BIN = REPO_ROOT / ".venv" / "bin"
 INVENTORY = REPO_ROOT / "inventory" / "test"
 HOST = "ddt-th1"
 GATEWAY = "10.213.1.1"
-TRITON_WHEEL = Path(
-    "/var/cache/ddtree-ops/ptxas-wheels/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
-)
+# where scripts/triton-venv.sh (test.sh's set-up) downloaded it
+TRITON_WHEEL = (Path(os.environ.get("DDTREE_CACHE", "/var/cache/ddtree-ops")) / "ptxas-wheels"
+                / "triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl")
 SNAPSHOT = (
     "find /etc/apt/sources.list.d /etc/apt/apt.conf.d /etc/profile.d /usr/local /usr/share/keyrings -maxdepth 2 "
     "\\( -type d -printf '%p/\\n' \\) -o -printf '%p %s %l\\n' | sort; "
