@@ -147,7 +147,8 @@ def test_deploy_waves_serialize_the_instances_of_one_machine():
     group_by = next(t for t in plays[0]["tasks"] if "ansible.builtin.group_by" in t)
     assert "_ddtree_fleet.waves[inventory_hostname]" in group_by["ansible.builtin.group_by"]["key"]
     service = yaml.safe_load((REPO / "playbooks" / "service.yml").read_text())[0]
-    assert service["hosts"] == ("{{ groups.get(ddtree_service_hosts, []) if ddtree_service_hosts is defined "
+    assert service["hosts"] == ("{{ ((groups.get(ddtree_service_hosts, []) if ddtree_service_hosts is string else "
+                                "[]) | intersect(groups.get('sglang_servers', []))) if ddtree_service_hosts is defined "
                                 "else 'sglang_servers' }}")
 
 
@@ -165,7 +166,8 @@ def test_service_play_targets_its_wave_and_skips_an_empty_one_quietly(tmp_path):
     hosts_expr = yaml.safe_load((REPO / "playbooks" / "service.yml").read_text())[0]["hosts"]
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"sglang_servers": {"hosts": {
-        "a": {**local, "w": 0}, "b": {**local, "w": 1}, "c": {**local, "w": 0}}}}}}))
+        "a": {**local, "w": 0}, "b": {**local, "w": 1}, "c": {**local, "w": 0}}}, "monitoring": {"hosts": {
+            "mon": local}}}}}))
     show = [{"ansible.builtin.copy": {"content": "x", "dest": str(tmp_path / "ran-{{ wave }}-{{ inventory_hostname }}"),
                                       "mode": "0644"}, "delegate_to": "localhost"}]
     plays = [{"hosts": "sglang_servers", "gather_facts": False,
@@ -173,12 +175,16 @@ def test_service_play_targets_its_wave_and_skips_an_empty_one_quietly(tmp_path):
     plays += [{"hosts": hosts_expr, "gather_facts": False, "vars": {"ddtree_service_hosts": f"ddtree_wave_{i}",
                                                                    "wave": i}, "tasks": show} for i in range(3)]
     plays += [{"hosts": hosts_expr, "gather_facts": False, "vars": {"wave": "alone"}, "tasks": show}]
+    # Not a wave: another group (all, monitoring) is cut to the SGLang servers, a non-string is no host.
+    plays += [{"hosts": hosts_expr, "gather_facts": False, "vars": {"ddtree_service_hosts": group, "wave": name},
+               "tasks": show} for name, group in (("all", "all"), ("mon", "monitoring"), ("list", ["mon"]))]
     (tmp_path / "pb.yml").write_text(yaml.safe_dump(plays))
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO)}
-    r = subprocess.run([playbook, "-i", str(tmp_path / "hosts.yml"), "-l", "a,b", str(tmp_path / "pb.yml")],
+    r = subprocess.run([playbook, "-i", str(tmp_path / "hosts.yml"), "-l", "a,b,mon", str(tmp_path / "pb.yml")],
                        capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0-a", "ran-1-b", "ran-alone-a", "ran-alone-b"]
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0-a", "ran-1-b", "ran-all-a", "ran-all-b",
+                                                             "ran-alone-a", "ran-alone-b"]
     assert "Could not match" not in r.stdout + r.stderr, r.stderr
 
 

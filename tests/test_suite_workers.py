@@ -43,3 +43,35 @@ def test_slow_scenarios_skip_unless_asked(slow):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert ("runs with scripts/test.sh --slow (CI)" in r.stdout) is not slow, r.stdout
     assert ("host tests run under scripts/test.sh" in r.stdout) is slow, r.stdout
+
+
+def test_a_host_test_cannot_leave_the_hosts_group(tmp_path):
+    """The suite's grouping hook (tests/conftest.py, copied as is) on stand-in tests: a file in
+    tests/hosts without its ``hosts`` mark runs in the ``hosts`` group (before: wherever xdist put
+    it, beside the other host tests), and so does a ``hosts``-marked test with an ``xdist_group`` of
+    its own (xdist ran it in a group "hosts_mine", apart from the host tests)."""
+    pytest.importorskip("xdist")
+    import shutil
+
+    tests = tmp_path / "tests"
+    (tests / "hosts").mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "conftest.py", tests / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  hosts: host test\n  slow: slow\n")
+    (tests / "hosts" / "test_unmarked.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_forgot_its_mark(n):\n    pass\n")
+    (tests / "test_plain.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('n', range(6))\ndef test_plain(n):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DDTREE_TESTHOSTS", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v", "tests"]
+    r = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    ids = re.findall(r"PASSED (\S+)", r.stdout)
+    assert sorted(i for i in ids if i.endswith("@hosts")) == [
+        "tests/hosts/test_unmarked.py::test_forgot_its_mark[1]@hosts",
+        "tests/hosts/test_unmarked.py::test_forgot_its_mark[2]@hosts"] and len(ids) == 8, ids
+    (tests / "test_own_group.py").write_text(
+        "import pytest\n\n\n@pytest.mark.xdist_group('mine')\n@pytest.mark.hosts\ndef test_own_group():\n    pass\n")
+    r = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "tests/test_own_group.py::test_own_group@hosts" in re.findall(r"PASSED (\S+)", r.stdout), r.stdout[-2000:]

@@ -128,6 +128,18 @@ BUILD_RE = re.compile(r"^cp[0-9]{2,3}-[0-9a-f]{16}-[0-9a-f]{12}$")
 (:func:`ddtree_ops.ops.release.prune_builds`) touches no other name."""
 
 
+WHEELHOUSE_NAME_PATTERNS: dict[str, list[str]] = {
+    "sglang": [r"^cp[0-9]{2,3}-[0-9a-f]{16}$", rf"^ops-[0-9a-f]{{{OPS_ID_LENGTH}}}$"],
+    "ops": [rf"^cp[0-9]{{2,3}}-[0-9a-f]{{{OPS_ID_LENGTH}}}$"],
+}
+"""The names of the wheelhouse copies on a host, the only directories the roles' cleanup of earlier
+wheelhouses removes (``ansible.builtin.find`` ``patterns``, ``use_regex``, through the
+``ddtree_wheelhouse_patterns`` filter): ``sglang``: ``sglang_host_wheelhouse``'s
+``<cpXY>-<wheelhouse_id>`` (:func:`build`'s ``id``) and ``ops-<ops_source_id>``; ``ops``:
+``ddtree_service_host_wheelhouse``'s ``<cpXY>-<ops_wheelhouse_id>`` (``scripts/build-wheelhouse.sh``).
+A host wheelhouse variable set to a shared directory (``/opt``, ``/``) then loses nothing else."""
+
+
 def build_name(pin: dict[str, Any], root: Path, tag: str, ops_id: str) -> str:
     """The directory name of the SGLang build of ``pin`` under ``<sglang_venv>.builds/``:
     ``<cpXY>-<wheelhouse_id>-<ops_source_id>`` (the SGLang wheelhouse and the ddtree-ops wheel
@@ -154,12 +166,53 @@ def _pip(python: str) -> list[str]:
     return [python, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
+HOST_PATH_MAX = 4096
+"""Longest host path :func:`host_dir` accepts (Linux ``PATH_MAX``, ``<linux/limits.h>``)."""
+
+FILE_NAME_MAX = 255
+"""Longest file name :func:`install_steps` accepts (Linux ``NAME_MAX``, ``<linux/limits.h>``)."""
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 200 characters + "…", for one-line refusals."""
+    r = repr(value)
+    return r if len(r) <= 200 else r[:200] + "…"
+
+
+def host_dir(field: str, value: Any) -> str:
+    """``value`` if it is a directory path pip and the roles can take as one argument on a host:
+    a ``str``, absolute (so never a URL, which pip's ``--find-links`` would fetch from the
+    network, nor an option), normalized (no ``.``/``..``/``//`` parts, not ``/`` itself), no
+    control characters, at most :data:`HOST_PATH_MAX` characters.
+
+    Raises:
+        WheelhouseError: one line naming ``field``, the value (cut to 200 characters), the rule
+            and the fix.
+    """
+    import posixpath
+
+    ok = (isinstance(value, str) and value.startswith("/") and value != "/" and len(value) <= HOST_PATH_MAX
+          and posixpath.normpath(value) == value and not value.startswith("//")
+          and not any(ord(c) < 32 or ord(c) == 127 for c in value))
+    if not ok:
+        raise WheelhouseError(f"{field} = {_shown(value)}: must be a normalized absolute directory path on the host "
+                              f"(starts with /, not / itself, no . or .. parts, no control characters, at most "
+                              f"{HOST_PATH_MAX} characters). Fix: set it to a directory such as "
+                              "/opt/ddtree-ops/wheelhouse")
+    return value
+
+
 def offline_pip_args(find_links: str) -> list[str]:
     """The arguments of every offline ``pip install`` on a host: no index, no version check, only
     the wheels in ``find_links`` (a directory on the host). One definition for the ``sglang``
     role's build (:func:`install_steps`) and ``ddtree_service``'s ops venv (``ansible.builtin.pip``
-    ``extra_args``, through the ``ddtree_pip_offline_args`` filter)."""
-    return ["--no-index", "--disable-pip-version-check", "--find-links", find_links]
+    ``extra_args``, through the ``ddtree_pip_offline_args`` filter).
+
+    Raises:
+        WheelhouseError: ``find_links`` is not a host directory (:func:`host_dir`): a URL there
+            would make pip fetch from the network despite ``--no-index``.
+    """
+    return ["--no-index", "--disable-pip-version-check", "--find-links", host_dir("find_links", find_links)]
 
 
 def install_steps(build: str, wheelhouse: str, ops_wheelhouse: str, lock: str | None,
@@ -177,8 +230,9 @@ def install_steps(build: str, wheelhouse: str, ops_wheelhouse: str, lock: str | 
         wheel: the SGLang wheel's file name inside ``wheelhouse``.
 
     Raises:
-        WheelhouseError: a path that is not absolute, or a lock / wheel that is not a plain file
-            name (``/``, a leading ``-`` or ``.``, control characters), or a wheel not ending ``.whl``.
+        WheelhouseError: a path that is not a host directory (:func:`host_dir`), or a lock / wheel
+            that is not a plain file name (``/``, a leading ``-`` or ``.``, control characters, over
+            :data:`FILE_NAME_MAX` characters), or a wheel not ending ``.whl``.
 
     Returns:
         ``[{"what", "argv"}]``: with a lock, the lock's exact versions (``--no-deps -r``, no
@@ -187,16 +241,18 @@ def install_steps(build: str, wheelhouse: str, ops_wheelhouse: str, lock: str | 
         SGLang's). ``argv`` is a list of strings, run without a shell.
     """
     for field, path in (("build", build), ("wheelhouse", wheelhouse), ("ops_wheelhouse", ops_wheelhouse)):
-        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\0\n\r"):
-            raise WheelhouseError(f"install_steps: {field} must be an absolute host path, not {path!r}")
+        host_dir(f"install_steps: {field}", path)
     for field, name in (("lock", lock), ("wheel", wheel)):
         if field == "lock" and name is None:
             continue
         if (not isinstance(name, str) or not name or name.startswith(("-", ".")) or "/" in name
-                or any(c in name for c in "\0\n\r")):
-            raise WheelhouseError(f"install_steps: {field} must be a file name inside the wheelhouse, not {name!r}")
+                or len(name) > FILE_NAME_MAX or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+            raise WheelhouseError(f"install_steps: {field} = {_shown(name)}: must be a file name inside the wheelhouse "
+                                  f"(no /, no leading - or ., no control characters, at most {FILE_NAME_MAX} "
+                                  "characters). Fix: rebuild the wheelhouse (python -m ddtree_ops.sglang.wheelhouse)")
     if not wheel.endswith(".whl"):
-        raise WheelhouseError(f"install_steps: wheel must be a .whl file name, not {wheel!r}")
+        raise WheelhouseError(f"install_steps: wheel = {_shown(wheel)}: must be a .whl file name. "
+                              "Fix: rebuild the wheelhouse (python -m ddtree_ops.sglang.wheelhouse)")
     pip = [f"{build}/bin/python", "-m", "pip", "install", "-q"]
     steps = []
     if lock is not None:
