@@ -11,10 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 real_sglang=0
-case ${1:-} in
-  "") ;;
-  --real-sglang) real_sglang=1 ;;
-  *) printf 'usage: %s [--real-sglang]\n' "$0" >&2; exit 2 ;;
+usage() { printf 'usage: %s [--real-sglang]\n' "$0"; }
+case "$#:${1-}" in
+  0:) ;;
+  1:--real-sglang) real_sglang=1 ;;
+  1:-h | 1:--help) usage; exit 0 ;;
+  *) usage >&2; exit 2 ;;
 esac
 source scripts/lib/phase.sh
 phase "set up (apt packages, .venv, test-host rootfs)"
