@@ -19,7 +19,7 @@ if [[ ${DDTREE_PEER:-1} == 1 ]]; then
   bash scripts/peer.sh --venvs
   export DDTREE_PEER=1
 fi
-trap 'bash scripts/testhost.sh down >/dev/null 2>&1 || true' EXIT
+trap 'phase "stop the test hosts"; bash scripts/testhost.sh down >/dev/null 2>&1 || true; phase "stopped"' EXIT
 phase "downloads the tests need (Triton 3.6.0 venv)"
 PYTHON=.venv/bin/python bash scripts/triton-venv.sh >/dev/null
 # Three hosts: tests/hosts/test_rolling.py rolls an upgrade over three (canary + two untouched).
