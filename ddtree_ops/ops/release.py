@@ -70,6 +70,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..plandoc import shown
+
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
 
@@ -116,8 +118,7 @@ class ReleaseError(Exception):
 
 
 def _shown(value: object, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
+    return shown(repr(value), limit)
 
 
 def check_id(rid: object, what: str = "--id") -> str:

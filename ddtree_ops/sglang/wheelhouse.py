@@ -38,6 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..plandoc import shown
 from ..python_tag import PYTHON_TAG_CODE
 
 BUILDER_VERSION = "1"
@@ -174,9 +175,8 @@ FILE_NAME_MAX = 255
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)`` cut to 200 characters + "…", for one-line refusals."""
-    r = repr(value)
-    return r if len(r) <= 200 else r[:200] + "…"
+    """``repr(value)`` for one-line refusals, cut to 200 characters + "…" (:func:`ddtree_ops.plandoc.shown`)."""
+    return shown(repr(value))
 
 
 def host_dir(field: str, value: Any) -> str:
