@@ -578,7 +578,7 @@ def warmup(
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 32,
     long_prompt_words: Annotated[
-        int, typer.Option(help="Words of the long prompt (capped by the context length).")
+        int, typer.Option(help="Most words of the long prompt (the server's context length cuts it further).")
     ] = 1024,
     marker: Annotated[
         Path | None, typer.Option("--marker", help="On success, write the report here (the unit's warm marker).")
@@ -600,7 +600,8 @@ def warmup(
         raise typer.BadParameter(f"--max-new-tokens {max_new_tokens}: must be 1..{1 << 20}")
     if not 1 <= long_prompt_words <= 1 << 20:
         raise typer.BadParameter(f"--long-prompt-words {long_prompt_words}: must be 1..{1 << 20}")
-    wp = warmup_plan(doc) if doc is not None else WarmupPlan([1], "default: no plan given")
+    wp = warmup_plan(doc) if doc is not None else WarmupPlan([1], "no plan, and the server reports no batch sizes",
+                                                               from_server=True)
     if batch_sizes is not None:
         try:
             sizes = sorted({int(x) for x in batch_sizes.split(",")})
@@ -610,10 +611,18 @@ def warmup(
     if not wp.batch_sizes or any(not 1 <= x <= 4096 for x in wp.batch_sizes):
         raise typer.BadParameter(f"batch sizes {wp.batch_sizes}: each must be 1..4096")
 
-    steps = len(wp.batch_sizes) + (1 if wp.vision_min_pixels else 0)
     bar = Progress(TextColumn("warmup"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeElapsedColumn(), console=err, disable=as_json, transient=False)
-    task = bar.add_task("", total=steps)
+    task = bar.add_task("", total=None)
+
+    def started(final: WarmupPlan, report) -> None:
+        bar.update(task, total=len(final.batch_sizes) + (1 if final.vision_min_pixels else 0))
+        if not as_json:
+            bar.console.print(
+                f"batch sizes {final.batch_sizes} ({final.source})"
+                + (f"; vision image >= {final.vision_min_pixels} pixels" if final.vision_min_pixels else "")
+                + f"; context {report.context_length if report.context_length else 'unknown'} tokens "
+                  f"({report.context_source})", highlight=False)
 
     def progress(r) -> None:
         what = f"bs={r.batch_size}" if r.kind == "text" else "vision"
@@ -625,12 +634,9 @@ def warmup(
                 highlight=False,
             )
 
-    if not as_json:
-        say(out, "batch sizes", "bold", f"{wp.batch_sizes} ({wp.source})"
-            + (f"; vision image >= {wp.vision_min_pixels} pixels" if wp.vision_min_pixels else ""))
     try:
         with bar:
-            report = run_warmup(target, wp, deadline, max_new_tokens, progress, long_prompt_words)
+            report = run_warmup(target, wp, deadline, max_new_tokens, progress, long_prompt_words, on_start=started)
     except WarmupError as exc:
         _print_checks([{"name": "warmup", "ok": False, "detail": f"warmup failed: {exc}"}], as_json, {"url": target})
         return
@@ -642,8 +648,11 @@ def warmup(
                             f"{exc.strerror or exc}"}], as_json, {"url": target})
             return
     _print_checks([{"name": "warmup", "ok": True,
-                    "detail": f"{len(report.results)} steps ({len(wp.batch_sizes)} batch sizes"
-                              f"{' + vision' if wp.vision_min_pixels else ''}) in {report.elapsed_s:.2f} s"}],
+                    "detail": f"{len(report.results)} steps ({len(report.batch_sizes)} batch sizes"
+                              f"{' + vision' if wp.vision_min_pixels else ''}) in {report.elapsed_s:.2f} s; long "
+                              f"prompt {report.long_prompt_bytes} bytes = {report.long_prompt_tokens or '?'} tokens"
+                              + (f" after {report.long_prompt_backoffs} cut(s)" if report.long_prompt_backoffs
+                                 else "")}],
                   as_json, {"url": target, "report": report.as_dict()})
 
 
@@ -956,8 +965,14 @@ def probe_sglang(
 
 @app.command()
 def exporter(
-    plan_file: Annotated[Path, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor).")],
-    upstream: Annotated[str | None, typer.Option(help="SGLang base URL (default: plan.json's url).")] = None,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="The host's plan.json (labels, sizes, floor, drift).")
+    ] = None,
+    upstream: Annotated[
+        str | None,
+        typer.Option(help="SGLang base URL (default: plan.json's url). Alone, without --plan: labels from the "
+                     "server's /server_info, no floor or drift series."),
+    ] = None,
     listen: Annotated[
         str | None, typer.Option(help="HOST:PORT to serve /metrics on (default: 0.0.0.0:<ddtree_ops.exporter_port>).")
     ] = None,
@@ -973,7 +988,8 @@ def exporter(
         ),
     ] = None,
 ) -> None:
-    """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server."""
+    """Serve ddtree_* metrics (acceptance length, up/ready/drift) for one SGLang server
+    (give --plan, --upstream, or both)."""
     import signal
     import threading
 
@@ -985,10 +1001,14 @@ def exporter(
     _positive("--timeout", timeout, 300)
     if stuck_after is not None:
         _positive("--stuck-after", stuck_after)
-    doc = load_plan(plan_file)
+    if plan_file is None and upstream is None:
+        raise typer.BadParameter("give --plan (the host's plan.json), --upstream URL (any SGLang server), or both")
+    doc = load_plan(plan_file) if plan_file is not None else None
     if upstream is not None:
-        _url(upstream)
+        upstream = _url(upstream)
     if listen is None:
+        if doc is None:
+            raise typer.BadParameter("--listen HOST:PORT is needed without --plan (the plan names the exporter port)")
         listen = f"0.0.0.0:{doc.deployment.ops.exporter_port}"
     host, _, port_s = listen.rpartition(":")
     if not host or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) < 65536:

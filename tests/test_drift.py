@@ -79,3 +79,21 @@ def test_release_build_does_not_report_ddtree_keys(deployed) -> None:
     # ... while what a release does report and differs (EAGLE, tp 8 vs DDTree) is drift
     assert "algorithm" in [d.name for d in drifts]
     assert set(missing) | {d.name for d in drifts} <= set(compared_settings())
+
+
+def test_a_server_restarted_without_speculation_is_drift(deployed) -> None:
+    """Real SGLang 0.5.17 without --speculative-algorithm reports ``speculative_algorithm: null``
+    (tests/fixtures/gpu/sglang-0.5.17-h200-2026-12-01/none/server_info.body): a DDTREE deployment
+    running so is drift on the algorithm, not "not reported"."""
+    from replay import REAL_0517
+
+    doc, info = deployed
+    real_none = json.loads((REAL_0517 / "none" / "server_info.body").read_text())
+    assert "speculative_algorithm" in real_none and real_none["speculative_algorithm"] is None
+    info = copy.deepcopy(info)
+    info["speculative_algorithm"] = None
+    drifts, missing = find_drift(doc, info)
+    assert [(d.name, d.running) for d in drifts if d.name == "algorithm"] == [("algorithm", "none")]
+    assert "algorithm" not in missing
+    # ... and the real no-speculation server itself, against the DDTREE plan
+    assert "algorithm" in [d.name for d in find_drift(doc, real_none)[0]]

@@ -134,8 +134,11 @@ def find_drift(plan_doc: PlanDoc | dict[str, Any], server_info: dict[str, Any]) 
             continue
         key, running = _first(server_info, s.keys)
         if running is _MISSING:
-            # disable_cuda_graph absent means graphs on (the SGLang default)
-            if s.name == "cuda_graphs" and key in server_info:
+            # A key that is there with null is a value for these two: disable_cuda_graph null
+            # means graphs on (the SGLang default), and speculative_algorithm null means no
+            # speculation (real 0.5.17 without --speculative-algorithm reports null): a DDTREE
+            # deployment restarted without speculation is drift, not "not reported".
+            if s.name in ("cuda_graphs", "algorithm") and key in server_info:
                 running = server_info[key]
             else:
                 missing.append(s.name)

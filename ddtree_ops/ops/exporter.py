@@ -11,7 +11,12 @@ poller stuck for any reason). Answers that are not valid SGLang metrics (non-fin
 non-numeric values in the families read, over the cap, not HTTP) make ``ddtree_up 0``.
 
 Metric names are a contract (alert rules, dashboard, tests rely on them); every series
-carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``. The
+carries the labels ``host``, ``host_class``, ``model`` from the host's ``plan.json``. Without a
+plan (``ddtree-ops exporter --upstream URL``, an operator pointing it at any server) the labels
+come from the server: ``host`` is the upstream's ``HOST:PORT``, ``host_class`` is empty,
+``model`` and the ``ddtree_deployment_info`` labels are read from ``/server_info``
+(:func:`identity_from_server`); the series only a plan can give (the floor, drift) are absent,
+never invented. The
 exporter's one table of them is :data:`METRICS` (name, help, extra labels); in words:
 
 =========================================  =====================================================
@@ -127,7 +132,7 @@ class Identity:
     Attributes:
         labels: values of :data:`LABELS`.
         info: values of :data:`INFO_LABELS` (strings; ``""`` where not applicable).
-        floor: ``ddtree_ops.accept_length_floor`` (tokens per verify pass).
+        floor: ``ddtree_ops.accept_length_floor`` (tokens per verify pass); None without a plan.
         speculative: the deployment runs speculative decoding (algorithm not ``none``).
         url: the server's base URL from plan.json.
         health_timeout_s: ``ddtree_ops.health_timeout_s``.
@@ -135,7 +140,7 @@ class Identity:
 
     labels: tuple[str, str, str]
     info: tuple[str, ...]
-    floor: float
+    floor: float | None
     speculative: bool
     url: str
     health_timeout_s: float
@@ -159,6 +164,46 @@ def identity_from_plan(doc: PlanDoc | dict[str, Any]) -> Identity:
     return Identity(labels=(doc.host, doc.host_class, doc.model_name), info=info,
                     floor=d.ops.accept_length_floor, speculative=p.algorithm != "none", url=doc.url,
                     health_timeout_s=d.ops.health_timeout_s)
+
+
+NO_PLAN_HEALTH_TIMEOUT_S = 5.0
+"""``/health`` deadline without a plan: the default of ``ddtree-ops health`` without one."""
+
+LABEL_CHARS = 200
+"""Longest label value taken from a server (a hostile one cannot make every series huge)."""
+
+
+def _server_label(value: Any) -> str:
+    """A label value from a ``/server_info`` field: strings and integers as text (cut to
+    :data:`LABEL_CHARS`, control characters dropped); anything else empty."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return ""
+    return "".join(ch for ch in str(value) if ch.isprintable())[:LABEL_CHARS]
+
+
+def identity_from_server(url: str, server_info: dict[str, Any] | None) -> Identity:
+    """Labels and sizes of a server the exporter watches without a plan, from what it says.
+
+    ``host`` is the upstream's ``HOST:PORT``; ``model`` is ``served_model_name`` (else
+    ``model_path``); the info labels are the server's ``speculative_algorithm`` (``none``
+    without speculation), ``speculative_ddtree_budget``, block size
+    (``speculative_dflash_block_size``, else ``speculative_num_draft_tokens``), ``tp_size`` and
+    ``version``; the per-request sizes a plan derives are empty. ``speculative`` is False until
+    the server has said otherwise; no floor.
+    """
+    info = server_info if isinstance(server_info, dict) else {}
+    hostport = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    model = _server_label(info.get("served_model_name")) or _server_label(info.get("model_path"))
+    algo = info.get("speculative_algorithm")
+    speculative = algo not in (None, "", "NONE", "none")
+    block = info.get("speculative_dflash_block_size") or (info.get("speculative_num_draft_tokens") if speculative
+                                                           else None)
+    labels = (_server_label(hostport), "", model)
+    return Identity(labels=labels,
+                    info=(_server_label(algo).upper() if speculative else "none",
+                          _server_label(info.get("speculative_ddtree_budget")), _server_label(block), "", "",
+                          _server_label(info.get("tp_size")), _server_label(info.get("version"))),
+                    floor=None, speculative=speculative, url=url, health_timeout_s=NO_PLAN_HEALTH_TIMEOUT_S)
 
 
 @dataclass
@@ -188,7 +233,7 @@ class Sample:
 class _State:
     last: Sample | None = None
     last_good_t: float | None = None
-    window: deque = field(default_factory=deque)  # (t, gen_tokens, verify_calls)
+    window: deque = field(default_factory=deque)  # (t, gen_tokens, verify_calls or None)
     good_since: float | None = None  # t of the first sample of the current run of good polls
     frozen_since: tuple[float, float] | None = None  # (t, progress) of the first busy sample with these counters
 
@@ -239,7 +284,9 @@ class Exporter:
 
     Args:
         plan_doc: the host's plan.json (:class:`~ddtree_ops.config.plandoc_model.PlanDoc`, or a
-            rendered document checked into one): labels, sizes, floor, drift reference.
+            rendered document checked into one): labels, sizes, floor, drift reference. None:
+            no plan, labels from the server (:func:`identity_from_server`); ``upstream`` is then
+            required.
         registry: where to register the collector (default: a new ``CollectorRegistry``);
             injectable for tests and embedding.
         upstream: SGLang base URL (default: plan.json's ``url``).
@@ -261,17 +308,21 @@ class Exporter:
 
     Raises:
         PlanError: plan_doc is not a plan document, or a field breaks its rule.
+        ValueError: neither a plan nor an upstream.
     """
 
     STALE_POLLS = 3
     """Poll intervals (plus one poll's bound) after which the last sample counts as none."""
 
-    def __init__(self, plan_doc: PlanDoc | dict[str, Any], registry: CollectorRegistry | None = None,
+    def __init__(self, plan_doc: PlanDoc | dict[str, Any] | None, registry: CollectorRegistry | None = None,
                  upstream: str | None = None,
                  poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
                  stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.plan_doc = as_plan_doc(plan_doc)
-        self.identity = identity_from_plan(self.plan_doc)
+        if plan_doc is None and not upstream:
+            raise ValueError("the exporter needs a plan.json or an upstream URL")
+        self.plan_doc = as_plan_doc(plan_doc) if plan_doc is not None else None
+        self.identity = (identity_from_plan(self.plan_doc) if self.plan_doc is not None
+                         else identity_from_server(str(upstream).rstrip("/"), None))
         self.upstream = (upstream or self.identity.url).rstrip("/")
         self.poll_interval_s = poll_interval_s
         self.window_s = window_s
@@ -343,6 +394,8 @@ class Exporter:
 
     def _record(self, s: Sample) -> None:
         with self._lock:
+            if self.plan_doc is None and s.server_info is not None:
+                self.identity = identity_from_server(self.upstream, s.server_info)
             st = self._state
             st.last = s
             if not s.up:
@@ -355,9 +408,13 @@ class Exporter:
                 st.frozen_since = None
             elif st.frozen_since is None or s.load.progress != st.frozen_since[1]:
                 st.frozen_since = (s.t, s.load.progress)  # busy, and the counters moved (or first busy poll)
-            if s.gen_tokens is not None and s.verify_calls is not None:
-                if st.window and (s.gen_tokens < st.window[-1][1] or s.verify_calls < st.window[-1][2]):
-                    st.window.clear()  # counter reset: SGLang restarted
+            if s.gen_tokens is not None:
+                # A server without speculation exports no verify counter (real 0.5.17): the
+                # token rate needs only the generation counter; acceptance needs both.
+                last = st.window[-1] if st.window else None
+                if last and (s.gen_tokens < last[1] or (s.verify_calls is None) != (last[2] is None)
+                             or (s.verify_calls is not None and s.verify_calls < last[2])):
+                    st.window.clear()  # counter reset (SGLang restarted) or the counter set changed
                 st.window.append((s.t, s.gen_tokens, s.verify_calls))
                 # keep one sample at or before the window start as the baseline
                 while len(st.window) >= 2 and st.window[1][0] <= s.t - self.window_s:
@@ -400,7 +457,8 @@ class Exporter:
         if len(w) < 2:
             return None, None
         (t0, g0, v0), (t1, g1, v1) = w[0], w[-1]
-        dt, dg, dv = t1 - t0, g1 - g0, v1 - v0
+        dt, dg = t1 - t0, g1 - g0
+        dv = v1 - v0 if v0 is not None and v1 is not None else 0.0
         accept = dg / dv if dv > 0 else None
         tps = dg / dt if dt > 0 else None
         finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731 (absurd counters)
@@ -443,7 +501,7 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         e = self.e
-        ident = e.identity
+        ident = e.identity  # one read: without a plan the poller replaces it as the server says more
         lv = list(ident.labels)
         last, last_good = e.snapshot()
         now = e.clock()
@@ -462,7 +520,7 @@ class _Collector(Collector):
         yield gauge("ddtree_ready", 1.0 if (up and last and last.ready) else 0.0)
         since = last_good if last_good is not None else e.started
         yield gauge("ddtree_upstream_staleness_seconds", max(0.0, now - since))
-        yield gauge("ddtree_accept_length_floor", ident.floor)
+        yield gauge("ddtree_accept_length_floor", ident.floor)  # absent without a plan
         info = gauge("ddtree_deployment_info", None)
         info.add_metric([*lv, *ident.info], 1.0)
         yield info
@@ -475,7 +533,7 @@ class _Collector(Collector):
 
         drift = gauge("ddtree_config_drift", None)
         per = gauge("ddtree_config_drift_settings", None)
-        if server_info is not None:
+        if server_info is not None and e.plan_doc is not None:
             try:
                 drifts, missing = find_drift(e.plan_doc, server_info)
             except (KeyError, TypeError):

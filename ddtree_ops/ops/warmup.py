@@ -10,8 +10,16 @@ What runs (``ddtree-ops warmup``, and the unit's ``ExecStartPost`` before it is 
 * For each batch size ``bs``, two rounds of ``bs`` concurrent ``/generate`` requests (so
   the scheduler forms a decode batch of that size): a **greedy** round (temperature 0) and
   a **sampled** round (temperature 0.7); requests alternate a **short** and a **long**
-  prompt (``long_prompt_words`` words, a multi-chunk prefill), so that even ``bs = 1``
-  sees both.
+  prompt, so that even ``bs = 1`` sees both. The long prompt is as long as the server's
+  context allows (:func:`long_prompt_limit`), at most ``long_prompt_words`` words.
+* **The context** comes from the server: one bounded ``/server_info`` read at the start gives
+  ``context_length`` and the tokens SGLang reserves for speculation
+  (:func:`server_limits`); the plan's ``context_length`` stands in when the server does not
+  say. Words are not tokens: the long prompt is sized for a byte-level tokenizer, one token
+  per UTF-8 byte, the most any BPE tokenizer makes of text. A server that still answers
+  that the prompt is "longer than the model's context length" (SGLang
+  ``tokenizer_manager.py`` ``_validate_one_request``, HTTP 400) gets the prompt cut to fit
+  the token count it named and the round sent again, at most :data:`MAX_BACKOFFS` times.
 * For a **vision** model (``ddtree_model.vision``), one ``/v1/chat/completions`` request
   with a PNG image of at least ``vision_min_pixels`` pixels (made in-process by
   :func:`make_png`, stdlib ``zlib`` only), after the text batches.
@@ -33,6 +41,7 @@ import base64
 import json
 import math
 import os
+import re
 import struct
 import tempfile
 import time
@@ -44,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..sglang.client import SGLangError, async_client, fetch, generate_cap, preview
+from ..sglang.client import SERVER_INFO_PATHS, SGLangError, async_client, fetch, generate_cap, preview
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc, PlanSizes
@@ -56,7 +65,23 @@ LONG_PARAGRAPH = (
     "zero, one, two, large primes, Carmichael numbers and the cost of trial division versus Miller-Rabin."
 )
 DEFAULT_LONG_PROMPT_WORDS = 1024
-"""Words in the long prompt (a real tokenizer makes ~1.3 tokens of each): several prefill chunks."""
+"""Most words in the long prompt (real SGLang 0.5.17 with a 4096-token byte-level BPE made 2089
+tokens of 1024 of these words: ~2 tokens a word); the server's context cuts it further."""
+
+SPECIAL_TOKENS_MARGIN = 16
+"""Tokens left for what a tokenizer adds to any text (BOS/EOS and the like): a handful."""
+
+SERVER_INFO_DEADLINE_S = 10.0
+"""Bound on the one ``/server_info`` read at the start (each of its paths), seconds."""
+
+MAX_BACKOFFS = 3
+"""How often a long prompt refused as too long for the context is cut and the round resent."""
+
+_TOO_LONG = re.compile(r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"
+                       r"|maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: "
+                       r"(\d+) tokens from the input")
+"""SGLang's two context-length refusals (0.5.17 ``tokenizer_manager.py`` ``_validate_one_request``):
+the input alone, or input plus ``max_new_tokens``; the numbers name the tokens it counted."""
 
 EAGER_FALLBACK_BS = [1, 2, 4, 8]
 TEMPERATURES = (("greedy", 0.0), ("sampled", 0.7))
@@ -64,6 +89,43 @@ TEMPERATURES = (("greedy", 0.0), ("sampled", 0.7))
 
 class WarmupError(Exception):
     """A warmup request failed (server down, crashed or answered an error) or the deadline passed."""
+
+
+class _TooLong(WarmupError):
+    """The server refused a prompt as longer than its context: ``tokens`` is its count of the
+    input, ``context`` the context length it named."""
+
+    def __init__(self, message: str, tokens: int, context: int) -> None:
+        super().__init__(message)
+        self.tokens, self.context = tokens, context
+
+
+@dataclass
+class _Long:
+    """The long prompt as it is now (cut by refusals during the run)."""
+
+    words: int
+    max_bytes: int | None
+    max_new_tokens: int
+    reserved_tokens: int
+    text: str = ""
+    backoffs: int = 0
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        self.text = long_prompt(self.words, self.max_bytes)
+
+    def cut(self, refusal: _TooLong) -> bool:
+        """Shorten the prompt to fit the context the server named, by the ratio of the token
+        count it gave; False when no more back-offs are allowed or nothing can be cut."""
+        size = len(self.text.encode())
+        if self.backoffs >= MAX_BACKOFFS or size <= 1 or refusal.tokens <= 0:
+            return False
+        budget = long_prompt_limit(refusal.context, self.max_new_tokens, self.reserved_tokens) or 1
+        self.max_bytes = max(1, min(size - 1, size * budget // refusal.tokens))
+        self.text = long_prompt(self.words, self.max_bytes)
+        self.backoffs += 1
+        return True
 
 
 @dataclass
@@ -92,11 +154,21 @@ class BatchResult:
 
 @dataclass
 class WarmupReport:
-    """The whole warmup (``--json``'s ``report``; also the warm marker's content)."""
+    """The whole warmup (``--json``'s ``report``; also the warm marker's content).
+
+    ``context_length`` / ``context_source``: the context the long prompt was sized for and
+    where it was read (server or plan); ``long_prompt_bytes``: the long prompt's size as
+    sent last; ``long_prompt_tokens``: the server's token count of it (``meta_info``);
+    ``long_prompt_backoffs``: how often it was cut after a context-length refusal."""
 
     url: str
     batch_sizes: list[int]
     batch_sizes_source: str = ""
+    context_length: int | None = None
+    context_source: str = ""
+    long_prompt_bytes: int = 0
+    long_prompt_tokens: int | None = None
+    long_prompt_backoffs: int = 0
     results: list[BatchResult] = field(default_factory=list)
     elapsed_s: float = 0.0
     finished_at: float = 0.0
@@ -114,12 +186,15 @@ class WarmupPlan:
         source: one line saying where the sizes come from.
         vision_min_pixels: send an image of at least this many pixels; None for text-only.
         context_length: the model's context (tokens) if the deployment states it.
+        from_server: no plan: take the batch sizes from the server's ``/server_info``
+            (:func:`limits_from_server_info`); ``batch_sizes`` is the fallback when it says none.
     """
 
     batch_sizes: list[int]
     source: str
     vision_min_pixels: int | None = None
     context_length: int | None = None
+    from_server: bool = False
 
 
 def _powers_up_to(limit: int) -> list[int]:
@@ -211,10 +286,100 @@ def image_data_url(min_pixels: int) -> tuple[str, int, int]:
 
 
 # ---------------------------------------------------------------- requests
-def long_prompt(words: int) -> str:
-    """A prompt of exactly ``words`` whitespace-separated words (>= 1)."""
+def long_prompt(words: int, max_bytes: int | None = None) -> str:
+    """A prompt of ``words`` whitespace-separated words (>= 1), cut at a word boundary to at
+    most ``max_bytes`` UTF-8 bytes when given (at least one word is kept)."""
     base = LONG_PARAGRAPH.split()
-    return " ".join(base[i % len(base)] for i in range(max(1, words)))
+    text = " ".join(base[i % len(base)] for i in range(max(1, words)))
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        cut = text.encode()[:max(1, max_bytes) + 1].decode("utf-8", "ignore")
+        text = cut.rsplit(" ", 1)[0] if " " in cut.rstrip() else base[0]
+    return text
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the server says bounds a request (None: not said).
+
+    Attributes:
+        context_length: ``/server_info`` ``context_length`` (tokens).
+        reserved_tokens: output slots SGLang reserves per request on top of its input:
+            0.5.17 ``managers/utils.py`` ``compute_num_reserved_tokens`` counts, for the
+            EAGLE family, ``max(topk * num_steps, max_speculative_num_draft_tokens)``; taken
+            here for any speculative server (it only makes the prompt shorter).
+    """
+
+    context_length: int | None = None
+    reserved_tokens: int = 0
+    batch_sizes: tuple[int, ...] = ()
+    batch_sizes_source: str = ""
+
+
+def _server_batch_sizes(info: dict[str, Any], pos_int: Callable[[str], int | None]) -> tuple[list[int], str]:
+    """Batch sizes a server runs, from what its ``/server_info`` reports: the decode capture
+    list when resolved there (``cuda_graph_bs_decode``; ``cuda_graph_bs`` up to 0.5.13), else
+    powers of two up to the capture maximum (``cuda_graph_max_bs_decode`` / ``cuda_graph_max_bs``)
+    or ``max_running_requests``; ``([], "")`` when it reports none of them."""
+    for key in ("cuda_graph_bs_decode", "cuda_graph_bs"):
+        v = info.get(key)
+        if (isinstance(v, list) and v and len(v) <= 4096
+                and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096 for x in v)):
+            return sorted(set(v)), f"server /server_info {key}: the {len(set(v))} captured batch sizes"
+    for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs", "max_running_requests"):
+        v = pos_int(key)
+        if v is not None and v <= 4096:
+            return _powers_up_to(v), f"server /server_info: powers of two up to {key}={v}, plus {v}"
+    return [], ""
+
+
+def limits_from_server_info(info: Any) -> ServerLimits:
+    """:class:`ServerLimits` from a ``/server_info`` object; fields that are absent or not
+    positive integers are left unset (a hostile server cannot make the prompt longer than the
+    plan or the default allows: the smaller bound wins, see :func:`long_prompt_limit`)."""
+    if not isinstance(info, dict):
+        return ServerLimits()
+
+    def pos_int(key: str) -> int | None:
+        v = info.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_COUNT else None
+
+    reserved = 0
+    if info.get("speculative_algorithm") not in (None, "", "NONE", "none"):
+        topk, steps = pos_int("speculative_eagle_topk") or 0, pos_int("speculative_num_steps") or 0
+        reserved = max(topk * steps, pos_int("speculative_num_draft_tokens") or 0,
+                       pos_int("max_speculative_num_draft_tokens") or 0)
+    sizes, source = _server_batch_sizes(info, pos_int)
+    return ServerLimits(pos_int("context_length"), min(reserved, 1 << 20), tuple(sizes), source)
+
+
+def long_prompt_limit(context_length: int | None, max_new_tokens: int, reserved_tokens: int = 0) -> int | None:
+    """Most UTF-8 bytes of the long prompt for a context of ``context_length`` tokens: one
+    token per byte (byte-level BPE's worst case) leaves room for the answer, SGLang's reserved
+    speculative slots and :data:`SPECIAL_TOKENS_MARGIN`. None when the context is unknown;
+    at least 1."""
+    if context_length is None:
+        return None
+    return max(1, context_length - max_new_tokens - reserved_tokens - SPECIAL_TOKENS_MARGIN)
+
+
+async def _server_limits(client: httpx.AsyncClient, deadline_s: float) -> ServerLimits:
+    """One read of ``/server_info`` (``/get_server_info`` on older builds), both within
+    ``deadline_s`` in all, for :class:`ServerLimits`; an empty one when neither answers a JSON
+    object in time (the plan's context or the refusal back-off then bound the prompt)."""
+    end = time.monotonic() + deadline_s
+    for path in SERVER_INFO_PATHS:
+        try:
+            r = await fetch(client, "GET", path, end - time.monotonic())
+        except SGLangError:
+            return ServerLimits()
+        if r.status == 200:
+            try:
+                return limits_from_server_info(r.json())
+            except SGLangError:
+                return ServerLimits()
+        if r.status != 404:
+            break
+    return ServerLimits()
 
 
 async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str, deadline_s: float, cap: int) -> Any:
@@ -230,6 +395,10 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict, where: str, de
         hint = "" if exc.reachable else " (server crashed, restarted or unreachable)"
         raise WarmupError(f"{where}: {path} failed: {exc.what}{hint}") from None
     if r.status != 200:
+        m = _TOO_LONG.search(r.body[:4096].decode("utf-8", "replace")) if r.status == 400 else None
+        if m:
+            tokens, context = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(4)), int(m.group(3)))
+            raise _TooLong(f"{where}: {path} answered HTTP {r.status}: {preview(r.body)}", tokens, context)
         raise WarmupError(f"{where}: {path} answered HTTP {r.status}: {preview(r.body)}")
     try:
         return r.json()
@@ -297,23 +466,34 @@ async def _gather(jobs: list) -> list[dict]:
     return outs  # type: ignore[return-value]
 
 
-async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, long_text: str,
+async def _text_batch(client: httpx.AsyncClient, bs: int, max_new_tokens: int, long: _Long,
                       end: float) -> BatchResult:
     t0 = time.monotonic()
-    metas: list[dict] = []
+    metas: list[tuple[dict, str]] = []
     rounds: dict[str, float] = {}
     cap = generate_cap(max_new_tokens)
     for r_i, (name, temp) in enumerate(TEMPERATURES):
         where = f"batch size {bs} ({name} round)"
         tr = time.monotonic()
-        jobs = [_generate(client, {
-            "text": long_text if (i + r_i) % 2 else SHORT_PROMPT,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temp,
-                                "ignore_eos": True},
-        }, where, end - time.monotonic(), cap) for i in range(bs)]
-        outs = await _gather(jobs)
+        while True:
+            is_long = [bool((i + r_i) % 2) for i in range(bs)]
+            jobs = [_generate(client, {
+                "text": long.text if is_long[i] else SHORT_PROMPT,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temp,
+                                    "ignore_eos": True},
+            }, where, end - time.monotonic(), cap) for i in range(bs)]
+            try:
+                outs = await _gather(jobs)
+                break
+            except _TooLong as exc:
+                if not long.cut(exc):
+                    raise WarmupError(f"{exc} (the long prompt was cut {long.backoffs} times and still did not "
+                                      "fit: a tokenizer that makes more than one token per byte?)") from None
         rounds[name] = round(time.monotonic() - tr, 4)
         metas += [(o, where) for o in outs]
+        for o, lg in zip(outs, is_long, strict=True):
+            if lg and long.tokens is None:
+                long.tokens = _count(o, "prompt_tokens", where) or None
     als = [x for x in (_accept(m, w) for m, w in metas) if x is not None]
     return BatchResult(
         batch_size=bs, kind="text", requests=len(metas), latency_s=round(time.monotonic() - t0, 4),
@@ -346,30 +526,42 @@ async def _vision(client: httpx.AsyncClient, min_pixels: int, max_new_tokens: in
 
 
 async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int, long_prompt_words: int,
-               on_progress: Callable[[BatchResult], None] | None) -> WarmupReport:
-    report = WarmupReport(url, list(wp.batch_sizes), wp.source)
+               on_progress: Callable[[BatchResult], None] | None,
+               on_start: Callable[[WarmupPlan, WarmupReport], None] | None = None) -> WarmupReport:
     t0 = time.monotonic()
-    words = long_prompt_words
-    if wp.context_length:  # leave room for the answer (words ~ tokens, conservatively)
-        words = max(1, min(words, (wp.context_length - max_new_tokens) // 2))
-    long_text = long_prompt(words)
     end = t0 + deadline_s
+    async with async_client(url, max_connections=4) as info_client:
+        limits = await _server_limits(info_client, min(SERVER_INFO_DEADLINE_S, deadline_s))
+    if wp.from_server and limits.batch_sizes:
+        wp = WarmupPlan(list(limits.batch_sizes), limits.batch_sizes_source, wp.vision_min_pixels, wp.context_length)
+    report = WarmupReport(url, list(wp.batch_sizes), wp.source)
     steps: list[tuple[str, int]] = [("text", bs) for bs in wp.batch_sizes]
     if wp.vision_min_pixels:
         steps.append(("vision", 1))
     async with async_client(url, max_connections=max(wp.batch_sizes or [1]) + 4) as client:
+        known = [(c, src) for c, src in ((limits.context_length, "server /server_info"),
+                                         (wp.context_length, "plan")) if c is not None]
+        context, report.context_source = min(known) if known else (None, "unknown (back-off on refusal)")
+        report.context_length = context
+        long = _Long(long_prompt_words, long_prompt_limit(context, max_new_tokens, limits.reserved_tokens),
+                     max_new_tokens, limits.reserved_tokens)
+        report.long_prompt_bytes = len(long.text.encode())
+        if on_start:
+            on_start(wp, report)
         for kind, bs in steps:
             left = deadline_s - (time.monotonic() - t0)
             what = f"batch size {bs}" if kind == "text" else "the vision request"
             if left <= 0:
                 raise WarmupError(f"deadline of {deadline_s:g} s passed before {what}")
-            coro = (_text_batch(client, bs, max_new_tokens, long_text, end) if kind == "text"
+            coro = (_text_batch(client, bs, max_new_tokens, long, end) if kind == "text"
                     else _vision(client, wp.vision_min_pixels or 1, max_new_tokens, end))
             try:
                 res = await asyncio.wait_for(coro, timeout=left)
             except TimeoutError:
                 raise WarmupError(f"deadline of {deadline_s:g} s passed during {what}") from None
             report.results.append(res)
+            report.long_prompt_bytes, report.long_prompt_tokens = len(long.text.encode()), long.tokens
+            report.long_prompt_backoffs = long.backoffs
             if on_progress:
                 on_progress(res)
     report.elapsed_s = round(time.monotonic() - t0, 3)
@@ -379,7 +571,8 @@ async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int,
 
 def warmup(url: str, batch_sizes: list[int] | WarmupPlan, deadline_s: float = 600.0, max_new_tokens: int = 32,
            on_progress: Callable[[BatchResult], None] | None = None,
-           long_prompt_words: int = DEFAULT_LONG_PROMPT_WORDS) -> WarmupReport:
+           long_prompt_words: int = DEFAULT_LONG_PROMPT_WORDS,
+           on_start: Callable[[WarmupPlan, WarmupReport], None] | None = None) -> WarmupReport:
     """Drive ``url`` through every batch size, in order (then the vision request, if any).
 
     Args:
@@ -388,13 +581,14 @@ def warmup(url: str, batch_sizes: list[int] | WarmupPlan, deadline_s: float = 60
         deadline_s: bound on the whole warmup, seconds.
         max_new_tokens: tokens generated per request (``ignore_eos``: exactly this many).
         on_progress: called after each batch size.
-        long_prompt_words: words of the long prompt (capped by the context length).
+        long_prompt_words: most words of the long prompt (the context cuts it further).
+        on_start: called once the batch sizes and the context are known, before the first batch.
 
     Raises:
         WarmupError: a request failed (names the batch size and round) or the deadline passed.
     """
     wp = batch_sizes if isinstance(batch_sizes, WarmupPlan) else WarmupPlan(list(batch_sizes), "given")
-    return asyncio.run(_run(url, wp, deadline_s, max_new_tokens, long_prompt_words, on_progress))
+    return asyncio.run(_run(url, wp, deadline_s, max_new_tokens, long_prompt_words, on_progress, on_start))
 
 
 def write_marker(path: Path, report: WarmupReport) -> None:
