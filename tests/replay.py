@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 TOKENIZER = REPO / "scripts" / "gpu-acceptance" / "models" / "tiny-llama" / "tokenizer.json"
 REAL_0517 = GPU_FIXTURES / "sglang-0.5.17-h200-2026-12-01"
+ACCEPTANCE_0517 = GPU_FIXTURES / "acceptance-sglang-0.5.17-h200-2026-12-02"
+"""The GPU acceptance run's recording: the same three servers captured again, plus the product's steps."""
 
 GET_ENDPOINTS = ("health", "health_generate", "model_info", "server_info", "get_server_info", "v1/models",
                  "get_model_info")

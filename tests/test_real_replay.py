@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from replay import REAL_0517, Replay
+from replay import ACCEPTANCE_0517, REAL_0517, Replay
 
 from ddtree_ops.cli import main
 from ddtree_ops.ops.warmup import (
@@ -27,6 +27,7 @@ from ddtree_ops.ops.warmup import (
 )
 
 SERVERS = ("eagle3", "dflash", "none")
+RECORDINGS = (REAL_0517, ACCEPTANCE_0517)
 
 
 def test_the_replay_reproduces_the_real_refusal():
@@ -43,12 +44,13 @@ def test_the_replay_reproduces_the_real_refusal():
         assert json.dumps(answer["error"]["message"])[1:-1] in recorded.replace('\\"', '"')
 
 
+@pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: p.name)
 @pytest.mark.parametrize("name", SERVERS)
-def test_warmup_without_a_plan_fits_the_real_servers_context(name, capsys):
+def test_warmup_without_a_plan_fits_the_real_servers_context(recording, name, capsys):
     """No plan, no --batch-sizes: the batch sizes and the context come from the server's
     /server_info (cuda_graph_max_bs_decode 8 -> 1, 2, 4, 8; context 2048), the long prompt is
     sized so that no tokenizer makes more tokens of it than fit, and the warmup passes."""
-    with Replay(REAL_0517 / name) as r:
+    with Replay(recording / name) as r:
         rc = main(["warmup", r.url, "--json"])
         out = json.loads(capsys.readouterr().out)
         assert rc == 0, out
@@ -125,8 +127,9 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
+@pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: p.name)
 @pytest.mark.parametrize("name", SERVERS)
-def test_exporter_runs_from_the_upstream_alone(name):
+def test_exporter_runs_from_the_upstream_alone(recording, name):
     """``exporter --upstream URL`` without a plan: labels from the server (model from
     served_model_name, sglang_version from /server_info), plan-only series (floor, drift)
     absent rather than invented; up/ready/speculative from the real answers."""
@@ -134,7 +137,7 @@ def test_exporter_runs_from_the_upstream_alone(name):
 
     from ddtree_ops.ops.exporter import Exporter
 
-    with Replay(REAL_0517 / name) as r:
+    with Replay(recording / name) as r:
         e = Exporter(None, upstream=r.url, poll_interval_s=0.2, window_s=60, timeout_s=3)
         for _ in range(3):
             e.poll_once()
@@ -183,3 +186,33 @@ def test_exporter_cli_starts_without_a_plan(tmp_path):
             p.wait(10)
     assert 'ddtree_up{host="127.0.0.1:' in text and 'model="tiny-llama"' in text
     assert main(["exporter", "--listen", "127.0.0.1:0"]) == 2
+
+
+def test_the_acceptance_run_on_the_gpu_passed_warmup_and_exported_what_the_server_did():
+    """What the product itself did against the real servers in the recorded GPU acceptance run
+    (scripts/gpu-acceptance/run.sh): warmup without a plan passed on all three servers with the
+    context read from the server, and the exporters run from --upstream alone exported the real
+    acceptance (EAGLE3 with random draft weights ~1.0: a collapse; DFLASH forced to 3.0) and a
+    token rate for the baseline, which has no verify counter."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    steps = {line.split("\t")[0]: line.split("\t")[1] for line in
+             (ACCEPTANCE_0517 / "steps.tsv").read_text().splitlines() if line.count("\t") == 2}
+    for n in SERVERS:
+        assert steps[f"warmup_{n}"] == "0" and steps[f"health_{n}"] == "0"
+        report = json.loads((ACCEPTANCE_0517 / f"warmup_{n}.txt").read_text())["report"]
+        assert report["context_source"] == "server /server_info" and report["long_prompt_backoffs"] == 0
+        assert report["long_prompt_tokens"] + 32 < report["context_length"]
+
+    def seen(port: int, family: str) -> list[float]:
+        vals = []
+        for f in sorted(ACCEPTANCE_0517.glob(f"exporter_{port}_*.txt")):
+            for fam in text_string_to_metric_families(f.read_text()):
+                vals += [s.value for s in fam.samples if fam.name == family]
+        return vals
+
+    eagle3, dflash = seen(19400, "ddtree_accept_length"), seen(19402, "ddtree_accept_length")
+    assert eagle3 and all(0.9 <= v < 1.1 for v in eagle3), eagle3
+    assert dflash and all(2.9 <= v <= 3.1 for v in dflash), dflash
+    assert seen(19401, "ddtree_accept_length") == []
+    assert max(seen(19401, "ddtree_generation_tokens_per_second")) > 0
