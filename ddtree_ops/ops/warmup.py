@@ -72,7 +72,8 @@ SPECIAL_TOKENS_MARGIN = 16
 """Tokens left for what a tokenizer adds to any text (BOS/EOS and the like): a handful."""
 
 SERVER_INFO_DEADLINE_S = 10.0
-"""Bound on the one ``/server_info`` read at the start (each of its paths), seconds."""
+"""Bound on the one ``/server_info`` read at the start (both paths together; a quarter of the
+warmup's deadline when that is less), seconds."""
 
 MAX_BACKOFFS = 3
 """How often a long prompt refused as too long for the context is cut and the round resent."""
@@ -531,7 +532,9 @@ async def _run(url: str, wp: WarmupPlan, deadline_s: float, max_new_tokens: int,
     t0 = time.monotonic()
     end = t0 + deadline_s
     async with async_client(url, max_connections=4) as info_client:
-        limits = await _server_limits(info_client, min(SERVER_INFO_DEADLINE_S, deadline_s))
+        # a quarter of the deadline at most: a server that never answers /server_info still leaves
+        # the batches most of their time (and their own error)
+        limits = await _server_limits(info_client, min(SERVER_INFO_DEADLINE_S, deadline_s / 4))
     if wp.from_server and limits.batch_sizes:
         wp = WarmupPlan(list(limits.batch_sizes), limits.batch_sizes_source, wp.vision_min_pixels, wp.context_length)
     report = WarmupReport(url, list(wp.batch_sizes), wp.source)

@@ -22,7 +22,7 @@ step() {  # step NAME TIMEOUT CMD...: run, keep its output in NAME.txt, record r
   printf '%s\t%s\t%s\n' "$n" "$rc" "$(python3 -c "print(round($(date +%s.%N)-$s,2))")" >> $A/steps.tsv
   echo "step $n rc=$rc"
 }
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
+{ date -u +%FT%TZ; nvidia-smi -L
   python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
   git -C "$R" rev-parse HEAD 2>/dev/null || echo "no git"; } > $A/versions.txt 2>&1
 step plugin_describe 120 python3 -c "import json; from ddtree_ops.sglang import plugin; print(json.dumps(plugin.describe(), indent=1))"

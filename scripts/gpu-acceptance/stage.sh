@@ -16,7 +16,7 @@ case $N in
 1)
   cp -f "$D"/*.whl "$D"/SHA256SUMS.call1 /tmp/whl/ && (cd /tmp/whl && sha256sum -c --quiet SHA256SUMS.call1) \
     && echo "stage 1 ok: $(ls /tmp/whl/*.whl | wc -l) wheels in /tmp/whl" || { echo "STAGE 1: copy or checksum failed"; exit 2; }
-  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader || true
+  nvidia-smi -L || true
   python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.is_available())"
   df -h /tmp | tail -1;;
 2)
