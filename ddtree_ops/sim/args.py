@@ -66,6 +66,13 @@ NON_SPEC_RUNNING_LIMIT = 1024  # sim's scheduler limit when max_running_requests
 REQ_POOL_SIZE_UNSET = 4096  # req_to_token_pool size the capture runner clamps to
 
 
+LOAD_FORMAT_CHOICES = [
+    "auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "presharded", "gguf", "bitsandbytes",
+    "mistral", "layered", "flash_rl", "remote", "remote_instance", "fastsafetensors", "private", "runai_streamer",
+]
+"""``--load-format`` / ``--speculative-draft-load-format`` choices of SGLang 0.5.17 (``LOAD_FORMAT_CHOICES``)."""
+
+
 class SimArgumentError(ValueError):
     """Raised by resolution for argv that SGLang would refuse after parsing."""
 
@@ -172,6 +179,8 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--disable-radix-cache", action="store_true")
     a("--disable-overlap-schedule", action="store_true")
     a("--enable-mixed-chunk", action="store_true")
+    if ver >= (0, 5, 17):  # read in 0.5.17's server_args (0.5.23 has it too; 0.5.13.post1 not checked)
+        a("--mm-feature-transport", type=str, default=None, choices=["cpu", "cuda_ipc"])
     # Parallelism
     a("--tensor-parallel-size", "--tp-size", type=int, default=1, dest="tp_size")
     a("--pipeline-parallel-size", "--pp-size", type=int, default=1, dest="pp_size")
@@ -214,6 +223,8 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--speculative-draft-model-path", "--speculative-draft-model", type=str, default=None,
       dest="speculative_draft_model_path")
     a("--speculative-draft-model-revision", type=str, default=None)
+    if ver >= (0, 5, 17):  # read in 0.5.17's server_args (0.5.23 has it too; 0.5.13.post1 not checked)
+        a("--speculative-draft-load-format", type=str, default=None, choices=LOAD_FORMAT_CHOICES)
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
@@ -627,11 +638,25 @@ def _resolve_eagle(sa: dict[str, Any], algo: str, ver: tuple[int, int, int], war
         _warn(warnings, "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
               "when speculative_eagle_topk == 1")
         sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
-    spec_v2 = ver >= (0, 5, 20) and sa["speculative_eagle_topk"] == 1
+    if ver >= (0, 5, 20):
+        # kept from before: 0.5.23 resolves topk 1 to the overlap scheduler (spec v2), checked by
+        # tests/peer against the real 0.5.23 for topk 1; its topk > 1 rule is not read from its code
+        spec_v2 = sa["speculative_eagle_topk"] == 1
+    else:
+        # 0.5.17 (arg_groups/speculative_hook.py _handle_eagle_family): SGLANG_ENABLE_SPEC_V2 is
+        # gone and spec v2 always runs; only --disable-overlap-schedule (or a CPU device) turns the
+        # overlap off ("Non-overlap (synchronous) spec v2"). Older releases are not modelled apart.
+        spec_v2 = ver >= (0, 5, 17)
+    if sa["device"] == "cpu" and not sa["disable_overlap_schedule"]:
+        sa["disable_overlap_schedule"] = True
+        _warn(warnings, "Overlap schedule is not implemented for speculative decoding on CPU.")
     if not spec_v2 and not sa["disable_overlap_schedule"]:
         sa["disable_overlap_schedule"] = True
         _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
               "because overlap schedule is disabled.")
+    elif sa["disable_overlap_schedule"] and (0, 5, 17) <= ver < (0, 5, 20):
+        _warn(warnings, "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
+              "speculative decoding.")
     sa["enable_mixed_chunk"] = False
 
 
@@ -716,11 +741,12 @@ def _resolve_cuda_graphs(sa: dict[str, Any], dialect: str, algo: str | None, cap
         sa["cuda_graph_max_bs"] = max_bs
         sa["cuda_graph_bs"] = server_bs
     else:
-        _resolve_split_graph_config(sa, max_bs, server_bs, decode_disabled)
+        _resolve_split_graph_config(sa, max_bs, server_bs, decode_disabled, dialect)
     return _Graphs(max_bs, server_bs, captured, decode_disabled)
 
 
-def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list[int], decode_disabled: bool) -> None:
+def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list[int], decode_disabled: bool,
+                                dialect: str) -> None:
     """The ``-decode``/``-prefill`` dialect's resolved fields and ``cuda_graph_config``."""
     sa["cuda_graph_max_bs_decode"] = max_bs
     prefill_max = sa["cuda_graph_max_bs_prefill"] or sa["chunked_prefill_size"]
@@ -731,14 +757,20 @@ def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list
     )
     sa.setdefault("disable_decode_cuda_graph", False)
     sa.setdefault("disable_prefill_cuda_graph", False)
-    sa["cuda_graph_config"] = {
-        "decode": {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
-                   "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                   "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-        "prefill": {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
-                    "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                    "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-    }
+    decode = {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
+              "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+              "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None}
+    prefill = {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
+               "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+               "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None}
+    if dialect == "transition":
+        # 0.5.17 (recorded, tests/fixtures/gpu): no max_context_size / max_seq_len, and prefill runs
+        # "breakable" CUDA graphs up to chunked_prefill_size tokens unless they are turned off
+        for phase in (decode, prefill):
+            del phase["max_context_size"], phase["max_seq_len"]
+        prefill_off = sa["disable_cuda_graph"] or sa["disable_prefill_cuda_graph"]
+        prefill["backend"] = "disabled" if prefill_off else "breakable"
+    sa["cuda_graph_config"] = {"decode": decode, "prefill": prefill}
 
 
 def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
@@ -750,4 +782,11 @@ def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
         "grammar_backend": sa["grammar_backend"] or "xgrammar",
     })
     if ver > (0, 5, 13):  # a ServerArgs field in 0.5.23, not in 0.5.13.post1
-        sa["attn_dp_size"] = sa["dp_size"] if sa["enable_dp_attention"] else 1
+        # 0.5.23 reports the resolved size; 0.5.17 reports None (recorded, tests/fixtures/gpu)
+        resolved = sa["dp_size"] if sa["enable_dp_attention"] else 1
+        sa["attn_dp_size"] = resolved if ver >= (0, 5, 20) else None
+    if "mm_feature_transport" in sa and sa["mm_feature_transport"] is None:
+        # 0.5.17 _handle_multimodal_feature_transport: unset resolves to cuda_ipc on one CUDA node
+        # (the simulator stands for a CUDA host), else cpu
+        single_cuda = sa["device"] == "cuda" and sa["nnodes"] == 1
+        sa["mm_feature_transport"] = "cuda_ipc" if single_cuda else "cpu"
