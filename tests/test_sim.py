@@ -261,13 +261,14 @@ def test_generate_single_and_batch(ddtree_sim: Sim) -> None:
     one = post_json(ddtree_sim.base + "/generate",
                     {"text": "the capital of France is", "sampling_params": {"max_new_tokens": 40}})
     meta = one["meta_info"]
-    assert meta["completion_tokens"] == 40 and meta["prompt_tokens"] == 5
+    # the sim's byte-level stand-in tokenizer: a BOS token + one token per 3 UTF-8 bytes
+    assert meta["completion_tokens"] == 40 and meta["prompt_tokens"] == 1 + 8
     assert meta["finish_reason"] == {"type": "length", "length": 40}
     assert meta["spec_verify_ct"] > 0 and 3.0 < meta["spec_accept_length"] <= 8.0
     assert len(one["text"].split()) == 40
     many = post_json(ddtree_sim.base + "/generate",
                      {"text": ["a b", "c d e", "f"], "sampling_params": {"max_new_tokens": 16}})
-    assert isinstance(many, list) and [m["meta_info"]["prompt_tokens"] for m in many] == [2, 3, 1]
+    assert isinstance(many, list) and [m["meta_info"]["prompt_tokens"] for m in many] == [2, 3, 2]
     chat = post_json(ddtree_sim.base + "/v1/chat/completions",
                      {"model": "models/target", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5})
     assert chat["object"] == "chat.completion" and chat["usage"]["completion_tokens"] == 5
