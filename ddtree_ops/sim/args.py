@@ -448,6 +448,8 @@ def parse_args(
         sa["page_size"] = 1
     if sa["attention_backend"] is None:
         sa["attention_backend"] = "triton"
+    if algo in ("DFLASH", "DDTREE") and ver >= (0, 5, 17):
+        _resolve_dflash_draft_attention_backend(sa)
     verify_w, draft_w, max_accept = _widths(sa, algo, block_size, budget)
     captured_w = verify_w
     if algo == "DDTREE" and build == "ddtree-unpatched":
@@ -587,6 +589,18 @@ def _resolve_dflash(
               "(spec v2 is not supported yet).", algo)
     sa["enable_mixed_chunk"] = False
     return block_size
+
+
+DFLASH_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")
+
+
+def _resolve_dflash_draft_attention_backend(sa: dict[str, Any]) -> None:
+    """0.5.17 ``_resolve_dflash_draft_attention_backend``: the draft runs the given backend, else
+    the target's, falling back to flashinfer (CUDA) when that one is none of the supported."""
+    draft = sa["speculative_draft_attention_backend"] or sa["decode_attention_backend"] or sa["attention_backend"]
+    if draft is None or draft not in DFLASH_DRAFT_BACKENDS:
+        draft = "flashinfer"
+    sa["speculative_draft_attention_backend"] = draft
 
 
 def _resolve_ddtree_budget(sa: dict[str, Any], block_size: int) -> int:
@@ -781,10 +795,8 @@ def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
         "sampling_backend": sa["sampling_backend"] or "pytorch",
         "grammar_backend": sa["grammar_backend"] or "xgrammar",
     })
-    if ver > (0, 5, 13):  # a ServerArgs field in 0.5.23, not in 0.5.13.post1
-        # 0.5.23 reports the resolved size; 0.5.17 reports None (recorded, tests/fixtures/gpu)
-        resolved = sa["dp_size"] if sa["enable_dp_attention"] else 1
-        sa["attn_dp_size"] = resolved if ver >= (0, 5, 20) else None
+    if ver >= (0, 5, 20):  # a ServerArgs field in 0.5.23; not in 0.5.13.post1 nor in the recorded 0.5.17
+        sa["attn_dp_size"] = sa["dp_size"] if sa["enable_dp_attention"] else 1
     if "mm_feature_transport" in sa and sa["mm_feature_transport"] is None:
         # 0.5.17 _handle_multimodal_feature_transport: unset resolves to cuda_ipc on one CUDA node
         # (the simulator stands for a CUDA host), else cpu

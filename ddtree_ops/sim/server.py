@@ -59,6 +59,11 @@ logger = logging.getLogger("ddtree_ops.sim")
 
 BANNER = "SGLang SIMULATOR (ddtree_ops.sim) -- a TEST DOUBLE, NOT SGLang: no model, no GPU."
 DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_HEALTH_SECONDS = 0.05
+"""Default time of a ``/health`` answer (``SGLANG_SIM_HEALTH_SECONDS``). Real SGLang takes about
+1 s (0.5.17 ``http_server.health_generate`` sleeps 1 s before it first looks for the answer of
+its 1-token generation, then polls every second up to its 20 s timeout); the simulator answers
+fast so that tests polling /health stay fast. ``SGLANG_SIM_HEALTH_SECONDS=1`` reproduces SGLang."""
 
 
 def _env_float(name: str, default: float) -> float:
@@ -97,7 +102,7 @@ class SimApp:
         self.num_reserved_tokens = reserved_tokens(cfg)
         self.engine = Engine(cfg, self.metrics)
         self.phase = "loading"
-        self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", 0.05)
+        self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", DEFAULT_HEALTH_SECONDS)
         self.started = time.time()
         self.version = cfg.version
         min_px = os.environ.get("SGLANG_SIM_VISION_MIN_PIXELS")
@@ -500,7 +505,9 @@ class Handler(BaseHTTPRequestHandler):
                     if kind == "tokens" and req.finished:
                         continue  # the "done" event right behind carries the final chunk
                     out = {"text": app.text_of(req), "output_ids": app.output_ids(req),
-                           "meta_info": req.meta_info(spec, final=kind == "done", first_chunk=first), "index": i}
+                           "meta_info": req.meta_info(spec, final=kind == "done", first_chunk=first)}
+                    if batch:  # tokenizer_manager._stream_batch_responses tags a batch's chunks
+                        out["index"] = i
                     first = False
                     self._sse(out)
                     if kind == "done":
@@ -710,7 +717,8 @@ def _install_signal_handlers() -> None:
 
 def _warmup(app: SimApp) -> None:
     """SGLang's own warmup: one /generate-like request (bs 1, max_new_tokens 8)."""
-    req = app.new_request(count_tokens("The capital city of France is"), 8, "", count=True)
+    text = "The capital city of France is"
+    req = app.new_request(count_tokens(text), 8, text, count=True)
     app.wait(req, timeout=600)
 
 
