@@ -403,3 +403,56 @@ def test_reused_connection_answers_without_delayed_ack(ddtree_sim: Sim) -> None:
         conn.close()
     latencies.sort()
     assert latencies[len(latencies) // 2] < 0.015, f"median {latencies[len(latencies) // 2] * 1000:.1f} ms: {latencies}"
+
+
+# ---------------------------------------------------------------- prompt length checks (0.5.17 tokenizer_manager)
+def test_reserved_tokens_only_for_eagle() -> None:
+    from ddtree_ops.sim.server import reserved_tokens
+
+    eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d", "--speculative-num-steps", "3",
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    assert reserved_tokens(parse_args(["--model-path", "m", *eagle], version="0.5.17")) == 4
+    topk = [*eagle[:7], "2", "--speculative-num-draft-tokens", "8"]
+    assert reserved_tokens(parse_args(["--model-path", "m", *topk], version="0.5.17")) == 8  # max(2 * 3, 8)
+    assert reserved_tokens(parse_args(["--model-path", "m", *DDTREE_8_32], version="0.5.23")) == 0
+    assert reserved_tokens(parse_args(["--model-path", "m"], version="0.5.17")) == 0
+
+
+def test_count_tokens_is_a_byte_level_stand_in() -> None:
+    from ddtree_ops.ops.warmup import long_prompt
+    from ddtree_ops.sim.engine import count_tokens
+
+    assert count_tokens("") == 1 and count_tokens("abc") == 2 and count_tokens("abcd") == 3
+    assert count_tokens("é") == 2  # UTF-8 bytes, not characters
+    # the fixtures' real 4096-token BPE made 2085 tokens of this prompt (tests/fixtures/gpu, ops_warmup.txt)
+    assert count_tokens(long_prompt(1024)) >= 2085
+
+
+def test_too_long_requests_are_refused_in_sglangs_shapes(ddtree_sim: Sim) -> None:
+    ctx = 32768  # no --context-length, no config.json: the sim's default
+    total = ("Requested token count exceeds the model's maximum context length of 32768 tokens. You requested a "
+             "total of 40002 tokens: 2 tokens from the input messages and 40000 tokens for the completion. Please "
+             "reduce the number of tokens in the input messages or the completion to fit within the limit.")
+    too_many = {"max_new_tokens": 40000}
+    status, raw = http("POST", ddtree_sim.base + "/generate", {"text": "a", "sampling_params": too_many})
+    assert (status, json.loads(raw)) == (400, {"error": {"message": total}})
+    status, raw = http("POST", ddtree_sim.base + "/generate",
+                       {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 40000}})
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert status == 200 and events[1] == "[DONE]" and len(events) == 2
+    assert json.loads(events[0]) == {"error": {"message": total, "type": "invalid_request_error", "code": 400,
+                                               "retryable": False}}
+    long_text = "x" * (3 * ctx)
+    status, raw = http("POST", ddtree_sim.base + "/generate", {"text": long_text})  # no max_new_tokens: input only
+    assert status == 400
+    assert json.loads(raw)["error"]["message"] == (f"The input ({1 + ctx} tokens) is longer than the model's context "
+                                                  f"length ({ctx} tokens).")
+    status, raw = http("POST", ddtree_sim.base + "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40000})
+    body = json.loads(raw)
+    assert status == 400 and body["object"] == "error" and body["type"] == "BadRequestError"
+    assert body["code"] == 400 and body["param"] is None and body["message"].startswith("Requested token count")
+    status, raw = http("POST", ddtree_sim.base + "/v1/completions", {"prompt": long_text, "stream": True})
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert status == 200 and events[1] == "[DONE]"
+    assert json.loads(events[0])["error"]["message"].startswith("The input (")
