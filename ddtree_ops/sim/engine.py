@@ -13,7 +13,15 @@ prints SGLang's scheduler crash and exits 1 (``os._exit``), like the real server
 
 Accounting as SGLang's scheduler: lifetime ``avg_spec_accept_length`` = accepted tokens
 (incl. bonus) / request-verify steps; gauges are refreshed every ``decode_log_interval``
-passes and when the batch drains; ``/flush_cache`` resets the lifetime counters.
+passes and when the batch drains; ``/flush_cache`` resets the lifetime counters. Every
+forward pass moves ``realtime_tokens_total`` (prefill: computed and cached prompt tokens;
+decode: the tokens the pass accepted) and ``cuda_graph_passes_total{mode}``; a finished
+request adds its tokens to the tokenizer-side counters and its verify steps
+(``meta_info.spec_verify_ct``) to ``spec_verify_calls_total``, as SGLang 0.5.17 does
+(``observe_one_finished_request``).
+
+Prompts are counted by :func:`count_tokens` (UTF-8 bytes, not words); the radix cache shares
+prompt prefixes (:meth:`Engine._cached_prefix_tokens`).
 """
 
 from __future__ import annotations

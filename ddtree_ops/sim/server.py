@@ -9,13 +9,18 @@ goes through a verify pass) for at least ``SGLANG_SIM_WARMUP_SECONDS`` (default 
 Endpoints (JSON shapes as SGLang):
 
 * ``GET /health``, ``/health_generate``: 503 until ready, then 200 (empty body) after a
-  simulated 1-token generation of ``SGLANG_SIM_HEALTH_SECONDS`` (default 0.05).
+  simulated 1-token generation of ``SGLANG_SIM_HEALTH_SECONDS`` (default 0.05; real SGLang
+  takes ~1 s, see :data:`DEFAULT_HEALTH_SECONDS`).
 * ``GET /ready`` (simulated versions >= 0.5.20): 200 when ready, else 503.
 * ``GET /server_info``, ``/get_server_info``: server args (SGLang field names) + scheduler
   info + ``version`` + ``internal_states`` (one dict per DP rank).
 * ``GET /model_info``, ``/get_model_info``, ``/v1/models``.
 * ``POST /generate`` (``text`` str or list, or ``input_ids``; ``sampling_params``;
   ``stream``), ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` too).
+  A prompt too long for the context (``SimApp.check_length``, SGLang's
+  ``_validate_one_request``) answers HTTP 400 ``{"error": {"message": "The input (N tokens) is
+  longer than the model's context length (C tokens)."}}`` (OpenAI endpoints: an
+  ``ErrorResponse``; streamed: an ``error`` event, then ``[DONE]``, with HTTP 200).
 * ``POST|GET /flush_cache``; ``GET /metrics`` only with ``--enable-metrics`` (else 404).
 * Test-double controls: ``POST /_sim/accept_length {"value": float|null}``,
   ``GET /_sim/state``, and fault injection ``POST /_sim/fault`` with any of
