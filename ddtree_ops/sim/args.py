@@ -70,7 +70,8 @@ LOAD_FORMAT_CHOICES = [
     "auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "presharded", "gguf", "bitsandbytes",
     "mistral", "layered", "flash_rl", "remote", "remote_instance", "fastsafetensors", "private", "runai_streamer",
 ]
-"""``--load-format`` / ``--speculative-draft-load-format`` choices of SGLang 0.5.17 (``LOAD_FORMAT_CHOICES``)."""
+"""``--speculative-draft-load-format`` choices of SGLang 0.5.17 (``LOAD_FORMAT_CHOICES``; 0.5.13.post1
+lacks ``presharded``)."""
 
 
 class SimArgumentError(ValueError):
@@ -179,7 +180,7 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--disable-radix-cache", action="store_true")
     a("--disable-overlap-schedule", action="store_true")
     a("--enable-mixed-chunk", action="store_true")
-    if ver >= (0, 5, 17):  # read in 0.5.17's server_args (0.5.23 has it too; 0.5.13.post1 not checked)
+    if ver >= (0, 5, 17):  # in 0.5.17 and 0.5.23, not in 0.5.13.post1
         a("--mm-feature-transport", type=str, default=None, choices=["cpu", "cuda_ipc"])
     # Parallelism
     a("--tensor-parallel-size", "--tp-size", type=int, default=1, dest="tp_size")
@@ -223,7 +224,7 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--speculative-draft-model-path", "--speculative-draft-model", type=str, default=None,
       dest="speculative_draft_model_path")
     a("--speculative-draft-model-revision", type=str, default=None)
-    if ver >= (0, 5, 17):  # read in 0.5.17's server_args (0.5.23 has it too; 0.5.13.post1 not checked)
+    if ver >= (0, 5, 13):  # in 0.5.13.post1, 0.5.17 and 0.5.23 (earlier releases not read)
         a("--speculative-draft-load-format", type=str, default=None, choices=LOAD_FORMAT_CHOICES)
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
@@ -652,25 +653,22 @@ def _resolve_eagle(sa: dict[str, Any], algo: str, ver: tuple[int, int, int], war
         _warn(warnings, "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
               "when speculative_eagle_topk == 1")
         sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
-    if ver >= (0, 5, 20):
-        # kept from before: 0.5.23 resolves topk 1 to the overlap scheduler (spec v2), checked by
-        # tests/peer against the real 0.5.23 for topk 1; its topk > 1 rule is not read from its code
-        spec_v2 = sa["speculative_eagle_topk"] == 1
+    # speculative_hook._handle_eagle_family: the V2 worker runs overlapped unless the overlap
+    # scheduler is turned off: by --disable-overlap-schedule, a CPU device, or (0.5.13.post1 only)
+    # SGLANG_ENABLE_SPEC_V2=0 (default on); 0.5.17 and 0.5.23 removed that switch. Read in
+    # 0.5.13.post1, 0.5.17 and 0.5.23 (any topk); releases before 0.5.13 are not read: spec v1.
+    if ver < (0, 5, 13):
+        if not sa["disable_overlap_schedule"]:
+            sa["disable_overlap_schedule"] = True
+            _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
+                  "because overlap schedule is disabled.")
     else:
-        # 0.5.17 (arg_groups/speculative_hook.py _handle_eagle_family): SGLANG_ENABLE_SPEC_V2 is
-        # gone and spec v2 always runs; only --disable-overlap-schedule (or a CPU device) turns the
-        # overlap off ("Non-overlap (synchronous) spec v2"). Older releases are not modelled apart.
-        spec_v2 = ver >= (0, 5, 17)
-    if sa["device"] == "cpu" and not sa["disable_overlap_schedule"]:
-        sa["disable_overlap_schedule"] = True
-        _warn(warnings, "Overlap schedule is not implemented for speculative decoding on CPU.")
-    if not spec_v2 and not sa["disable_overlap_schedule"]:
-        sa["disable_overlap_schedule"] = True
-        _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
-              "because overlap schedule is disabled.")
-    elif sa["disable_overlap_schedule"] and (0, 5, 17) <= ver < (0, 5, 20):
-        _warn(warnings, "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
-              "speculative decoding.")
+        spec_v2_env = os.environ.get("SGLANG_ENABLE_SPEC_V2", "1").strip().lower() not in ("0", "false", "no", "off")
+        if (sa["device"] == "cpu" or (ver < (0, 5, 17) and not spec_v2_env)) and not sa["disable_overlap_schedule"]:
+            sa["disable_overlap_schedule"] = True
+        if sa["disable_overlap_schedule"]:
+            _warn(warnings, "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
+                  "speculative decoding.")
     sa["enable_mixed_chunk"] = False
 
 

@@ -75,10 +75,6 @@ def count_tokens(text: str) -> int:
     return 1 + -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN)
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
 def filler_text(start: int, n: int) -> str:
     """``n`` filler words, continuing at word index ``start``."""
     return "".join(" " + FILLER[(start + i) % len(FILLER)] for i in range(n))
@@ -422,7 +418,8 @@ class Engine:
         if r.first_token_time is None:
             r.first_token_time = now
             if self.metrics is not None and r.count_in_metrics:
-                self.metrics.tok(self.metrics.ttft, is_streaming=_flag(r.streaming)).observe(now - r.created)
+                m = self.metrics
+                m.tok(m.ttft, **m.streaming(r.streaming)).observe(now - r.created)
         elif self.metrics is not None and r.count_in_metrics and prev is not None:
             self.metrics.tok(self.metrics.itl).observe((now - prev) / n)
         r.events.put(("tokens", n))
@@ -434,15 +431,15 @@ class Engine:
             # SGLang's observe_one_finished_request (tokenizer side): the request's tokens, and its
             # verify steps added once to spec_verify_calls_total
             m = self.metrics
-            streaming = _flag(r.streaming)
-            m.tok(m.prompt_tokens, is_streaming=streaming).inc(r.prompt_tokens)
-            m.tok(m.generation_tokens, is_streaming=streaming).inc(r.completion_tokens)
+            streaming = m.streaming(r.streaming)
+            m.tok(m.prompt_tokens, **streaming).inc(r.prompt_tokens)
+            m.tok(m.generation_tokens, **streaming).inc(r.completion_tokens)
             if r.cached_tokens > 0:
                 m.tok(m.cached_tokens, cache_source="device").inc(r.cached_tokens)
             if m.spec_verify_calls is not None and r.verify_ct > 0:
                 m.tok(m.spec_verify_calls).inc(r.verify_ct)
-            m.tok(m.num_requests, is_streaming=streaming).inc()
-            m.tok(m.e2e, is_streaming=streaming).observe(now - r.created)
+            m.tok(m.num_requests, **streaming).inc()
+            m.tok(m.e2e, **streaming).observe(now - r.created)
         r.done.set()
         r.events.put(("done", None))
 

@@ -14,7 +14,8 @@ Labels as SGLang 0.5.17:
   ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (rank 0 only,
   unless ``--enable-metrics-for-all-schedulers``: then one series per TP rank);
 * tokenizer metrics: ``model_name``, ``engine_type``, plus ``is_streaming`` on the token
-  and request counters, time to first token and end-to-end latency, and ``cache_source``
+  and request counters, time to first token and end-to-end latency (not in 0.5.13.post1,
+  which has no such label), and ``cache_source``
   on ``cached_tokens_total``. ``spec_verify_calls_total`` (tokenizer side, counted when a
   request finishes) exists only with speculative decoding, as in SGLang.
 """
@@ -48,7 +49,7 @@ class SimMetrics:
     """The sim's ``sglang:`` metrics. Methods are thread-safe (prometheus_client is)."""
 
     def __init__(self, model_name: str, tp_size: int = 1, all_schedulers: bool = False,
-                 speculative: bool = True) -> None:
+                 speculative: bool = True, is_streaming_label: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         ranks = range(tp_size) if all_schedulers else range(1)
@@ -85,7 +86,9 @@ class SimMetrics:
                                        "mode: prefill_compute, prefill_cache, decode.",
                                        (*SCHEDULER_LABELS, "mode"), registry=r)
 
-        streaming = (*TOKENIZER_LABELS, "is_streaming")
+        # 0.5.17 and 0.5.23 split these by is_streaming; 0.5.13.post1 does not
+        self._is_streaming_label = is_streaming_label
+        streaming = (*TOKENIZER_LABELS, "is_streaming") if is_streaming_label else TOKENIZER_LABELS
         self.prompt_tokens = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
                                      streaming, registry=r)
         self.generation_tokens = Counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
@@ -127,6 +130,10 @@ class SimMetrics:
     # tokenizer side -------------------------------------------------------------
     def tok(self, metric, **extra: str):  # returns the labelled child
         return metric.labels(**self._tok_labels, **extra)
+
+    def streaming(self, streaming: bool) -> dict[str, str]:
+        """The ``is_streaming`` label of a request's tokenizer metrics (none where the version has none)."""
+        return {"is_streaming": "true" if streaming else "false"} if self._is_streaming_label else {}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

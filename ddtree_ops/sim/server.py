@@ -94,7 +94,7 @@ class SimApp:
         sa = cfg.server_args
         self.metrics = (
             SimMetrics(cfg.model_name, sa["tp_size"], sa["enable_metrics_for_all_schedulers"],
-                       speculative=cfg.speculative)
+                       speculative=cfg.speculative, is_streaming_label=parse_version(cfg.version) > (0, 5, 13))
             if sa["enable_metrics"] else None
         )
         if self.metrics is not None:
