@@ -151,7 +151,9 @@ def test_resolution_matches_real_0_5_23_fixture() -> None:
             "--tp-size 8 --cuda-graph-max-bs-decode 16 --device cuda").split()
     cfg = parse_args(argv, version="0.5.23", build="release")
     assert set(cfg.server_args) <= set(fixture), set(cfg.server_args) - set(fixture)
-    machine_dependent = {"mem_fraction_static", "random_seed"}
+    # resolved there without a GPU: memory, and mm_feature_transport (cpu without CUDA; the
+    # simulator stands for a CUDA host: cuda_ipc)
+    machine_dependent = {"mem_fraction_static", "random_seed", "mm_feature_transport"}
     diff = {k: (v, fixture[k]) for k, v in cfg.server_args.items() if fixture[k] != v and k not in machine_dependent}
     assert diff == {}
     assert cfg.capture_bs == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
@@ -259,13 +261,14 @@ def test_generate_single_and_batch(ddtree_sim: Sim) -> None:
     one = post_json(ddtree_sim.base + "/generate",
                     {"text": "the capital of France is", "sampling_params": {"max_new_tokens": 40}})
     meta = one["meta_info"]
-    assert meta["completion_tokens"] == 40 and meta["prompt_tokens"] == 5
+    # the sim's byte-level stand-in tokenizer: a BOS token + one token per 3 UTF-8 bytes
+    assert meta["completion_tokens"] == 40 and meta["prompt_tokens"] == 1 + 8
     assert meta["finish_reason"] == {"type": "length", "length": 40}
     assert meta["spec_verify_ct"] > 0 and 3.0 < meta["spec_accept_length"] <= 8.0
     assert len(one["text"].split()) == 40
     many = post_json(ddtree_sim.base + "/generate",
                      {"text": ["a b", "c d e", "f"], "sampling_params": {"max_new_tokens": 16}})
-    assert isinstance(many, list) and [m["meta_info"]["prompt_tokens"] for m in many] == [2, 3, 1]
+    assert isinstance(many, list) and [m["meta_info"]["prompt_tokens"] for m in many] == [2, 3, 2]
     chat = post_json(ddtree_sim.base + "/v1/chat/completions",
                      {"model": "models/target", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5})
     assert chat["object"] == "chat.completion" and chat["usage"]["completion_tokens"] == 5
@@ -400,3 +403,56 @@ def test_reused_connection_answers_without_delayed_ack(ddtree_sim: Sim) -> None:
         conn.close()
     latencies.sort()
     assert latencies[len(latencies) // 2] < 0.015, f"median {latencies[len(latencies) // 2] * 1000:.1f} ms: {latencies}"
+
+
+# ---------------------------------------------------------------- prompt length checks (0.5.17 tokenizer_manager)
+def test_reserved_tokens_only_for_eagle() -> None:
+    from ddtree_ops.sim.server import reserved_tokens
+
+    eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d", "--speculative-num-steps", "3",
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    assert reserved_tokens(parse_args(["--model-path", "m", *eagle], version="0.5.17")) == 4
+    topk = [*eagle[:7], "2", "--speculative-num-draft-tokens", "8"]
+    assert reserved_tokens(parse_args(["--model-path", "m", *topk], version="0.5.17")) == 8  # max(2 * 3, 8)
+    assert reserved_tokens(parse_args(["--model-path", "m", *DDTREE_8_32], version="0.5.23")) == 0
+    assert reserved_tokens(parse_args(["--model-path", "m"], version="0.5.17")) == 0
+
+
+def test_count_tokens_is_a_byte_level_stand_in() -> None:
+    from ddtree_ops.ops.warmup import long_prompt
+    from ddtree_ops.sim.engine import count_tokens
+
+    assert count_tokens("") == 1 and count_tokens("abc") == 2 and count_tokens("abcd") == 3
+    assert count_tokens("é") == 2  # UTF-8 bytes, not characters
+    # the fixtures' real 4096-token BPE made 2085 tokens of this prompt (tests/fixtures/gpu, ops_warmup.txt)
+    assert count_tokens(long_prompt(1024)) >= 2085
+
+
+def test_too_long_requests_are_refused_in_sglangs_shapes(ddtree_sim: Sim) -> None:
+    ctx = 32768  # no --context-length, no config.json: the sim's default
+    total = ("Requested token count exceeds the model's maximum context length of 32768 tokens. You requested a "
+             "total of 40002 tokens: 2 tokens from the input messages and 40000 tokens for the completion. Please "
+             "reduce the number of tokens in the input messages or the completion to fit within the limit.")
+    too_many = {"max_new_tokens": 40000}
+    status, raw = http("POST", ddtree_sim.base + "/generate", {"text": "a", "sampling_params": too_many})
+    assert (status, json.loads(raw)) == (400, {"error": {"message": total}})
+    status, raw = http("POST", ddtree_sim.base + "/generate",
+                       {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 40000}})
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert status == 200 and events[1] == "[DONE]" and len(events) == 2
+    assert json.loads(events[0]) == {"error": {"message": total, "type": "invalid_request_error", "code": 400,
+                                               "retryable": False}}
+    long_text = "x" * (3 * ctx)
+    status, raw = http("POST", ddtree_sim.base + "/generate", {"text": long_text})  # no max_new_tokens: input only
+    assert status == 400
+    assert json.loads(raw)["error"]["message"] == (f"The input ({1 + ctx} tokens) is longer than the model's context "
+                                                  f"length ({ctx} tokens).")
+    status, raw = http("POST", ddtree_sim.base + "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40000})
+    body = json.loads(raw)
+    assert status == 400 and body["object"] == "error" and body["type"] == "BadRequestError"
+    assert body["code"] == 400 and body["param"] is None and body["message"].startswith("Requested token count")
+    status, raw = http("POST", ddtree_sim.base + "/v1/completions", {"prompt": long_text, "stream": True})
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert status == 200 and events[1] == "[DONE]"
+    assert json.loads(events[0])["error"]["message"].startswith("The input (")

@@ -25,7 +25,17 @@ What it imitates (see ``args``, ``engine``, ``server``):
   /metrics (only with --enable-metrics), plus the test-double controls under /_sim/
   (``/_sim/accept_length``, ``/_sim/state``, fault injection ``/_sim/fault``).
 * decoding: verify passes over the running batch, accepting ``accept_length`` tokens
-  per request per pass; ``avg_spec_accept_length`` and ``sglang:`` metrics.
+  per request per pass; ``avg_spec_accept_length`` and ``sglang:`` metrics, counted as
+  SGLang counts them (``spec_verify_calls_total`` once per finished request, absent without
+  speculation; ``realtime_tokens_total{mode}`` every forward pass; see ``metrics``).
+* prompts: a stand-in for a byte-level BPE tokenizer, ``1 + ceil(utf8_bytes / 3)`` tokens
+  (``engine.count_tokens``; never fewer than the recorded real tokenizer on English prose;
+  NOT whitespace words); a prompt that reaches the context length (plus EAGLE's reserved
+  draft slots), or overflows it with its ``max_new_tokens``, is refused with SGLang's HTTP 400
+  and message.
+* answers: the JSON and SSE shapes, metric families and labels of a real SGLang 0.5.17 server,
+  held to its recorded answers by ``tests/test_sim_conformance.py`` (``tests/fixtures/gpu/``);
+  what it leaves out on purpose is listed there (``INTENTIONAL``), with the reasons.
 * the graph-size crash: a verify batch whose tokens-per-request differs from the width
   the "captured" CUDA graphs were sized for dies with SGLang's
   ``RuntimeError: The size of tensor a (8) must match the size of tensor b (33) ...``.
@@ -37,10 +47,12 @@ Environment (all optional):
 ``SGLANG_SIM_BUILD``           ddtree     ``ddtree`` | ``ddtree-unpatched`` | ``release``
 ``SGLANG_SIM_LOAD_SECONDS``    2.0        "loading weights", port closed
 ``SGLANG_SIM_WARMUP_SECONDS``  1.0        minimum "warming" time, HTTP 503
-``SGLANG_SIM_HEALTH_SECONDS``  0.05       duration of a /health 1-token generation
+``SGLANG_SIM_HEALTH_SECONDS``  0.05       duration of a /health answer (real SGLang: ~1 s, its first
+                                          poll of the 1-token generation; set 1 to reproduce it)
 ``SGLANG_SIM_STEP_SECONDS``    0.005      one prefill step / one verify pass with a graph
 ``SGLANG_SIM_EAGER_SLOWDOWN``  3.8        eager pass = step x this
 ``SGLANG_SIM_ACCEPT_LENGTH``   per algo   DDTREE 6, DFLASH 4.5, EAGLE* 3, NGRAM 2, none 1
+                                          (like SGLang's ``SGLANG_SIMULATE_ACC_LEN``)
 ``SGLANG_SIM_GPU_ARCH``        (none)     ``sm_103``: DDTree budget > 8 with graphs dies in
                                           capture (illegal memory access)
 =============================  =========  ==================================================

@@ -66,6 +66,14 @@ NON_SPEC_RUNNING_LIMIT = 1024  # sim's scheduler limit when max_running_requests
 REQ_POOL_SIZE_UNSET = 4096  # req_to_token_pool size the capture runner clamps to
 
 
+LOAD_FORMAT_CHOICES = [
+    "auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "presharded", "gguf", "bitsandbytes",
+    "mistral", "layered", "flash_rl", "remote", "remote_instance", "fastsafetensors", "private", "runai_streamer",
+]
+"""``--speculative-draft-load-format`` choices of SGLang 0.5.17 (``LOAD_FORMAT_CHOICES``; 0.5.13.post1
+lacks ``presharded``)."""
+
+
 class SimArgumentError(ValueError):
     """Raised by resolution for argv that SGLang would refuse after parsing."""
 
@@ -172,6 +180,8 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--disable-radix-cache", action="store_true")
     a("--disable-overlap-schedule", action="store_true")
     a("--enable-mixed-chunk", action="store_true")
+    if ver >= (0, 5, 17):  # in 0.5.17 and 0.5.23, not in 0.5.13.post1
+        a("--mm-feature-transport", type=str, default=None, choices=["cpu", "cuda_ipc"])
     # Parallelism
     a("--tensor-parallel-size", "--tp-size", type=int, default=1, dest="tp_size")
     a("--pipeline-parallel-size", "--pp-size", type=int, default=1, dest="pp_size")
@@ -214,6 +224,8 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--speculative-draft-model-path", "--speculative-draft-model", type=str, default=None,
       dest="speculative_draft_model_path")
     a("--speculative-draft-model-revision", type=str, default=None)
+    if ver >= (0, 5, 13):  # in 0.5.13.post1, 0.5.17 and 0.5.23 (earlier releases not read)
+        a("--speculative-draft-load-format", type=str, default=None, choices=LOAD_FORMAT_CHOICES)
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
@@ -437,6 +449,8 @@ def parse_args(
         sa["page_size"] = 1
     if sa["attention_backend"] is None:
         sa["attention_backend"] = "triton"
+    if algo in ("DFLASH", "DDTREE") and ver >= (0, 5, 17):
+        _resolve_dflash_draft_attention_backend(sa)
     verify_w, draft_w, max_accept = _widths(sa, algo, block_size, budget)
     captured_w = verify_w
     if algo == "DDTREE" and build == "ddtree-unpatched":
@@ -578,6 +592,18 @@ def _resolve_dflash(
     return block_size
 
 
+DFLASH_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")
+
+
+def _resolve_dflash_draft_attention_backend(sa: dict[str, Any]) -> None:
+    """0.5.17 ``_resolve_dflash_draft_attention_backend``: the draft runs the given backend, else
+    the target's, falling back to flashinfer (CUDA) when that one is none of the supported."""
+    draft = sa["speculative_draft_attention_backend"] or sa["decode_attention_backend"] or sa["attention_backend"]
+    if draft is None or draft not in DFLASH_DRAFT_BACKENDS:
+        draft = "flashinfer"
+    sa["speculative_draft_attention_backend"] = draft
+
+
 def _resolve_ddtree_budget(sa: dict[str, Any], block_size: int) -> int:
     """DDTree's node budget (default block_size - 1) and what full-tree mode requires."""
     budget = sa["speculative_ddtree_budget"]
@@ -627,11 +653,22 @@ def _resolve_eagle(sa: dict[str, Any], algo: str, ver: tuple[int, int, int], war
         _warn(warnings, "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
               "when speculative_eagle_topk == 1")
         sa["speculative_num_draft_tokens"] = sa["speculative_num_steps"] + 1
-    spec_v2 = ver >= (0, 5, 20) and sa["speculative_eagle_topk"] == 1
-    if not spec_v2 and not sa["disable_overlap_schedule"]:
-        sa["disable_overlap_schedule"] = True
-        _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
-              "because overlap schedule is disabled.")
+    # speculative_hook._handle_eagle_family: the V2 worker runs overlapped unless the overlap
+    # scheduler is turned off: by --disable-overlap-schedule, a CPU device, or (0.5.13.post1 only)
+    # SGLANG_ENABLE_SPEC_V2=0 (default on); 0.5.17 and 0.5.23 removed that switch. Read in
+    # 0.5.13.post1, 0.5.17 and 0.5.23 (any topk); releases before 0.5.13 are not read: spec v1.
+    if ver < (0, 5, 13):
+        if not sa["disable_overlap_schedule"]:
+            sa["disable_overlap_schedule"] = True
+            _warn(warnings, "Spec v1 is used for eagle/eagle3/standalone speculative decoding "
+                  "because overlap schedule is disabled.")
+    else:
+        spec_v2_env = os.environ.get("SGLANG_ENABLE_SPEC_V2", "1").strip().lower() not in ("0", "false", "no", "off")
+        if (sa["device"] == "cpu" or (ver < (0, 5, 17) and not spec_v2_env)) and not sa["disable_overlap_schedule"]:
+            sa["disable_overlap_schedule"] = True
+        if sa["disable_overlap_schedule"]:
+            _warn(warnings, "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
+                  "speculative decoding.")
     sa["enable_mixed_chunk"] = False
 
 
@@ -716,11 +753,12 @@ def _resolve_cuda_graphs(sa: dict[str, Any], dialect: str, algo: str | None, cap
         sa["cuda_graph_max_bs"] = max_bs
         sa["cuda_graph_bs"] = server_bs
     else:
-        _resolve_split_graph_config(sa, max_bs, server_bs, decode_disabled)
+        _resolve_split_graph_config(sa, max_bs, server_bs, decode_disabled, dialect)
     return _Graphs(max_bs, server_bs, captured, decode_disabled)
 
 
-def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list[int], decode_disabled: bool) -> None:
+def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list[int], decode_disabled: bool,
+                                dialect: str) -> None:
     """The ``-decode``/``-prefill`` dialect's resolved fields and ``cuda_graph_config``."""
     sa["cuda_graph_max_bs_decode"] = max_bs
     prefill_max = sa["cuda_graph_max_bs_prefill"] or sa["chunked_prefill_size"]
@@ -731,14 +769,20 @@ def _resolve_split_graph_config(sa: dict[str, Any], max_bs: int, server_bs: list
     )
     sa.setdefault("disable_decode_cuda_graph", False)
     sa.setdefault("disable_prefill_cuda_graph", False)
-    sa["cuda_graph_config"] = {
-        "decode": {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
-                   "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                   "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-        "prefill": {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
-                    "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
-                    "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None},
-    }
+    decode = {"backend": "disabled" if decode_disabled else "full", "max_bs": max_bs, "bs": server_bs,
+              "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+              "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None}
+    prefill = {"backend": "disabled", "max_bs": prefill_max, "bs": prefill_bs,
+               "tc_compiler": "eager", "max_context_size": None, "full_prefill_max_req": None,
+               "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None}
+    if dialect == "transition":
+        # 0.5.17 (recorded, tests/fixtures/gpu): no max_context_size / max_seq_len, and prefill runs
+        # "breakable" CUDA graphs up to chunked_prefill_size tokens unless they are turned off
+        for phase in (decode, prefill):
+            del phase["max_context_size"], phase["max_seq_len"]
+        prefill_off = sa["disable_cuda_graph"] or sa["disable_prefill_cuda_graph"]
+        prefill["backend"] = "disabled" if prefill_off else "breakable"
+    sa["cuda_graph_config"] = {"decode": decode, "prefill": prefill}
 
 
 def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
@@ -749,5 +793,10 @@ def _resolve_info_fields(sa: dict[str, Any], ver: tuple[int, int, int]) -> None:
         "sampling_backend": sa["sampling_backend"] or "pytorch",
         "grammar_backend": sa["grammar_backend"] or "xgrammar",
     })
-    if ver > (0, 5, 13):  # a ServerArgs field in 0.5.23, not in 0.5.13.post1
+    if ver >= (0, 5, 20):  # a ServerArgs field in 0.5.23; not in 0.5.13.post1 nor in the recorded 0.5.17
         sa["attn_dp_size"] = sa["dp_size"] if sa["enable_dp_attention"] else 1
+    if "mm_feature_transport" in sa and sa["mm_feature_transport"] is None:
+        # 0.5.17 _handle_multimodal_feature_transport: unset resolves to cuda_ipc on one CUDA node
+        # (the simulator stands for a CUDA host), else cpu
+        single_cuda = sa["device"] == "cuda" and sa["nnodes"] == 1
+        sa["mm_feature_transport"] = "cuda_ipc" if single_cuda else "cpu"

@@ -13,7 +13,15 @@ prints SGLang's scheduler crash and exits 1 (``os._exit``), like the real server
 
 Accounting as SGLang's scheduler: lifetime ``avg_spec_accept_length`` = accepted tokens
 (incl. bonus) / request-verify steps; gauges are refreshed every ``decode_log_interval``
-passes and when the batch drains; ``/flush_cache`` resets the lifetime counters.
+passes and when the batch drains; ``/flush_cache`` resets the lifetime counters. Every
+forward pass moves ``realtime_tokens_total`` (prefill: computed and cached prompt tokens;
+decode: the tokens the pass accepted) and ``cuda_graph_passes_total{mode}``; a finished
+request adds its tokens to the tokenizer-side counters and its verify steps
+(``meta_info.spec_verify_ct``) to ``spec_verify_calls_total``, as SGLang 0.5.17 does
+(``observe_one_finished_request``).
+
+Prompts are counted by :func:`count_tokens` (UTF-8 bytes, not words); the radix cache shares
+prompt prefixes (:meth:`Engine._cached_prefix_tokens`).
 """
 
 from __future__ import annotations
@@ -44,14 +52,37 @@ FILLER = (
 ).split()
 
 
+RADIX_PROMPTS = 256
+"""Prompts the simulated radix cache holds before it starts over."""
+BYTES_PER_TOKEN = 3
+"""UTF-8 bytes per token of the sim's tokenizer (see :func:`count_tokens`)."""
+
+
 def count_tokens(text: str) -> int:
-    """The sim's tokenizer: whitespace-separated words, at least 1."""
-    return max(1, len(text.split()))
+    """Prompt tokens of ``text``: ``1 + ceil(utf8_bytes / 3)`` (a BOS token and one token per
+    3 bytes), a stand-in for a byte-level BPE tokenizer.
+
+    Calibrated on the 4096-token byte-level BPE of the tiny Llama the real-SGLang fixtures were
+    recorded with (``scripts/gpu-acceptance/models/tiny-llama``): on English prose it makes one
+    token of 3.1 bytes (the 1024-word warmup prompt of ``ddtree_ops.ops.warmup.long_prompt``:
+    6521 bytes, 2085 real tokens, 2175 here), so the count is at least the real one on prose;
+    tokenizers with larger vocabularies (Llama 3, Qwen: ~4 bytes a token on English) make fewer
+    tokens still. Short strings, code and markup can make more real tokens than this count
+    (a small vocabulary splits them finer): it is no exact tokenizer, only never fewer tokens
+    on English text. Whitespace-separated words are NOT tokens: real tokenizers make about
+    two of each English word here.
+    """
+    return 1 + -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN)
 
 
 def filler_text(start: int, n: int) -> str:
     """``n`` filler words, continuing at word index ``start``."""
     return "".join(" " + FILLER[(start + i) % len(FILLER)] for i in range(n))
+
+
+def filler_ids(start: int, n: int) -> list[int]:
+    """Token ids of :func:`filler_text` (one id a filler word; ``output_ids`` of ``/generate``)."""
+    return [100 + (start + i) % len(FILLER) for i in range(n)]
 
 
 @dataclass
@@ -65,33 +96,85 @@ class Request:
     created: float = field(default_factory=time.monotonic)
     events: queue.Queue[tuple[str, Any]] = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
+    streaming: bool = False
     cached_tokens: int = 0
     completion_tokens: int = 0
     verify_ct: int = 0
+    proposed_per_verify: int = 0
+    correct_drafts_histogram: list[int] = field(default_factory=list)
     carry: float = 0.0
+    received_ts: float = field(default_factory=time.time)
+    prefill_ts: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    finished_ts: float | None = None
     count_in_metrics: bool = True
 
     @property
     def finished(self) -> bool:
         return self.completion_tokens >= self.max_new_tokens
 
-    def meta_info(self, speculative: bool) -> dict[str, Any]:
-        e2e = (self.finished_time or time.monotonic()) - self.created
+    def count_verify(self, accepted: int) -> None:
+        """One verify step of this request that accepted ``accepted`` tokens (bonus included)."""
+        self.verify_ct += 1
+        correct = max(0, accepted - 1)
+        hist = self.correct_drafts_histogram
+        hist.extend([0] * (correct + 1 - len(hist)))
+        hist[correct] += 1
+
+    def meta_info(self, speculative: bool, final: bool | None = None, first_chunk: bool = False) -> dict[str, Any]:
+        """``meta_info`` with SGLang 0.5.17's keys. A stream's chunks before the last one
+        (``final`` False) carry only the request's progress (the first one also
+        ``response_sent_to_client_ts``); the last one, and a non-streamed answer, add the
+        latencies, timestamps and (with speculation, after a verify step) the ``spec_*`` figures."""
+        final = self.done.is_set() if final is None else final
+        now = time.time()
         meta: dict[str, Any] = {
             "id": self.rid,
-            "finish_reason": {"type": "length", "length": self.completion_tokens} if self.done.is_set() else None,
+            "finish_reason": {"type": "length", "length": self.completion_tokens} if final else None,
             "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "forward_entry_time": self.received_ts,
+            "prefill_finished_time": self.prefill_ts,
+            "queue_time": 0.0,
+            "reasoning_tokens": 0,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "e2e_latency": round(e2e, 6),
+            "cached_tokens_details": {"device": self.cached_tokens, "host": 0} if self.cached_tokens else None,
+            "dp_rank": None,
         }
-        if speculative:
-            meta["spec_verify_ct"] = self.verify_ct
-            if self.verify_ct > 0:
-                meta["spec_accept_length"] = self.completion_tokens / self.verify_ct
+        if first_chunk:
+            meta["response_sent_to_client_ts"] = now
+        if not final:
+            return meta
+        end = self.finished_time or time.monotonic()
+        meta["e2e_latency"] = round(end - self.created, 6)
+        if speculative and self.verify_ct > 0:
+            correct = sum(i * n for i, n in enumerate(self.correct_drafts_histogram))
+            proposed = self.verify_ct * self.proposed_per_verify
+            if proposed > 0:
+                meta.update({
+                    "spec_accept_rate": correct / proposed,
+                    "spec_accept_length": self.completion_tokens / self.verify_ct,
+                    "spec_num_correct_drafts": correct,
+                    "spec_num_proposed_drafts": proposed,
+                    "spec_verify_ct": self.verify_ct,
+                    "spec_accepted_drafts": correct,
+                    "spec_proposed_drafts": proposed,
+                })
+            if self.correct_drafts_histogram:
+                meta["spec_correct_drafts_histogram"] = list(self.correct_drafts_histogram)
+                meta["spec_accept_histogram"] = list(self.correct_drafts_histogram)
+        decode_s = end - (self.first_token_time or end)
+        meta.update({
+            "request_received_ts": self.received_ts,
+            "api_server_dispatch_finish_ts": self.received_ts,
+            "request_finished_ts": self.finished_ts or now,
+            "decode_throughput": (self.completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+            "response_sent_to_client_ts": now,
+        })
         return meta
 
 
@@ -154,6 +237,10 @@ class Engine:
         self._thread.start()
 
     def submit(self, req: Request) -> Request:
+        if self.cfg.speculative:
+            ndt = self.cfg.server_args.get("speculative_num_draft_tokens")
+            # SGLang: proposed drafts per verify step = speculative_num_draft_tokens - 1
+            req.proposed_per_verify = max(0, int(ndt or self.cfg.verify_tokens_per_req) - 1)
         with self.cv:
             self.waiting.append(req)
             self.cv.notify()
@@ -212,21 +299,54 @@ class Engine:
         m.set_sched(m.num_used_tokens, used)
         m.set_sched(m.token_usage, round(used / self.cfg.max_total_num_tokens, 4))
 
+    def _cached_prefix_tokens(self, key: str) -> int:
+        """The radix cache: tokens of the longest prefix ``key`` shares with a cached prompt: the
+        BOS token every prompt starts with, and B // 3 tokens of B shared bytes; one less with
+        EAGLE, whose draft keeps the last one (as the recorded 0.5.17: 5 and 4 tokens of "The
+        capital of France is" after the warmup's "The capital city of France is")."""
+        if not self.radix:
+            return 0
+        if len(self.radix) > RADIX_PROMPTS:
+            self.radix.clear()  # "evicted"
+        best = 0
+        for other in self.radix:
+            if other[:1] == key[:1] and len(other) > best:
+                best = max(best, len(os.path.commonprefix([key, other]).encode("utf-8")))
+        eagle = 1 if self.cfg.algorithm in ("EAGLE", "EAGLE3") else 0
+        return max(0, 1 + best // BYTES_PER_TOKEN - eagle)
+
+    def _prefill_graph_max_tokens(self) -> int:
+        """Largest prefill (tokens) run with a prefill CUDA graph; 0 without prefill graphs."""
+        sa = self.cfg.server_args
+        prefill = (sa.get("cuda_graph_config") or {}).get("prefill") or {}
+        if prefill.get("backend") in (None, "disabled") or sa.get("disable_cuda_graph") \
+                or sa.get("disable_prefill_cuda_graph"):
+            return 0
+        return int(prefill.get("max_bs") or 0)
+
     def _prefill(self, reqs: list[Request]) -> None:
         total_prompt = sum(r.prompt_tokens for r in reqs)
         cached = 0
         for r in reqs:
-            if r.prompt_key and r.prompt_key in self.radix:
-                r.cached_tokens = r.prompt_tokens - 1
-            elif r.prompt_key and not self.cfg.server_args.get("disable_radix_cache"):
+            if r.prompt_key and not self.cfg.server_args.get("disable_radix_cache"):
+                r.cached_tokens = min(r.prompt_tokens - 1, self._cached_prefix_tokens(r.prompt_key))
                 self.radix.add(r.prompt_key)
             cached += r.cached_tokens
+        computed = total_prompt - cached
         if self.metrics is not None:
-            self.metrics.set_sched(self.metrics.cache_hit_rate, round(cached / total_prompt, 4) if total_prompt else 0)
+            m = self.metrics
+            m.set_sched(m.cache_hit_rate, round(cached / total_prompt, 4) if total_prompt else 0)
+            # SGLang's report_prefill_stats: one pass counted per prefill batch, its tokens by mode
+            graph = 0 < computed <= self._prefill_graph_max_tokens()
+            m.inc_sched(m.cuda_graph_passes, 1, mode="prefill_cuda_graph" if graph else "prefill_none")
+            m.inc_sched(m.realtime_tokens, computed, mode="prefill_compute")
+            m.inc_sched(m.realtime_tokens, cached, mode="prefill_cache")
         chunk = max(1, int(self.cfg.server_args.get("chunked_prefill_size") or 4096))
-        time.sleep(self.step_seconds * (1 + (total_prompt - cached) // chunk))
+        time.sleep(self.step_seconds * (1 + computed // chunk))
         now = time.monotonic()
+        wall = time.time()
         for r in reqs:
+            r.prefill_ts = wall
             if r.max_new_tokens > 0:
                 self._emit(r, 1, now)
             if r.finished:
@@ -244,6 +364,7 @@ class Engine:
         now = time.monotonic()
         target = self.accept_length
         accepted_this_pass = 0
+        emitted = 0
         for r in self.running:
             remaining = r.max_new_tokens - r.completion_tokens
             if cfg.speculative:
@@ -251,10 +372,11 @@ class Engine:
                 n = max(1, min(int(r.carry), cfg.max_accept_length))
                 r.carry -= n
                 n = min(n, remaining)
-                r.verify_ct += 1
+                r.count_verify(n)
                 accepted_this_pass += n
             else:
                 n = min(1, remaining)
+            emitted += max(0, n)
             self._emit(r, n, now)
         if cfg.speculative:
             self.total_accepted += accepted_this_pass
@@ -268,12 +390,13 @@ class Engine:
         else:
             self.eager_passes += 1
         if self.metrics is not None:
+            # SGLang: every decode pass moves realtime_tokens_total{mode="decode"} (batch size +
+            # correct drafts) and cuda_graph_passes_total; spec_verify_calls_total moves only when
+            # a request finishes (_finish)
             m = self.metrics
-            if cfg.speculative:
-                m.inc_sched(m.spec_verify_calls, bs)
+            m.inc_sched(m.realtime_tokens, emitted, mode="decode")
             m.set_sched(m.is_cuda_graph, 1 if padded is not None else 0)
-            if padded is not None:
-                m.inc_sched(m.cuda_graph_passes, 1)
+            m.inc_sched(m.cuda_graph_passes, 1, mode="decode_cuda_graph" if padded is not None else "decode_none")
         still = []
         for r in self.running:
             if r.finished:
@@ -295,20 +418,28 @@ class Engine:
         if r.first_token_time is None:
             r.first_token_time = now
             if self.metrics is not None and r.count_in_metrics:
-                self.metrics.tok(self.metrics.ttft).observe(now - r.created)
+                m = self.metrics
+                m.tok(m.ttft, **m.streaming(r.streaming)).observe(now - r.created)
         elif self.metrics is not None and r.count_in_metrics and prev is not None:
             self.metrics.tok(self.metrics.itl).observe((now - prev) / n)
         r.events.put(("tokens", n))
 
     def _finish(self, r: Request, now: float) -> None:
         r.finished_time = now
+        r.finished_ts = time.time()
         if self.metrics is not None and r.count_in_metrics:
+            # SGLang's observe_one_finished_request (tokenizer side): the request's tokens, and its
+            # verify steps added once to spec_verify_calls_total
             m = self.metrics
-            m.tok(m.prompt_tokens).inc(r.prompt_tokens)
-            m.tok(m.generation_tokens).inc(r.completion_tokens)
-            m.tok(m.cached_tokens).inc(r.cached_tokens)
-            m.tok(m.num_requests).inc()
-            m.tok(m.e2e).observe(now - r.created)
+            streaming = m.streaming(r.streaming)
+            m.tok(m.prompt_tokens, **streaming).inc(r.prompt_tokens)
+            m.tok(m.generation_tokens, **streaming).inc(r.completion_tokens)
+            if r.cached_tokens > 0:
+                m.tok(m.cached_tokens, cache_source="device").inc(r.cached_tokens)
+            if m.spec_verify_calls is not None and r.verify_ct > 0:
+                m.tok(m.spec_verify_calls).inc(r.verify_ct)
+            m.tok(m.num_requests, **streaming).inc()
+            m.tok(m.e2e, **streaming).observe(now - r.created)
         r.done.set()
         r.events.put(("done", None))
 

@@ -1,13 +1,23 @@
 """Prometheus metrics of the SGLang SIMULATOR (a test double, NOT SGLang).
 
 Every exposed name is a real ``sglang:`` metric name of SGLang 0.5.13.post1 and 0.5.23
-(see ``tests/fixtures/sglang/metric_names-*.txt``). Metrics live on a private
-``CollectorRegistry``. As with SGLang's multiprocess collector, no ``*_created`` series
-(``server.main`` turns them off process-wide; importing this module changes nothing).
+(see ``tests/fixtures/sglang/metric_names-*.txt``); types, label names and histogram
+buckets are those a real SGLang 0.5.17 server exported (``tests/fixtures/gpu/``, held by
+``tests/test_sim_conformance.py``). Metrics live on a private ``CollectorRegistry``. As with
+SGLang's multiprocess collector, no ``*_created`` series (``server.main`` turns them off
+process-wide; importing this module changes nothing), and a labelled counter or histogram
+shows up only once something was counted in it.
 
-Labels as SGLang: scheduler metrics carry ``model_name``, ``engine_type``, ``tp_rank``,
-``pp_rank`` (rank 0 only, unless ``--enable-metrics-for-all-schedulers``: then one series
-per TP rank); tokenizer metrics (requests, tokens, latencies) carry ``model_name``.
+Labels as SGLang 0.5.17:
+
+* scheduler metrics (gauges, ``cuda_graph_passes_total{mode}``, ``realtime_tokens_total{mode}``):
+  ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (rank 0 only,
+  unless ``--enable-metrics-for-all-schedulers``: then one series per TP rank);
+* tokenizer metrics: ``model_name``, ``engine_type``, plus ``is_streaming`` on the token
+  and request counters, time to first token and end-to-end latency (not in 0.5.13.post1,
+  which has no such label), and ``cache_source``
+  on ``cached_tokens_total``. ``spec_verify_calls_total`` (tokenizer side, counted when a
+  request finishes) exists only with speculative decoding, as in SGLang.
 """
 
 from __future__ import annotations
@@ -23,28 +33,31 @@ from prometheus_client import (
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
-SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank")
-TOKENIZER_LABELS = ("model_name",)
+ENGINE_TYPE = "unified"
+SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+TOKENIZER_LABELS = ("model_name", "engine_type")
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
-               0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
-E2E_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
-               100.0, 200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0)
+# SGLang 0.5.17's default buckets (metrics_collector.py; as exported by the recorded server)
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+               0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+               600.0, 1200.0, 1800.0, 2400.0)
 
 
 class SimMetrics:
     """The sim's ``sglang:`` metrics. Methods are thread-safe (prometheus_client is)."""
 
-    def __init__(self, model_name: str, tp_size: int = 1, all_schedulers: bool = False) -> None:
+    def __init__(self, model_name: str, tp_size: int = 1, all_schedulers: bool = False,
+                 speculative: bool = True, is_streaming_label: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         ranks = range(tp_size) if all_schedulers else range(1)
         self._sched_labels = [
-            {"model_name": model_name, "engine_type": "unified", "tp_rank": str(i), "pp_rank": "0"} for i in ranks
+            {"model_name": model_name, "engine_type": ENGINE_TYPE, "tp_rank": str(i), "pp_rank": "0",
+             "moe_ep_rank": "0"} for i in ranks
         ]
-        self._tok_labels = {"model_name": model_name}
+        self._tok_labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
 
         def g(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, SCHEDULER_LABELS, registry=r)
@@ -60,53 +73,67 @@ class SimMetrics:
         )
         self.spec_accept_rate = g("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding "
                                   "(accepted draft tokens / proposed draft tokens).")
-        self.is_cuda_graph = g("sglang:is_cuda_graph", "Whether the last batch ran with a CUDA graph.")
+        self.spec_num_steps = g("sglang:spec_num_steps", "The number of speculative decoding steps.")
+        self.spec_num_draft_tokens = g("sglang:spec_num_draft_tokens", "The number of speculative draft tokens.")
+        self.is_cuda_graph = g("sglang:is_cuda_graph", "Whether the batch is using CUDA graph.")
         self.max_total_num_tokens = g("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache.")
-        self.spec_verify_calls = Counter("sglang:spec_verify_calls_total",
-                                         "The number of verify calls (one per request per verify pass).",
-                                         SCHEDULER_LABELS, registry=r)
+        self.context_len = g("sglang:context_len", "The context length of the model.")
         self.cuda_graph_passes = Counter("sglang:cuda_graph_passes_total",
-                                         "The number of forward passes run with a CUDA graph.",
-                                         SCHEDULER_LABELS, registry=r)
+                                         "Total number of forward passes categorized by CUDA graph.",
+                                         (*SCHEDULER_LABELS, "mode"), registry=r)
+        self.realtime_tokens = Counter("sglang:realtime_tokens_total",
+                                       "Total number of tokens processed (updated on each log interval). "
+                                       "mode: prefill_compute, prefill_cache, decode.",
+                                       (*SCHEDULER_LABELS, "mode"), registry=r)
 
+        # 0.5.17 and 0.5.23 split these by is_streaming; 0.5.13.post1 does not
+        self._is_streaming_label = is_streaming_label
+        streaming = (*TOKENIZER_LABELS, "is_streaming") if is_streaming_label else TOKENIZER_LABELS
         self.prompt_tokens = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-                                     TOKENIZER_LABELS, registry=r)
+                                     streaming, registry=r)
         self.generation_tokens = Counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
-                                         TOKENIZER_LABELS, registry=r)
+                                         streaming, registry=r)
         self.cached_tokens = Counter("sglang:cached_tokens_total", "Number of cached prompt tokens.",
-                                     TOKENIZER_LABELS, registry=r)
+                                     (*TOKENIZER_LABELS, "cache_source"), registry=r)
         self.num_requests = Counter("sglang:num_requests_total", "Number of requests processed.",
-                                    TOKENIZER_LABELS, registry=r)
+                                    streaming, registry=r)
+        self.spec_verify_calls = (
+            Counter("sglang:spec_verify_calls_total", "Number of speculative decoding verification calls.",
+                    TOKENIZER_LABELS, registry=r) if speculative else None
+        )
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TOKENIZER_LABELS, buckets=TTFT_BUCKETS, registry=r)
+                              streaming, buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                              TOKENIZER_LABELS, buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                             TOKENIZER_LABELS, buckets=E2E_BUCKETS, registry=r)
+                             streaming, buckets=E2E_BUCKETS, registry=r)
 
-        # materialize the labelled series so they are exported from the start
+        # the scheduler's gauges are exported from the start (SGLang logs its stats at startup)
         for labels in self._sched_labels:
             for m in (self.num_running_reqs, self.num_queue_reqs, self.num_used_tokens, self.token_usage,
                       self.gen_throughput, self.cache_hit_rate, self.spec_accept_length, self.spec_accept_rate,
-                      self.is_cuda_graph, self.max_total_num_tokens, self.spec_verify_calls, self.cuda_graph_passes):
+                      self.spec_num_steps, self.spec_num_draft_tokens, self.is_cuda_graph,
+                      self.max_total_num_tokens, self.context_len):
                 m.labels(**labels)
-        for m in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.num_requests,
-                  self.ttft, self.itl, self.e2e):
-            m.labels(**self._tok_labels)
 
     # scheduler side -------------------------------------------------------------
     def set_sched(self, gauge: Gauge, value: float) -> None:
         for labels in self._sched_labels:
             gauge.labels(**labels).set(value)
 
-    def inc_sched(self, counter: Counter, amount: float) -> None:
+    def inc_sched(self, counter: Counter, amount: float, **extra: str) -> None:
+        """Add ``amount`` (nothing when 0: a series appears with its first count, as in SGLang)."""
         if amount:
             for labels in self._sched_labels:
-                counter.labels(**labels).inc(amount)
+                counter.labels(**labels, **extra).inc(amount)
 
     # tokenizer side -------------------------------------------------------------
-    def tok(self, metric):  # returns the labelled child
-        return metric.labels(**self._tok_labels)
+    def tok(self, metric, **extra: str):  # returns the labelled child
+        return metric.labels(**self._tok_labels, **extra)
+
+    def streaming(self, streaming: bool) -> dict[str, str]:
+        """The ``is_streaming`` label of a request's tokenizer metrics (none where the version has none)."""
+        return {"is_streaming": "true" if streaming else "false"} if self._is_streaming_label else {}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,13 +9,18 @@ goes through a verify pass) for at least ``SGLANG_SIM_WARMUP_SECONDS`` (default 
 Endpoints (JSON shapes as SGLang):
 
 * ``GET /health``, ``/health_generate``: 503 until ready, then 200 (empty body) after a
-  simulated 1-token generation of ``SGLANG_SIM_HEALTH_SECONDS`` (default 0.05).
+  simulated 1-token generation of ``SGLANG_SIM_HEALTH_SECONDS`` (default 0.05; real SGLang
+  takes ~1 s, see :data:`DEFAULT_HEALTH_SECONDS`).
 * ``GET /ready`` (simulated versions >= 0.5.20): 200 when ready, else 503.
 * ``GET /server_info``, ``/get_server_info``: server args (SGLang field names) + scheduler
   info + ``version`` + ``internal_states`` (one dict per DP rank).
 * ``GET /model_info``, ``/get_model_info``, ``/v1/models``.
 * ``POST /generate`` (``text`` str or list, or ``input_ids``; ``sampling_params``;
   ``stream``), ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` too).
+  A prompt too long for the context (``SimApp.check_length``, SGLang's
+  ``_validate_one_request``) answers HTTP 400 ``{"error": {"message": "The input (N tokens) is
+  longer than the model's context length (C tokens)."}}`` (OpenAI endpoints: an
+  ``ErrorResponse``; streamed: an ``error`` event, then ``[DONE]``, with HTTP 200).
 * ``POST|GET /flush_cache``; ``GET /metrics`` only with ``--enable-metrics`` (else 404).
 * Test-double controls: ``POST /_sim/accept_length {"value": float|null}``,
   ``GET /_sim/state``, and fault injection ``POST /_sim/fault`` with any of
@@ -52,13 +57,18 @@ from typing import Any
 import prometheus_client
 
 from ddtree_ops.sim.args import SimArgumentError, SimConfig, parse_args, parse_version
-from ddtree_ops.sim.engine import Engine, Request, count_tokens, filler_text
+from ddtree_ops.sim.engine import Engine, Request, count_tokens, filler_ids, filler_text
 from ddtree_ops.sim.metrics import CONTENT_TYPE, SimMetrics
 
 logger = logging.getLogger("ddtree_ops.sim")
 
 BANNER = "SGLang SIMULATOR (ddtree_ops.sim) -- a TEST DOUBLE, NOT SGLang: no model, no GPU."
 DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_HEALTH_SECONDS = 0.05
+"""Default time of a ``/health`` answer (``SGLANG_SIM_HEALTH_SECONDS``). Real SGLang takes about
+1 s (0.5.17 ``http_server.health_generate`` sleeps 1 s before it first looks for the answer of
+its 1-token generation, then polls every second up to its 20 s timeout); the simulator answers
+fast so that tests polling /health stay fast. ``SGLANG_SIM_HEALTH_SECONDS=1`` reproduces SGLang."""
 
 
 def _env_float(name: str, default: float) -> float:
@@ -83,14 +93,21 @@ class SimApp:
         self.cfg = cfg
         sa = cfg.server_args
         self.metrics = (
-            SimMetrics(cfg.model_name, sa["tp_size"], sa["enable_metrics_for_all_schedulers"])
+            SimMetrics(cfg.model_name, sa["tp_size"], sa["enable_metrics_for_all_schedulers"],
+                       speculative=cfg.speculative, is_streaming_label=parse_version(cfg.version) > (0, 5, 13))
             if sa["enable_metrics"] else None
         )
         if self.metrics is not None:
-            self.metrics.set_sched(self.metrics.max_total_num_tokens, cfg.max_total_num_tokens)
+            m = self.metrics
+            m.set_sched(m.max_total_num_tokens, cfg.max_total_num_tokens)
+            m.set_sched(m.context_len, cfg.context_length)
+            spec = cfg.speculative
+            m.set_sched(m.spec_num_steps, (sa.get("speculative_num_steps") or 0) if spec else 0)
+            m.set_sched(m.spec_num_draft_tokens, (sa.get("speculative_num_draft_tokens") or 0) if spec else 0)
+        self.num_reserved_tokens = reserved_tokens(cfg)
         self.engine = Engine(cfg, self.metrics)
         self.phase = "loading"
-        self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", 0.05)
+        self.health_seconds = _env_float("SGLANG_SIM_HEALTH_SECONDS", DEFAULT_HEALTH_SECONDS)
         self.started = time.time()
         self.version = cfg.version
         min_px = os.environ.get("SGLANG_SIM_VISION_MIN_PIXELS")
@@ -194,13 +211,32 @@ class SimApp:
         name = self.cfg.model_name
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": int(self.started), "owned_by": "sglang",
-            "root": name, "max_model_len": self.cfg.context_length,
+            "root": name, "parent": None, "max_model_len": self.cfg.context_length,
         }]}
 
     # ---- generation ------------------------------------------------------------------
-    def new_request(self, prompt_tokens: int, max_new_tokens: int, key: str, count: bool = True) -> Request:
+    def check_length(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
+        """SGLang's ``TokenizerManager._validate_one_request`` (``allow_auto_truncate`` off):
+        :class:`ContextLengthError` when the input (plus the tokens EAGLE reserves) reaches the
+        context length, or when input + ``max_new_tokens`` (when the request sets it) exceeds it."""
+        ctx = self.cfg.context_length
+        n = prompt_tokens + self.num_reserved_tokens
+        if n >= ctx:
+            raise ContextLengthError(f"The input ({n} tokens) is longer than the model's context length "
+                                     f"({ctx} tokens).")
+        if max_new_tokens is not None and n + max_new_tokens > ctx:
+            raise ContextLengthError(
+                "Requested token count exceeds the model's maximum context length "
+                f"of {ctx} tokens. You requested a total of {n + max_new_tokens} "
+                f"tokens: {n} tokens from the input messages and "
+                f"{max_new_tokens} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit.")
+
+    def new_request(self, prompt_tokens: int, max_new_tokens: int, key: str, count: bool = True,
+                    streaming: bool = False) -> Request:
         limit = max(0, self.cfg.context_length - prompt_tokens)
-        req = Request(prompt_tokens=prompt_tokens, max_new_tokens=max(0, min(max_new_tokens, limit)), prompt_key=key)
+        req = Request(prompt_tokens=prompt_tokens, max_new_tokens=max(0, min(max_new_tokens, limit)), prompt_key=key,
+                      streaming=streaming)
         req.count_in_metrics = count
         return self.engine.submit(req)
 
@@ -210,6 +246,23 @@ class SimApp:
 
     def text_of(self, req: Request) -> str:
         return filler_text(0, req.completion_tokens)
+
+    def output_ids(self, req: Request) -> list[int]:
+        return filler_ids(0, req.completion_tokens)
+
+
+class ContextLengthError(ValueError):
+    """A prompt SGLang's tokenizer manager refuses for its length (HTTP 400 in SGLang's shapes)."""
+
+
+def reserved_tokens(cfg: SimConfig) -> int:
+    """SGLang's ``compute_num_reserved_tokens``: EAGLE/EAGLE3 keep draft tokens in the output
+    slots, ``max(topk * steps, num_draft_tokens)`` per request; other algorithms reserve none."""
+    if cfg.algorithm not in ("EAGLE", "EAGLE3"):
+        return 0
+    sa = cfg.server_args
+    return max(int(sa["speculative_eagle_topk"] or 0) * int(sa["speculative_num_steps"] or 0),
+               int(sa["speculative_num_draft_tokens"] or 0))
 
 
 class SimServer(ThreadingHTTPServer):
@@ -246,10 +299,13 @@ class Handler(BaseHTTPRequestHandler):
         return self.server.app
 
     # ---- helpers -----------------------------------------------------------------
-    def _send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+    def _send(self, status: int, body: bytes = b"", ctype: str | None = "application/json") -> None:
+        """One response; ``ctype`` None: no Content-Type (SGLang's empty ``Response``, e.g. /health)."""
         self.send_response(status)
-        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        if ctype is not None:
+            self.send_header("Content-Type", ctype)
+        self.send_header("Vary", "Origin")  # SGLang's CORS middleware, on every answer
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -273,6 +329,7 @@ class Handler(BaseHTTPRequestHandler):
     def _start_stream(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Vary", "Origin")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
@@ -320,10 +377,10 @@ class Handler(BaseHTTPRequestHandler):
             if app.metrics is None:
                 return self._send(404, b'{"detail":"Not Found"}')
             if app.phase != "ready":
-                return self._send(503, b"")
+                return self._send(503, b"", None)
             return self._send(200, app.metrics.render(), CONTENT_TYPE)
         if app.phase != "ready":
-            return self._send(503, b"")
+            return self._send(503, b"", None)
         if not self._auth_ok():
             return self._error(401, "Unauthorized")
         if not (self._get(path) if method == "GET" else self._post(path)):
@@ -337,9 +394,9 @@ class Handler(BaseHTTPRequestHandler):
             while app.health_hang:  # fault: the 1-token generation never returns
                 time.sleep(0.05)
             time.sleep(app.health_seconds)
-            self._send(503 if app.take_health_503() else 200, b"")
+            self._send(503 if app.take_health_503() else 200, b"", None)
         elif path == "/ready" and parse_version(app.version) >= (0, 5, 20):
-            self._send(200, b"")
+            self._send(200, b"", None)
         elif path in ("/server_info", "/get_server_info"):
             self._json(200, app.server_info())
         elif path in ("/model_info", "/get_model_info"):
@@ -410,7 +467,8 @@ class Handler(BaseHTTPRequestHandler):
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise ValueError("sampling_params must be an object")
-        max_new = int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+        given_max_new = params.get("max_new_tokens")
+        max_new = int(DEFAULT_MAX_NEW_TOKENS if given_max_new is None else given_max_new)
         text = body.get("text")
         ids = body.get("input_ids")
         if text is None and ids is None:
@@ -424,20 +482,38 @@ class Handler(BaseHTTPRequestHandler):
         img_tokens = [app.image_tokens(imgs) for imgs in images]
         if text is not None:
             prompts = text if isinstance(text, list) else [text]
-            reqs = [app.new_request(count_tokens(t) + img_tokens[i], max_new, t) for i, t in enumerate(prompts)]
+            sized = [(count_tokens(t) + img_tokens[i], t) for i, t in enumerate(prompts)]
         else:
             id_lists = ids if batch else [ids]
-            reqs = [app.new_request(max(1, len(x)) + img_tokens[i], max_new, json.dumps(x))
-                    for i, x in enumerate(id_lists)]
+            sized = [(max(1, len(x)) + img_tokens[i], json.dumps(x)) for i, x in enumerate(id_lists)]
+        stream = bool(body.get("stream"))
+        try:  # SGLang validates every prompt before it schedules any
+            for tokens, _ in sized:
+                app.check_length(tokens, None if given_max_new is None else max_new)
+        except ContextLengthError as exc:
+            if not stream:  # http_server._create_error_response
+                return self._json(400, {"error": {"message": str(exc)}})
+            # http_server.generate_request's stream: the error as an event, then [DONE] (HTTP 200)
+            self._start_stream()
+            self._sse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400,
+                                 "retryable": False}})
+            self._sse("[DONE]")
+            return None
+        reqs = [app.new_request(tokens, max_new, key, streaming=stream) for tokens, key in sized]
         spec = app.cfg.speculative
-        if body.get("stream"):
+        if stream:
             self._start_stream()
             for i, req in enumerate(reqs):
+                first = True
                 while True:
                     kind, _ = req.events.get()
                     if kind == "tokens" and req.finished:
                         continue  # the "done" event right behind carries the final chunk
-                    out = {"text": app.text_of(req), "meta_info": req.meta_info(spec), "index": i}
+                    out = {"text": app.text_of(req), "output_ids": app.output_ids(req),
+                           "meta_info": req.meta_info(spec, final=kind == "done", first_chunk=first)}
+                    if batch:  # tokenizer_manager._stream_batch_responses tags a batch's chunks
+                        out["index"] = i
+                    first = False
                     self._sse(out)
                     if kind == "done":
                         break
@@ -445,7 +521,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         for req in reqs:
             app.wait(req)
-        outs = [{"text": app.text_of(r), "meta_info": r.meta_info(spec)} for r in reqs]
+        outs = [{"text": app.text_of(r), "output_ids": app.output_ids(r), "meta_info": r.meta_info(spec)}
+                for r in reqs]
         return self._json(200, outs if batch else outs[0])
 
     # ---- OpenAI-compatible --------------------------------------------------------------------
@@ -457,13 +534,28 @@ class Handler(BaseHTTPRequestHandler):
         else:
             prompt = _completion_prompt(body)
             image_tokens = 0
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
-        req = app.new_request(count_tokens(prompt) + image_tokens, int(max_new), prompt)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        given_max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_new = int(given_max_new or DEFAULT_MAX_NEW_TOKENS)
+        stream = bool(body.get("stream"))
+        tokens = count_tokens(prompt) + image_tokens
+        try:
+            app.check_length(tokens, None if given_max_new is None else max_new)
+        except ContextLengthError as exc:
+            # serving_base.create_error_response: an ErrorResponse (HTTP 400); streamed, as an
+            # {"error": ErrorResponse} event, then [DONE] (HTTP 200)
+            error = {"object": "error", "message": str(exc), "type": "BadRequestError", "param": None, "code": 400}
+            if not stream:
+                return self._json(400, error)
+            self._start_stream()
+            self._sse({"error": error})
+            self._sse("[DONE]")
+            return None
+        req = app.new_request(tokens, max_new, prompt, streaming=stream)
+        rid = uuid.uuid4().hex  # SGLang 0.5.17: a bare hex id, no "chatcmpl-"/"cmpl-" prefix
         created = int(time.time())
         model = body.get("model") or app.cfg.model_name
         obj = "chat.completion" if chat else "text_completion"
-        if body.get("stream"):
+        if stream:
             return self._openai_stream(body, req, chat, rid, created, model)
         app.wait(req)
         text = app.text_of(req)
@@ -473,59 +565,88 @@ class Handler(BaseHTTPRequestHandler):
                   else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None})
         return self._json(200, {
             "id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                      "total_tokens": req.prompt_tokens + req.completion_tokens,
-                      "prompt_tokens_details": {"cached_tokens": req.cached_tokens}},
+            "usage": {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.completion_tokens,
+                      "completion_tokens": req.completion_tokens, "prompt_tokens_details": None,
+                      "reasoning_tokens": 0},
             "metadata": {"weight_version": "default"},
         })
 
     def _openai_stream(self, body: dict[str, Any], req: Request, chat: bool, rid: str, created: int,
                        model: str) -> None:
-        """Stream ``req`` as OpenAI chunks (``chat.completion.chunk`` or ``text_completion``), then ``[DONE]``."""
-        obj = "chat.completion" if chat else "text_completion"
-        # stream_options as SGLang 0.5.23 (serving_chat/serving_completions, utils.should_include_usage):
+        """Stream ``req`` as OpenAI chunks (``chat.completion.chunk`` or ``text_completion``), then
+        ``[DONE]``, in SGLang 0.5.17's shapes: one chunk a forward pass; a completions chunk
+        carries ``"usage": null`` and its last one the finish reason; a chat stream opens with
+        the role, and ends with an empty delta carrying the finish reason."""
+        # stream_options as SGLang (serving_chat/serving_completions, utils.should_include_usage):
         # continuous_usage_stats puts the running usage on every chunk; include_usage adds one
         # usage chunk with empty choices after the last one (the server default is off).
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise ValueError("stream_options must be an object")
-        continuous, include_usage = bool(opts.get("continuous_usage_stats")), bool(opts.get("include_usage"))
-
-        def usage() -> dict[str, int]:
-            return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                    "total_tokens": req.prompt_tokens + req.completion_tokens}
-
+        c = _Chunks(req, chat, rid, created, model, bool(opts.get("continuous_usage_stats")))
         self._start_stream()
         sent = 0
         if chat:
-            self._sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": None}]})
+            self._sse(c.chunk("", None, role=True))
         while True:
             kind, _ = req.events.get()
             if kind == "done":
                 break
+            if req.finished and not chat:
+                continue  # the "done" event right behind: its chunk carries the finish reason
             piece = filler_text(sent, req.completion_tokens - sent)
             sent = req.completion_tokens
-            choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-                      else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
-            chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
-                     "model": model, "choices": [choice]}
-            self._sse(chunk | {"usage": usage()} if continuous else chunk)
-        final = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-                 else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
-        chunk = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
-                 "choices": [final]}
-        self._sse(chunk | {"usage": usage()} if continuous else chunk)
-        if include_usage:
-            self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": model,
-                       "choices": [], "usage": usage()})
+            self._sse(c.chunk(piece, None))
+        self._sse(c.chunk(None if chat else filler_text(sent, req.completion_tokens - sent), "length"))
+        if opts.get("include_usage"):
+            self._sse(c.usage_chunk())
         self._sse("[DONE]")
         return None
 
 
+class _Chunks:
+    """SGLang 0.5.17's OpenAI stream chunks of one request (serving_chat / serving_completions)."""
+
+    def __init__(self, req: Request, chat: bool, rid: str, created: int, model: str, continuous: bool) -> None:
+        self.req, self.chat, self.continuous = req, chat, continuous
+        self.head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model}
+
+    def usage(self) -> dict[str, Any]:
+        r = self.req
+        u: dict[str, Any] = {"prompt_tokens": r.prompt_tokens, "total_tokens": r.prompt_tokens + r.completion_tokens,
+                             "completion_tokens": r.completion_tokens}
+        if self.chat:
+            u["prompt_tokens_details"] = None
+        u["reasoning_tokens"] = 0
+        return u
+
+    def chunk(self, piece: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"reasoning_content": None}
+            if role:
+                delta["role"] = "assistant"
+            if piece is not None:
+                delta["content"] = piece
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish,
+                      "matched_stop": None}
+        out: dict[str, Any] = {**self.head, "choices": [choice]}
+        if self.continuous:
+            out["usage"] = self.usage()
+        elif not self.chat:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {**self.head, "choices": [], "usage": self.usage()}
+
+
 def _chat_prompt(body: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``(prompt text, image URLs)`` of a chat request: the messages' text joined by newlines."""
+    """``(prompt text, image URLs)`` of a chat request: the messages through a plain chat
+    template (``role: content`` a line, then ``assistant:``, as the fixtures' tiny Llama's), so
+    prompt tokens count the template's tokens too, as SGLang's do."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ValueError("messages must be a non-empty list")
@@ -541,8 +662,8 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, list[Any]]:
                     iu = p.get("image_url")
                     images.append(iu.get("url") if isinstance(iu, dict) else iu)
             c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
-        parts.append(str(c or ""))
-    return "\n".join(parts), images
+        parts.append(f"{m.get('role') or 'user'}: {c or ''}\n")
+    return "".join(parts) + "assistant:", images
 
 
 def _completion_prompt(body: dict[str, Any]) -> str:
@@ -601,7 +722,8 @@ def _install_signal_handlers() -> None:
 
 def _warmup(app: SimApp) -> None:
     """SGLang's own warmup: one /generate-like request (bs 1, max_new_tokens 8)."""
-    req = app.new_request(count_tokens("The capital city of France is"), 8, "", count=True)
+    text = "The capital city of France is"
+    req = app.new_request(count_tokens(text), 8, text, count=True)
     app.wait(req, timeout=600)
 
 
