@@ -176,7 +176,8 @@ class Recording:
 
     @property
     def name(self) -> str:
-        return f"{self.version}/{self.path.name}"
+        # the recording's folder too: two runs of one release must not share a name (replays are keyed by it)
+        return f"{self.version}/{self.path.parent.name}/{self.path.name}"
 
     @property
     def algorithm(self) -> str | None:
@@ -247,6 +248,7 @@ def recordings() -> list[Recording]:
 
 RECORDINGS = recordings()
 IDS = [r.name for r in RECORDINGS]
+assert len(set(IDS)) == len(IDS), f"two recorded servers share a name: {IDS}"
 
 
 # ------------------------------------------------------------------ replay against a simulator
