@@ -156,8 +156,18 @@ def test_exporter_runs_from_the_upstream_alone(recording, name):
     # metrics_before -> under_load -> after: generation tokens moved, so the rate is there,
     # with or without speculation (a server without speculation has no verify counter)
     assert value["ddtree_generation_tokens_per_second"] and value["ddtree_generation_tokens_per_second"][0] > 0
-    if name == "none":
-        assert value["ddtree_accept_length"] == []
+    if name == "none":  # real 0.5.17 exports spec_accept_length 0.0 without speculation: absent here
+        assert value["ddtree_accept_length"] == [] and value["ddtree_accept_length_sglang"] == []
+
+
+@pytest.mark.parametrize("name, words", [("none", "no speculative decoding"), ("eagle3", "tokens per verify pass")])
+def test_health_says_when_a_real_server_runs_no_speculation(name, words):
+    from ddtree_ops.ops.health import HealthOptions, check_health
+
+    with Replay(REAL_0517 / name) as r:
+        checks = check_health(r.url, options=HealthOptions(timeout=3, failures=1, interval_s=0, progress_window_s=0.1))
+    acc = {c.name: c for c in checks}["accept_length"]
+    assert acc.ok and words in acc.detail, acc
 
 
 def test_exporter_cli_starts_without_a_plan(tmp_path):

@@ -600,7 +600,7 @@ async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DE
         if isinstance(info, dict):
             keep = ("version", "model_path", "served_model_name", "speculative_algorithm", "tp_size", "dp_size",
                     "max_running_requests", "speculative_num_draft_tokens", "speculative_dflash_block_size",
-                    "speculative_ddtree_budget", "cuda_graph_max_bs")
+                    "speculative_ddtree_budget", "cuda_graph_max_bs", "cuda_graph_max_bs_decode")
             return {k: (preview(str(info[k]), 200) if isinstance(info[k], str) else info[k])
                     for k in keep if k in info and isinstance(info[k], str | int | float | bool | type(None))}
     return {}

@@ -551,7 +551,9 @@ class _Collector(Collector):
 
         accept, tps = e.window_rates() if up else (None, None)
         yield gauge("ddtree_accept_length", accept)
-        yield gauge("ddtree_accept_length_sglang", last.sglang_accept_length if up and last else None)
+        # Real SGLang without speculation exports spec_accept_length 0.0 (0.5.17 captures): no
+        # acceptance to report, so absent rather than a 0 that reads as a collapse.
+        yield gauge("ddtree_accept_length_sglang", last.sglang_accept_length if up and last and spec else None)
         yield gauge("ddtree_generation_tokens_per_second", tps)
         yield gauge("ddtree_scheduler_stuck", e.scheduler_stuck() if up else None)
 

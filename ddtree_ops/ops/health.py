@@ -61,9 +61,13 @@ PROGRESS_COUNTERS = (
     "sglang:num_requests_total",
 )
 """Counters that move while the scheduler makes progress (any of them moving is progress).
-``generation_tokens_total`` alone moves only when a request finishes; the scheduler-side
-``realtime_tokens_total``/``spec_verify_calls_total`` move every forward pass. Shared by the
-``progress`` check and the exporter's ``ddtree_scheduler_stuck``."""
+``generation_tokens_total``, ``spec_verify_calls_total``, ``prompt_tokens_total`` and
+``num_requests_total`` move only when a request finishes (0.5.13.post1, 0.5.17 and 0.5.23:
+``observe_one_finished_request``); the scheduler-side ``realtime_tokens_total{mode}`` moves every
+forward pass (seen in the real 0.5.17 captures, ``tests/fixtures/gpu/``), so a long generation
+with nothing finishing is still progress. ``forward_execution_seconds_total`` is in no recorded
+release's text; it is kept for builds that export it. Shared by the ``progress`` check and the
+exporter's ``ddtree_scheduler_stuck``."""
 
 LOAD_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 """SGLang's scheduler load gauges (per TP rank with ``--enable-metrics-for-all-schedulers``)."""
@@ -299,8 +303,12 @@ def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given:
     if options_given:
         checks.append(_progress(c, o))
     al = accept_length(info)
+    # a server that reports speculative_algorithm null runs no speculation (real 0.5.17): say so
+    no_spec = "speculative_algorithm" in info and info["speculative_algorithm"] in (None, "", "NONE", "none")
     checks.append(
-        Check("accept_length", True, "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass")
+        Check("accept_length", True,
+              "no speculative decoding (speculative_algorithm none)" if no_spec and al is None
+              else "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass")
     )
     return checks
 
