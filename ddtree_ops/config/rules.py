@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Iterator
 
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
 from .errors import Finding
-from .hosts import HOST_CLASSES
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
@@ -39,11 +38,21 @@ def _warn(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
     return Finding("warning", field, value, rule, fix, source)
 
 
+HOST_CLASS_SOURCE = "ddtree_ops/config/hosts.py (the host-class table)"
+
+
 def rule_host_class(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """The host class is one this toolkit knows."""
-    if d.host_class not in HOST_CLASSES:
+    """Every ``ddtree_host_classes`` entry resolves to a complete, consistent class
+    (:func:`~.hosts.resolve_host_classes`), and the host's class is in the table."""
+    refused = set()
+    for e in d.host_class_problems:
+        refused.add(e.field.split(".")[1] if e.field.count(".") else "")
+        yield _err(e.field, e.value, e.rule, e.fix, HOST_CLASS_SOURCE)
+    table = d.host_class_table
+    if d.host_class not in table and d.host_class not in refused:
         yield _err("ddtree_host_class", d.host_class, "unknown host class",
-                   f"use one of {', '.join(sorted(HOST_CLASSES))}")
+                   f"use one of {', '.join(sorted(table))}, or add it to ddtree_host_classes "
+                   "(docs/configuration.md, 'Host classes')")
 
 
 def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -485,7 +494,7 @@ def rule_remote_code_pinned(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def _host_class(d: Deployment):
-    return HOST_CLASSES.get(d.host_class)
+    return d.host_class_def
 
 
 _PIN_FIELDS = {

@@ -2,9 +2,10 @@
 
 Runs ON the GPU host (standard library only: the deploy play runs it there as a zipapp built
 by :func:`build_zipapp`, with the host's ``python3``, before ddtree-ops is installed; the CLI
-runs the same code). It reads the machine, compares it with a host class (the table
-:data:`ddtree_ops.config.hosts.HOST_CLASSES`) and, with a ``plan.json``, with one deployment
-(toolkit, ports, directories), and reports one check per fact.
+runs the same code). It reads the machine, compares it with a host class (the built-in table
+:data:`ddtree_ops.config.hosts.HOST_CLASSES`, plus the class a ``plan.json`` defines in
+``deployment.host_classes``: one of the inventory's ``ddtree_host_classes``) and, with a
+``plan.json``, with one deployment (toolkit, ports, directories), and reports one check per fact.
 
 Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, plus
 ``skipped: true`` where the check does not apply):
@@ -41,7 +42,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.hosts import HOST_CLASSES, HostClass
+from ..config.hosts import HOST_CLASSES, HostClass, resolve_host_classes
 from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain, version_key
 from . import gpu_facts as gf
 from .ports import check_port
@@ -285,7 +286,8 @@ class Expect:
 
     Attributes:
         host_class: the class, or None (then :func:`preflight` reports which class matches).
-        classes: the host-class table the machine is matched against (default: the built-in one).
+        classes: the host-class table the machine is matched against (the built-in one, plus the
+            plan's ``deployment.host_classes``).
         toolchain: :func:`ddtree_ops.config.toolchain.plan_toolchain` of the deployment
             (``{}``: derive from the class, or from the GPUs seen when no class is given).
         ports: ``(port, allowed unit or None, bind address or None)`` the deployment listens on.
@@ -333,8 +335,10 @@ def plan_fields(plan: dict) -> dict:
     preflight reads, checked for type and range in one place.
 
     Returns:
-        ``{host_class, unit, exporter_unit, port, host, exporter_port, model_path, state, cache,
-        toolchain}``: ``host_class`` a name of :data:`HOST_CLASSES`; ``unit`` (``exporter_unit``
+        ``{host_class, classes, unit, exporter_unit, port, host, exporter_port, model_path, state,
+        cache, toolchain}``: ``classes`` the built-in table with ``deployment.host_classes`` (absent:
+        none; each entry checked by :func:`ddtree_ops.config.hosts.resolve_host_classes`, the
+        inventory's own rules) merged over it; ``host_class`` a name of it; ``unit`` (``exporter_unit``
         or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints
         :data:`PORT_MIN`..65535 (``exporter_port`` None when absent, refused when null); ``host`` str
         or None; ``model_path`` str (``deployment.model`` an object); ``state``, ``cache`` absolute
@@ -384,10 +388,17 @@ def plan_fields(plan: dict) -> dict:
     for d in ("deployment.ops", "plan.toolchain"):
         get(d, "an object or null", opt(lambda v: isinstance(v, dict)))
     get("deployment.model", "an object", lambda v: isinstance(v, dict))
+    classes, problems = resolve_host_classes(plan["deployment"].get("host_classes"), where="deployment.host_classes",
+                                             ignore_unknown=True)
+    if problems:  # the writer writes only resolved entries: this is no plan.json of ours
+        e = problems[0]
+        raise PreflightUsageError(f"--plan: {e.field} is {_shown(e.value)}: {e.rule} ({e.fix}); {fix}", e.field,
+                                  e.value, e.rule)
     ops = plan["deployment"].get("ops")
     out = {
-        "host_class": get("host_class", f"one of {', '.join(sorted(HOST_CLASSES))}",
-                          lambda v: isinstance(v, str) and v in HOST_CLASSES),
+        "classes": classes,
+        "host_class": get("host_class", f"one of {', '.join(sorted(classes))}",
+                          lambda v: isinstance(v, str) and v in classes),
         "unit": get("unit", "a systemd service name such as ddtree-sglang.service", text(_UNIT, 256)),
         "exporter_unit": get("exporter_unit", "a systemd service name or null", opt(text(_UNIT, 256))),
         "port": get("deployment.server.port", f"an integer {PORT_MIN}..65535", port),
@@ -429,7 +440,7 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
         raise PreflightUsageError(f"host class {_shown(host_class)}: use one of {', '.join(sorted(e.classes))}")
     if plan is not None:
         f = plan_fields(plan)
-        e.toolchain, e.unit, name = f["toolchain"], f["unit"], f["host_class"]
+        e.toolchain, e.unit, name, e.classes = f["toolchain"], f["unit"], f["host_class"], f["classes"]
         bind = f["host"] or None
         e.ports = [(f["port"], e.unit, bind)]
         if f["exporter_port"] is not None:
@@ -442,7 +453,8 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
         host_class = name
     if host_class is not None:
         if host_class not in e.classes:
-            raise PreflightUsageError(f"host class {host_class[:200]!r}: use one of {', '.join(sorted(e.classes))}")
+            raise PreflightUsageError(f"host class {host_class[:200]!r}: use one of {', '.join(sorted(e.classes))} "
+                                      "(a class of the inventory's ddtree_host_classes: give the deployment's --plan)")
         e.host_class = e.classes[host_class]
         if not e.toolchain:
             e.toolchain = plan_toolchain(e.host_class.arch, None, None)
@@ -1168,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
     ``--json`` that too prints a JSON report (one failed ``internal`` check), never a traceback
     alone, as the deploy play reads stdout."""
     ap = argparse.ArgumentParser(prog="preflight", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))} (default: report which matches)")
+    ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))}, or a class the --plan defines "
+                    "(default: report which matches)")
     ap.add_argument("--plan", help="the deployment's plan.json (host class, toolkit, ports, directories)")
     ap.add_argument("--nvidia-smi", default="nvidia-smi")
     ap.add_argument("--skip", action="append", default=[], help="report this check as skipped (repeatable)")
