@@ -133,6 +133,16 @@ def test_an_entry_named_like_a_built_in_is_merged_over_it():
     assert plan_document(v)["deployment"]["host_classes"] == {"b300": hc.as_dict()}  # the host gets the override
 
 
+def test_a_class_asking_for_a_newer_toolkit_raises_the_default_and_refuses_older_pins():
+    classes = {"h200x4": {**H200X4["h200x4"], "min_cuda": "13.0"}}
+    v = validate_hostvars("h1", h200("h200x4", classes, tp_size=4))
+    assert v.plan.toolchain["cuda"] == "13.0"
+    hv = h200("h200x4", classes, tp_size=4) | {"ddtree_toolchain": {"cuda": "12.9"}}
+    [f] = errors_of(hv)
+    assert (f.field, f.value) == ("ddtree_toolchain.cuda", "12.9")
+    assert "the host class asks for CUDA 13.0 or newer" in f.rule and 'pin cuda: "13.0"' in f.fix
+
+
 @pytest.mark.parametrize("classes, field, value, words", [
     ({"h200x4": {"like": "h200x8", "gpu_count": 0}}, "ddtree_host_classes.h200x4.gpu_count", 0, "integer 1..64"),
     ({"h200x4": {"like": "h200x8", "gpu_count": "4"}}, "ddtree_host_classes.h200x4.gpu_count", "4", "integer 1..64"),

@@ -190,7 +190,8 @@ def make_plan(d: Deployment) -> Plan:
         attention_backend=attention,
         page_size=page_size,
         disable_overlap_schedule=overlap_off,
-        toolchain=plan_toolchain(hc.arch if hc else None, d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d)),
+        toolchain=plan_toolchain(hc.arch if hc else None, d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d),
+                                 min_cuda=hc.min_cuda if hc else None),
     )
 
 

@@ -457,7 +457,7 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
                                       "(a class of the inventory's ddtree_host_classes: give the deployment's --plan)")
         e.host_class = e.classes[host_class]
         if not e.toolchain:
-            e.toolchain = plan_toolchain(e.host_class.arch, None, None)
+            e.toolchain = plan_toolchain(e.host_class.arch, None, None, min_cuda=e.host_class.min_cuda)
     return e
 
 
