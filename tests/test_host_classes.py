@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import FIXTURES, base_hostvars
+from helpers import FIXTURES, REPO, base_hostvars
 
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.hosts import (
@@ -343,3 +343,22 @@ def test_pcie_classes_take_optional_nvlink_bridges(nv, ok_pcie_bridged, ok_nvl):
     assert pf.interconnect_check(HOST_CLASSES["h200nvlx8"], 8, topo)["ok"] is ok_nvl
     assert pf.interconnect_check(HOST_CLASSES["ct200"], 8, topo)["ok"] is (not nv)  # ct200: no NVLink at all
     assert not pf.interconnect_check(HOST_CLASSES["h200x8"], 8, topo)["ok"]  # an SXM board: every pair NV#
+
+
+def test_inventory_h200_validates_plans_and_renders_for_the_lent_machine(monkeypatch):
+    """inventory/h200: one H200 host, SGLang 0.5.17 from PyPI, the config-only tiny models of
+    scripts/gpu-acceptance (their configs are read and agree with the inventory: block size 8)."""
+    from ddtree_ops.config.checkpoint import CheckpointReader, validate_with_checkpoints
+
+    monkeypatch.delenv("H200_MODELS_DIR", raising=False)  # the inventory's override of the models' directory
+    [(host, hv)] = load_hostvars(REPO / "inventory" / "h200").items()
+    vc = validate_with_checkpoints(host, hv, CheckpointReader())  # what validate / plan / render run
+    d = vc.deployment
+    assert (host, d.host_class, d.sglang.version, d.sglang.source) == ("h200-01", "h200x1", "0.5.17", "pypi")
+    assert d.model.path == str(REPO / "scripts/gpu-acceptance/models/tiny-llama")
+    assert d.speculative.draft_model_path == str(REPO / "scripts/gpu-acceptance/models/tiny-dflash")
+    assert vc.plan.block_size == 8 and vc.warnings == []
+    argv = next(f.content for f in render_host(vc) if f.path.endswith("/ddtree-sglang.service"))
+    for flag in ("--tp-size 1", "--speculative-algorithm DFLASH", "--cuda-graph-max-bs-decode 16",
+                 "--attention-backend triton", "--load-format dummy", f"--model-path {d.model.path} "):
+        assert flag in argv, flag
