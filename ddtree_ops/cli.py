@@ -1152,7 +1152,9 @@ def diagnose_cmd(
 def preflight(
     host_class: Annotated[
         str | None,
-        typer.Option("--host-class", help="b300 or ct200 (default: report which class the machine matches)."),
+        typer.Option("--host-class", help="A built-in class (b300, ct200, h200x8, ...: ddtree_ops/config/hosts.py; "
+                     "a class of ddtree_host_classes comes with --plan). Default: report which class the machine "
+                     "matches."),
     ] = None,
     plan_file: Annotated[
         str | None, typer.Option("--plan", help="The deployment's plan.json: class, toolkit, ports, directories.")

@@ -220,7 +220,11 @@ PREFLIGHT_CASES = [
     ("plan.toolchain.ptxas", v) for v in ("/usr/local/cuda/bin/ptxas", "ptxas")] + [
     ("plan.toolchain.ptxas_env", v) for v in ({"TRITON_PTXAS_PATH": "/x"}, {"TRITON_PTXAS_PATH": True}, ["x"])] + [
     ("plan", v) for v in (None, [])] + [
-    ("deployment", v) for v in (None, "x")]
+    ("deployment", v) for v in (None, "x")] + [
+    ("deployment.host_classes", v) for v in (
+        {}, None, [], "x", {"b300": {"gpu_memory_gib": 270}}, {"b300": {"gpu_count": 0}}, {"x1": {"like": "nope"}},
+        {"h200x4": {"like": "h200x8", "gpu_count": 4}}, {"Bad": {"like": "b300"}}, {"b300": []},
+        {"b300": {"gpu_memory_gib": 270, "added_later": 1}}, {"lab": {"gpu_name": "NVIDIA H200"}})]
 
 
 def _preflight_accepts(doc: dict) -> bool:
@@ -244,6 +248,10 @@ def test_preflight_and_plandoc_accept_the_same_documents(rendered):
     docs += [(f.name, json.loads(f.read_text())) for f in sorted(PLANS.glob("*.json"))]
     base = good_doc(rendered)
     docs += [(f"{path}={value!r:.40}", mutated(base, path, value)) for path, value in PREFLIGHT_CASES]
+    for name, classes in (("h200x4", {"h200x4": {"like": "h200x8", "gpu_count": 4}}), ("h200x4", {}),
+                          ("lab", {"lab": {"like": "h200x1"}}), ("lab", {"lab": {"like": "h200x1", "gpu_count": 99}})):
+        doc = mutated(mutated(base, "deployment.host_classes", classes), "host_class", name)
+        docs.append((f"host_class={name} with {classes!r:.60}", doc))
     verdicts = {name: (_preflight_accepts(doc), _model_accepts(doc)) for name, doc in docs}
     assert all(a == b for a, b in verdicts.values()), {k: v for k, v in verdicts.items() if v[0] != v[1]}
     # the cases cut both ways (the comparison is not vacuous)

@@ -155,10 +155,21 @@ def _names(result: dict) -> dict:
     return {c["name"]: c for c in result["checks"]}
 
 
-def test_real_h200_matches_neither_class(tmp_path):
+BLACKWELL_ONLY = {n: HOST_CLASSES[n] for n in ("b300", "ct200")}
+"""The table before the Hopper classes: what the real 2x H200 recordings (2026-11-30) were matched against."""
+
+
+def _expect(host_class=None, plan=None, classes=None):
+    e = pf.expect_from(host_class, plan)
+    if classes is not None:
+        e.classes = dict(classes)
+    return e
+
+
+def test_real_h200_matches_neither_blackwell_class(tmp_path):
     smi = standin_smi(tmp_path, GPU / "h200x2_nvidia_smi_q.xml", GPU / "h200x2_topo_and_ptxas.txt", REAL_QUERY_LINE * 2)
     root = machine(tmp_path, 2, (GPU / "h200x1_proc_driver_version.txt").read_text())
-    r = pf.preflight(pf.expect_from(None, None), smi, root=root)
+    r = pf.preflight(_expect(classes=BLACKWELL_ONLY), smi, root=root)
     c = _names(r)
     assert not r["ok"] and not c["host_class"]["ok"]
     assert "matches no host class" in c["host_class"]["detail"] and "not b300" in c["host_class"]["detail"]
@@ -168,6 +179,22 @@ def test_real_h200_matches_neither_class(tmp_path):
     assert c["pcie_acs"]["skipped"] and c["device_nodes"]["ok"]
     assert [x["name"] for x in r["checks"]] == [n for n in pf.CHECK_NAMES if n != "nccl"]
     assert r["facts"]["gpus"][0]["compute_cap"] == "9.0" and r["facts"]["kernel_module"]["flavor"] == "open"
+
+
+def test_real_2x_h200_matches_h200x2_and_no_other_class(tmp_path):
+    """The real 2x H200 (NV18 between the two) against the whole built-in table: it is an h200x2,
+    and only that (not h200x1/h200x8: count; not h200nvlx8/h100*: name; not the Blackwells)."""
+    smi = standin_smi(tmp_path, GPU / "h200x2_nvidia_smi_q.xml", GPU / "h200x2_topo_and_ptxas.txt", REAL_QUERY_LINE * 2)
+    root = machine(tmp_path, 2, (GPU / "h200x1_proc_driver_version.txt").read_text())
+    r = pf.preflight(pf.expect_from(None, None), smi, root=root)
+    assert [n for n, why in r["matches"].items() if not why] == ["h200x2"]
+    assert _names(r)["host_class"]["detail"] == "matches h200x2"
+    assert "2 GPU(s); h200x8 has 8" in r["matches"]["h200x8"]
+    c = _names(pf.preflight(pf.expect_from("h200x2", None), smi, root=root))
+    bad = {n: x["detail"] for n, x in c.items() if not x["ok"]}
+    assert bad == {}, bad
+    assert c["interconnect"]["detail"] == "GPU pairs: NV; h200x2 needs NVLink (NV#) between every pair"
+    assert c["pcie_acs"]["skipped"]
 
 
 def test_real_h200_against_b300_fails_each_fact_with_its_fix(tmp_path):
@@ -193,6 +220,54 @@ def test_derived_b300_passes_as_b300_and_not_as_ct200(tmp_path):
     bad = {n: x["detail"] for n, x in c.items() if not x["ok"]}
     assert bad == {}, bad
     assert c["interconnect"]["ok"] and c["pcie_acs"]["skipped"]
+
+
+def _real_h200x1(tmp_path: Path) -> tuple[str, Path]:
+    """The real 1x H200's outputs (tests/fixtures/gpu/h200x1_*) behind a stand-in nvidia-smi, and its
+    /proc/driver/nvidia/version in a machine tree."""
+    smi = standin_smi(tmp_path, GPU / "h200x1_nvidia_smi_q.xml", GPU / "h200x1_misc.txt",
+                      (GPU / "h200x1_query_gpu.csv").read_text())
+    return smi, machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text())
+
+
+def test_real_h200_passes_as_h200x1_and_matches_no_other_class(tmp_path):
+    """The lent machine, read through the preflight's own parsers (nvidia-smi -q -x, --query-gpu,
+    topo -m of one GPU, the open kernel module's version line): every check passes as h200x1."""
+    smi, root = _real_h200x1(tmp_path)
+    r = pf.preflight(pf.expect_from("h200x1", None), smi, root=root)
+    c = _names(r)
+    bad = {n: x["detail"] for n, x in c.items() if not x["ok"]}
+    assert bad == {}, bad
+    assert r["ok"] and r["host_class"] == "h200x1" and c["host_class"]["detail"] == "machine matches h200x1"
+    assert c["gpu_count"]["detail"] == "1 GPU(s); h200x1 has 1"
+    assert c["gpu_name"]["detail"] == "NVIDIA H200; h200x1 is NVIDIA H200"  # exact: no "*"
+    assert c["compute_capability"]["detail"] == "compute capability 9.0; h200x1 is 9.0 (sm_90)"
+    assert c["gpu_memory"]["detail"].startswith("least GPU memory 143771 MiB; h200x1 needs >= ")
+    assert c["kernel_module"]["detail"] == "open kernel module 580.159.04"
+    assert c["driver"]["detail"] == "driver 580.159.04 (CUDA 13.0) >= 580.65.06 for CUDA 13.0"
+    assert c["pcie_acs"]["skipped"] and c["iommu"]["skipped"]  # one GPU: no peer traffic
+    assert [n for n, why in r["matches"].items() if not why] == ["h200x1"]
+    assert "1 GPU(s); h200x8 has 8" in r["matches"]["h200x8"]
+    assert any("h200nvlx8 is NVIDIA H200 NVL*" in why for why in r["matches"]["h200nvlx8"])
+    assert _names(pf.preflight(pf.expect_from(None, None), smi, root=root))["host_class"]["detail"] == \
+        "matches h200x1"
+
+
+def test_cli_and_zipapp_preflight_host_class_h200x1_on_the_real_h200(tmp_path, capsys):
+    """`ddtree-ops preflight --host-class h200x1 --json` and the zipapp on the real outputs: the GPU
+    checks pass (the kernel module, device nodes and disk are this test machine's, not the H200's)."""
+    smi, _ = _real_h200x1(tmp_path)
+    gpu = ("host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory", "persistence_mode",
+           "interconnect", "driver")
+    cli_main(["preflight", "--host-class", "h200x1", "--nvidia-smi", smi, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["host_class"] == "h200x1" and all(_names(doc)[n]["ok"] for n in gpu), doc
+    app = pf.build_zipapp(str(tmp_path / "preflight.pyz"))
+    r = subprocess.run([sys.executable, "-I", "-S", app, "--host-class", "h200x1", "--nvidia-smi", smi, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    z = json.loads(r.stdout)
+    assert z["host_class"] == "h200x1" and all(_names(z)[n]["ok"] for n in gpu), r.stdout[-2000:]
+    assert [c["name"] for c in z["checks"]] == [c["name"] for c in doc["checks"]]
 
 
 def test_blackwell_needs_the_open_kernel_module(tmp_path):
@@ -482,8 +557,8 @@ def test_recorded_host_gives_the_facts_and_verdicts_of_the_real_run(tmp_path):
     smi = standin_smi(tmp_path, GPU / "h200x2_2026-11-30_nvidia_smi_q.xml", tmp_path / "topo.txt", query)
     root = machine(tmp_path, 2, _section(facts, "cat /proc/driver/nvidia/version"))
 
-    here = pf.preflight(pf.expect_from(None, None), smi, root=root)
-    here_b300 = pf.preflight(pf.expect_from("b300", None), smi, root=root)
+    here = pf.preflight(_expect(classes=BLACKWELL_ONLY), smi, root=root)  # the table of the recording
+    here_b300 = pf.preflight(_expect("b300", classes=BLACKWELL_ONLY), smi, root=root)
     assert real["host_class"] is None and not real["ok"]
     assert here["facts"] == real["facts"]
     assert here["matches"] == real["matches"]

@@ -147,9 +147,31 @@ def test_trtllm_mla_allowed_on_sm120():
 
 
 def test_unread_version_warns_instead_of_guessing():
-    errors, warnings = findings(ct200("0.5.17", attention_backend="foo_bar"))
+    errors, warnings = findings(ct200("0.5.19", attention_backend="foo_bar"))
     assert errors == []
     assert any("never read off its package" in w.rule for w in warnings)
+
+
+def h200(version: str = "0.5.17", **server) -> dict:
+    """A plain deployment on the lent 1x H200 (built-in class h200x1, sm_90)."""
+    return {**ct200(version, **server), "ddtree_host_class": "h200x1",
+            "ddtree_server": {"tp_size": 1, "max_running_requests": 16, **server}}
+
+
+def test_0517_rows_were_read_off_its_wheel():
+    """0.5.17 (no peer version) has rows read off the released wheel: its parser's backend names,
+    its draft worker's names, a cu13 build, the split CUDA-graph dialect; and the sm_90 rule of the
+    table (trtllm_mha prefill is SM100-only before 0.5.23) applies to an H200."""
+    assert "hpc_ops" in BACKEND_CHOICES["0.5.17"].attention and "qsa" not in BACKEND_CHOICES["0.5.17"].attention
+    assert BUILD_REQUIRES_CUDA["0.5.17"].cuda_major == 13
+    [f] = errors_at(h200(attention_backend="foo_bar"), "ddtree_server.attention_backend")
+    assert "SGLang 0.5.17 has no attention backend 'foo_bar'" in f.rule
+    assert findings(h200(attention_backend="triton")) == ([], [])
+    [f] = errors_at(h200(attention_backend="trtllm_mha"), "ddtree_server.attention_backend")
+    assert "trtllm-mha-prefill-sm100-only" in f.rule and "sm_90 (h200x1)" in f.rule
+    v = validate_hostvars("h1", h200(attention_backend="triton", cuda_graph_max_bs=16))
+    assert "--cuda-graph-max-bs-decode" in build_argv(v.deployment, v.plan)
+    assert v.plan.toolchain["min_driver"] == "580.65.06"  # a cu13 build on CUDA 13.0 (sm_90's default)
 
 
 def test_arch_rules_ranges():

@@ -20,7 +20,6 @@ from .build_table import (
     secret_flag,
 )
 from .errors import Finding
-from .hosts import HOST_CLASSES
 from .models import Deployment
 from .plan import Plan
 
@@ -89,7 +88,7 @@ def rule_attention_backends(d: Deployment, p: Plan) -> Iterator[Finding]:
                       f"SGLang {version}'s attention backends were never read off its package: names and per-arch "
                       "rules are not checked", "pin a release of the build table (" + ", ".join(_read_versions())
                       + ") or let the capability probe parse the argv", TABLE)
-    hc = HOST_CLASSES.get(d.host_class)
+    hc = d.host_class_def
     if hc is None:
         return
     conditions = _conditions(d)

@@ -41,7 +41,6 @@ from typing import Any
 
 from ..plandoc import read_at_most
 from .errors import Finding, shorten
-from .hosts import HOST_CLASSES
 
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"
@@ -859,7 +858,7 @@ def estimate_memory(d: Any, p: Any, target: CheckpointFacts, draft: CheckpointFa
     tokens = max(p.max_verify_graph_tokens or 0, p.max_draft_graph_tokens or 0)
     if tokens:
         out["graph_bound"] = max(GIB // 2, tokens * (4 * h + 2 * inter // tp) * _dtype_bytes(target.config))
-    hc = HOST_CLASSES.get(d.host_class)
+    hc = d.host_class_def
     if hc and d.server.mem_fraction_static is not None:
         out["budget"] = int(d.server.mem_fraction_static * hc.gpu_memory_gib * GIB)
         out["gpu_memory"] = hc.gpu_memory_gib * GIB

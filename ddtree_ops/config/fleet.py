@@ -76,8 +76,9 @@ def machines(validated: Iterable[Validated]) -> dict[str, list[str]]:
 
 
 MAX_WAVES = 8
-"""Most instances one machine can hold: each needs at least one GPU of its own and a host
-class has 8 (:data:`~.hosts.HOST_CLASSES`); deploy.yml has one service play per wave."""
+"""Most instances one machine can hold: each needs at least one GPU of its own and the largest
+built-in host class has 8 (:data:`~.hosts.HOST_CLASSES`; a larger class of ``ddtree_host_classes``
+still takes at most this many instances); deploy.yml has one service play per wave."""
 
 
 def instance_waves(validated: Iterable[Validated]) -> dict[str, int]:

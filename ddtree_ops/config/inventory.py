@@ -363,7 +363,8 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                  if causes else "")
         raise ConfigError([Finding("error", "--limit" if limit else "inventory", limit or str(path),
                                    f"no host of group {SERVER_GROUP} matches{cause}",
-                                   f"add hosts under {SERVER_GROUP} (children b300 / ct200) or fix the pattern"
+                                   f"add hosts under {SERVER_GROUP} (children: host-class groups such as b300, "
+                                   "h200x8) or fix the pattern"
                                    + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host

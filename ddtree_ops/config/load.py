@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
-from .hosts import HOST_CLASSES
+from .hosts import class_names
 from .models import GROUPS_VAR, INVENTORY_VARS, Deployment, inventory_name_problem, is_deployment_var
 from .plan import Plan, make_plan
 from .rules import RULES
@@ -36,8 +36,9 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     such as ``ddtree_speculatve`` cannot silently turn speculation off.
 
     The host name must be an RFC 1123 name (it becomes a path, a unit line, a label), and a
-    host in more than one host-class group (``b300``, ``ct200``: ``group_names``), or in one
-    that disagrees with ``ddtree_host_class``, is refused.
+    host in more than one host-class group (a group named like a class of the table, built-in or
+    ``ddtree_host_classes``: ``group_names``), or in one that disagrees with ``ddtree_host_class``,
+    is refused.
 
     Raises:
         ConfigError: a variable has the wrong type, range or characters.
@@ -81,7 +82,8 @@ def _check_groups(host: str, hostvars: dict[str, Any]) -> None:
     groups = hostvars.get(GROUPS_VAR)
     if not isinstance(groups, (list, tuple)):
         return
-    classes = sorted({g for g in groups if g in HOST_CLASSES})
+    known = class_names(hostvars.get(INVENTORY_VARS["host_classes"]))  # built-in and the inventory's own
+    classes = sorted({g for g in groups if g in known})
     declared = hostvars.get(INVENTORY_VARS["host_class"])
     if len(classes) > 1:
         raise ConfigError([Finding("error", "group_names", classes,

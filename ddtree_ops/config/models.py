@@ -5,7 +5,8 @@ The inventory holds these as Ansible variables (the same YAML Ansible reads):
 =========================  ===========================  =========================
 inventory variable         model field                  what
 =========================  ===========================  =========================
-``ddtree_host_class``      :attr:`Deployment.host_class`  ``ct200`` or ``b300``
+``ddtree_host_class``      :attr:`Deployment.host_class`  a class of :mod:`.hosts` (``b300``, ``h200x8``, ...)
+``ddtree_host_classes``    :class:`HostClassSpec` map   classes added to / over the built-in table
 ``ddtree_sglang``          :class:`SGLangPin`           version and source
 ``ddtree_model``           :class:`ModelSpec`           target model
 ``ddtree_speculative``     :class:`Speculative`         algorithm and sizes
@@ -57,6 +58,7 @@ from .errors import (
     register_secret,
     value_secret_reason,
 )
+from .hosts import HostClass, HostClassError, field_problem, resolve_host_classes
 from .toolchain import CUDA_TOOLKITS, TRITONS
 from .versions import DDTREE_SOURCES, version_info
 
@@ -893,6 +895,55 @@ class Toolchain(_Model):
         return None if v is None else str(v)
 
 
+def _class_rule(field: str) -> BeforeValidator:
+    """The rule of one host-class field (:func:`ddtree_ops.config.hosts.field_problem`, which the
+    preflight's plan reader applies too); ``None`` is "not given"."""
+    def check(v: object) -> object:
+        problem = field_problem(field, v) if v is not None else None
+        if problem:
+            raise _fail(*problem)
+        return v
+    return BeforeValidator(check)
+
+
+class HostClassSpec(_Model):
+    """One entry of ``ddtree_host_classes``: a host class added to the built-in table
+    (:data:`ddtree_ops.config.hosts.HOST_CLASSES`) or merged field by field over the built-in
+    class of the same name. Every field is optional here; a new class must end up with
+    ``gpu_name``, ``gpu_count``, ``arch``, ``interconnect`` and ``gpu_memory_gib``, given or taken
+    from ``like`` (:func:`ddtree_ops.config.hosts.resolve_host_classes`, reported by
+    :func:`ddtree_ops.config.rules.rule_host_class`).
+
+    Attributes:
+        like: the class to start from (built-in or another entry), e.g. ``h200x8``.
+        gpu_name, gpu_name_match, gpu_count, arch, interconnect, nvlink_bridge_peers,
+            gpu_memory_gib, min_cuda, source: as :class:`ddtree_ops.config.hosts.HostClass`;
+            each checked by :func:`ddtree_ops.config.hosts.field_problem` (e.g. ``gpu_count`` an
+            integer 1..64, ``arch`` a row of ``toolchain.ARCHS``, ``min_cuda`` a quoted
+            ``"major.minor"``).
+    """
+
+    like: Annotated[str | None, _class_rule("like")] = None
+    gpu_name: Annotated[str | None, _class_rule("gpu_name")] = None
+    gpu_name_match: Annotated[str | None, _class_rule("gpu_name_match")] = None
+    gpu_count: Annotated[int | None, _class_rule("gpu_count")] = None
+    arch: Annotated[str | None, _class_rule("arch")] = None
+    interconnect: Annotated[str | None, _class_rule("interconnect")] = None
+    nvlink_bridge_peers: Annotated[int | None, _class_rule("nvlink_bridge_peers")] = None
+    gpu_memory_gib: Annotated[int | None, _class_rule("gpu_memory_gib")] = None
+    min_cuda: Annotated[str | None, _class_rule("min_cuda")] = None
+    source: Annotated[str | None, _class_rule("source")] = None
+
+    def given(self) -> dict[str, Any]:
+        """The fields this entry sets (``None`` is not set)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(entries: tuple[tuple[str, HostClassSpec], ...]) -> tuple[dict[str, HostClass], list[HostClassError]]:
+    return resolve_host_classes({name: spec.given() for name, spec in entries})
+
+
 class Deployment(_Model):
     """One SGLang instance on one inventory host.
 
@@ -902,6 +953,12 @@ class Deployment(_Model):
     Attributes:
         host: inventory host name: RFC 1123 or a canonical IPv4 address (:func:`inventory_name_problem`).
         address: ``ansible_host``: one IP address or RFC 1123 host name.
+        host_class: ``ddtree_host_class``: a class of :attr:`host_class_table`.
+        host_classes: ``ddtree_host_classes`` ``{name: HostClassSpec}`` (<= 64): classes added to
+            the built-in table or merged over a built-in one (usually in group_vars, so every
+            host sees the same table). Only the host's own class reaches its plan.json. The
+            names (:func:`~.hosts.name_problem`) and what joins entries (``like``, required
+            fields) are checked by :func:`~.rules.rule_host_class`.
         hf_token: ``ddtree_hf_token`` (vault it): lands as ``HF_TOKEN`` in the 0600 secrets.env.
         secret_env: ``ddtree_secret_env`` ``{NAME: value}`` (vault the values; <= 64 names
             ``[A-Z_][A-Z0-9_]*``, values <= 4096 characters without control characters):
@@ -912,6 +969,7 @@ class Deployment(_Model):
     host: Annotated[str, Field(max_length=MAX_NAME)]
     address: HostText | None = None
     host_class: str
+    host_classes: Annotated[dict[str, HostClassSpec], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
     sglang: SGLangPin = Field(default_factory=SGLangPin)
     model: ModelSpec
     speculative: Speculative = Field(default_factory=Speculative)
@@ -955,6 +1013,22 @@ class Deployment(_Model):
                         "paste the token alone, without quotes or a trailing newline")
         return v
 
+    @property
+    def host_class_table(self) -> dict[str, HostClass]:
+        """The built-in host classes with :attr:`host_classes` merged over them (entries that do
+        not resolve are left out: :func:`~.rules.rule_host_class` reports them)."""
+        return _resolved(tuple(self.host_classes.items()))[0]
+
+    @property
+    def host_class_problems(self) -> list[HostClassError]:
+        """Why entries of :attr:`host_classes` do not resolve (one per entry)."""
+        return _resolved(tuple(self.host_classes.items()))[1]
+
+    @property
+    def host_class_def(self) -> HostClass | None:
+        """The host's class (:attr:`host_class` in :attr:`host_class_table`), or None when unknown."""
+        return self.host_class_table.get(self.host_class)
+
     def risk_reason(self, rule: str) -> str | None:
         for r in self.accepted_risks:
             if r.rule == rule:
@@ -965,6 +1039,7 @@ class Deployment(_Model):
 INVENTORY_VARS: dict[str, str] = {
     "address": "ansible_host",
     "host_class": "ddtree_host_class",
+    "host_classes": "ddtree_host_classes",
     "sglang": "ddtree_sglang",
     "model": "ddtree_model",
     "speculative": "ddtree_speculative",

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .hosts import HOST_CLASSES
 from .models import Deployment
 from .toolchain import plan_toolchain
 
@@ -128,7 +127,7 @@ def make_plan(d: Deployment) -> Plan:
 
     Unset sizes that a rule requires are left ``None``; :mod:`.rules` reports them.
     """
-    s, srv = d.speculative, d.server
+    s, srv, hc = d.speculative, d.server, d.host_class_def
     alg = s.algorithm
     block = budget = steps = topk = ndt = None
     full_tree = False
@@ -191,8 +190,8 @@ def make_plan(d: Deployment) -> Plan:
         attention_backend=attention,
         page_size=page_size,
         disable_overlap_schedule=overlap_off,
-        toolchain=plan_toolchain(HOST_CLASSES[d.host_class].arch if d.host_class in HOST_CLASSES else None,
-                                 d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d)),
+        toolchain=plan_toolchain(hc.arch if hc else None, d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d),
+                                 min_cuda=hc.min_cuda if hc else None),
     )
 
 

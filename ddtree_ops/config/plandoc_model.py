@@ -52,13 +52,13 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
-    field_validator,
+    model_validator,
 )
 
 from ..plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
 from ..plandoc import PlanFileError, newer_schema, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
-from .hosts import HOST_CLASSES
+from .hosts import resolve_host_classes
 from .models import MAX_PATH, ArgText, BatchSize, Ops, Port, SGLangPin, _bounded
 
 FIX = "re-render it (ddtree-ops render / deploy.yml) or use the host's /etc/ddtree-ops/<name>/plan.json"
@@ -168,9 +168,18 @@ class PlanServer(_Doc):
 
 
 class PlanDeployment(_Doc):
-    """``deployment``: the inventory deployment without its secrets; the parts readers use."""
+    """``deployment``: the inventory deployment without its secrets; the parts readers use.
+
+    Attributes:
+        host_classes: the deployment's own host class when the inventory defines it
+            (``ddtree_host_classes``: ``{name: every field}``, resolved; absent for a built-in
+            class and in every document written before the field existed; null: none). Checked
+            with the inventory's rules by the preflight's reader (:func:`_preflight_fields`),
+            except that a field this version does not know is ignored (a newer writer's).
+    """
 
     host: Annotated[str, Field(min_length=1, max_length=253)]
+    host_classes: Annotated[dict[str, dict[str, Any]], BeforeValidator(_null_is_default)] = Field(default_factory=dict)
     model: PlanModelSpec
     server: PlanServer
     sglang: dict[str, Any] = Field(default_factory=dict)
@@ -211,8 +220,8 @@ class PlanDoc(_Doc):
 
     Attributes:
         schema_version: :data:`SCHEMA_VERSION` when written by this ddtree-ops; 1 when absent.
-        host, host_class: inventory host and its class (a name of
-            :data:`~ddtree_ops.config.hosts.HOST_CLASSES`).
+        host, host_class: inventory host and its class (a name of the built-in table
+            :data:`~ddtree_ops.config.hosts.HOST_CLASSES` or of ``deployment.host_classes``).
         unit, exporter_unit: systemd unit names (``exporter_unit`` None in documents before d9fe312).
         url: the server's base URL as a process on the host reaches it (derived by the writer).
         sglang_base_version: the SGLang release the build is based on (derived by the writer).
@@ -234,12 +243,13 @@ class PlanDoc(_Doc):
     sglang_base_version: Annotated[str, Field(min_length=1, max_length=64)]
     _document: dict[str, Any] = PrivateAttr(default_factory=dict)
 
-    @field_validator("host_class")
-    @classmethod
-    def _known_class(cls, v: str) -> str:
-        if v not in HOST_CLASSES:
-            raise ValueError(f"must be one of {', '.join(sorted(HOST_CLASSES))}")
-        return v
+    @model_validator(mode="after")
+    def _known_class(self) -> PlanDoc:
+        table = resolve_host_classes(self.deployment.host_classes, where="deployment.host_classes",
+                                     ignore_unknown=True)[0]
+        if self.host_class not in table:
+            raise ValueError(f"host_class must be one of {', '.join(sorted(table))}")
+        return self
 
     @property
     def document(self) -> dict[str, Any]:

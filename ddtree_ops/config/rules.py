@@ -11,13 +11,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
 from .errors import Finding
-from .hosts import HOST_CLASSES
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
-from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda
-from .versions import DDTREE_SOURCES
+from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
+from .versions import DDTREE_SOURCES, KNOWN_ISSUES
 
 Rule = Callable[[Deployment, Plan], Iterable[Finding]]
 SPEC = "ddtree_speculative"
@@ -29,6 +28,9 @@ INSTANCE_SOURCE = "SGLang --base-gpu-id / --tp-size; CUDA_VISIBLE_DEVICES (CUDA 
 SM103_RISK = "sm103-ddtree-graph-capture"
 SM103_MAX_CAPTURED_BUDGET = 8
 OVERRIDABLE_RULES = frozenset({SM103_RISK})
+SM103_ARCHS = frozenset(i.arch for i in KNOWN_ISSUES if i.rule == SM103_RISK)
+"""The archs the known issue is recorded for (:data:`~.versions.KNOWN_ISSUES`): the host class's
+``arch`` field decides, whatever the class is called."""
 
 
 def _err(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
@@ -39,11 +41,21 @@ def _warn(field: str, value, rule: str, fix: str, source: str = "") -> Finding:
     return Finding("warning", field, value, rule, fix, source)
 
 
+HOST_CLASS_SOURCE = "ddtree_ops/config/hosts.py (the host-class table)"
+
+
 def rule_host_class(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """The host class is one this toolkit knows."""
-    if d.host_class not in HOST_CLASSES:
+    """Every ``ddtree_host_classes`` entry resolves to a complete, consistent class
+    (:func:`~.hosts.resolve_host_classes`), and the host's class is in the table."""
+    refused = set()
+    for e in d.host_class_problems:
+        refused.add(e.field.split(".")[1] if e.field.count(".") else "")
+        yield _err(e.field, e.value, e.rule, e.fix, HOST_CLASS_SOURCE)
+    table = d.host_class_table
+    if d.host_class not in table and d.host_class not in refused:
         yield _err("ddtree_host_class", d.host_class, "unknown host class",
-                   f"use one of {', '.join(sorted(HOST_CLASSES))}")
+                   f"use one of {', '.join(sorted(table))}, or add it to ddtree_host_classes "
+                   "(docs/configuration.md, 'Host classes')")
 
 
 def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -237,7 +249,7 @@ def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
 def rule_sm103_tree_capture(d: Deployment, p: Plan) -> Iterator[Finding]:
     """sm_103: tree-verify graph capture with budget > 8 has hit illegal memory accesses."""
     hc = _host_class(d)
-    if not (hc and hc.arch == "sm_103" and p.algorithm == "DDTREE"):
+    if not (hc and hc.arch in SM103_ARCHS and p.algorithm == "DDTREE"):
         return
     if not p.cuda_graphs:
         if p.budget is not None and p.budget > SM103_MAX_CAPTURED_BUDGET:
@@ -440,16 +452,21 @@ def rule_toolchain(d: Deployment, p: Plan) -> Iterator[Finding]:
     if not hc or hc.arch not in ARCHS:
         return
     a = ARCHS[hc.arch]
+    need = max(a.min_cuda, hc.min_cuda, key=version_key)  # the class may ask for more than the arch
     cuda = d.toolchain.cuda
-    if cuda is not None and not at_least(cuda, a.min_cuda):
-        newer = [v for v in CUDA_TOOLKITS if at_least(v, a.min_cuda)]
+    if cuda is not None and not at_least(cuda, need):
+        newer = [v for v in CUDA_TOOLKITS if at_least(v, need)]
+        why = (f"ptxas cannot assemble {a.target} (CUDA {a.min_cuda} or newer can; 12.8 answers \"Value 'sm_103a' "
+               "is not defined for option 'gpu-name'\")" if need == a.min_cuda else
+               f"the host class asks for CUDA {need} or newer (min_cuda; {a.target} itself needs {a.min_cuda})")
         yield _err(
             "ddtree_toolchain.cuda",
             cuda,
-            f"{hc.name} GPUs are {hc.arch}: CUDA {cuda} ptxas cannot assemble {a.target} "
-            f"(CUDA {a.min_cuda} or newer can; 12.8 answers \"Value 'sm_103a' is not defined for option 'gpu-name'\")",
-            f'pin cuda: "{newer[-1]}" (any of {", ".join(newer)}) or remove it (default {default_cuda(hc.arch)})',
-            "ddtree_ops/config/toolchain.py ARCHS (measured with real ptxas)",
+            f"{hc.name} GPUs are {hc.arch}: CUDA {cuda} {why}",
+            f'pin cuda: "{newer[-1]}" (any of {", ".join(newer)}) or remove it '
+            f"(default {default_cuda(hc.arch, hc.min_cuda)})",
+            "ddtree_ops/config/toolchain.py ARCHS (measured with real ptxas)" if need == a.min_cuda else
+            HOST_CLASS_SOURCE,
         )
     for key in p.toolchain.get("ptxas_env", {}):
         if not key.replace("_", "a").isalnum():
@@ -485,7 +502,7 @@ def rule_remote_code_pinned(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def _host_class(d: Deployment):
-    return HOST_CLASSES.get(d.host_class)
+    return d.host_class_def
 
 
 _PIN_FIELDS = {

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import Finding
-from .hosts import HOST_CLASSES
 from .models import Deployment
 from .plan import Plan
 
@@ -158,7 +157,7 @@ def _service_paths(d: Deployment) -> tuple[list[tuple[str, str]], list[tuple[str
 def unit_sandbox(d: Deployment) -> UnitSandbox:
     """The sandbox of ``d``'s SGLang unit (see :class:`UnitSandbox`). Call it on a
     deployment that passed :func:`rule_sandbox_paths` (paths it refuses are not re-checked)."""
-    hc = HOST_CLASSES.get(d.host_class)
+    hc = d.host_class_def
     groups = NVIDIA_DEVICE_GROUPS + (NVLINK_DEVICE_GROUPS if hc is not None and hc.interconnect == "nvlink" else ())
     home = any(_under(p, t) for _, p in _local_model_paths(d) for t in HIDDEN_BY_PROTECT_HOME)
     writable, _ = _service_paths(d)

@@ -188,11 +188,11 @@ def at_least(have: str, need: str) -> bool:
     return version_key(have) >= version_key(need)
 
 
-def default_cuda(arch: str | None) -> str:
+def default_cuda(arch: str | None, min_cuda: str | None = None) -> str:
     """The toolkit a host gets when ``ddtree_toolchain.cuda`` is unset: :data:`DEFAULT_CUDA`,
-    or the arch's minimum if that is newer."""
+    or the arch's minimum (or the host class's ``min_cuda``, :mod:`.hosts`) if that is newer."""
     need = ARCHS[arch].min_cuda if arch in ARCHS else DEFAULT_CUDA
-    return max(DEFAULT_CUDA, need, key=version_key)
+    return max(DEFAULT_CUDA, need, min_cuda or DEFAULT_CUDA, key=version_key)
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def nvidia_repo(distribution: str, version: str, machine: str) -> NvidiaRepo:
 
 
 def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
-                   build_cuda_major: int | None = None, build_reason: str = "") -> dict:
+                   build_cuda_major: int | None = None, build_reason: str = "", min_cuda: str | None = None) -> dict:
     """What a host's toolchain will be and which ptxas override the service env needs.
 
     Args:
@@ -252,6 +252,8 @@ def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
         build_cuda_major: CUDA major the pinned SGLang build's wheel depends on (its
             ``Requires-Dist``: :data:`ddtree_ops.config.build_table.BUILD_REQUIRES_CUDA`), or None.
         build_reason: the dependencies that ask for it (shown in ``min_driver_reason``).
+        min_cuda: the host class's oldest toolkit (:attr:`ddtree_ops.config.hosts.HostClass.min_cuda`,
+            never older than the arch's); raises the default toolkit, None: the arch's.
 
     Returns:
         ``{arch, cuda, package, cuda_home, ptxas, min_driver, toolkit_min_driver,
@@ -265,7 +267,7 @@ def plan_toolchain(arch: str | None, cuda: str | None, triton: str | None,
         or toolkit (the rules report those). Deterministic; never raises.
     """
     a = ARCHS.get(arch or "")
-    cuda = cuda or default_cuda(arch)
+    cuda = cuda or default_cuda(arch, min_cuda)
     tk = CUDA_TOOLKITS.get(cuda)
     if a is None or tk is None:
         return {}

@@ -166,12 +166,13 @@ class Release:
         speculative_algorithms: members of ``sglang.srt.speculative.spec_info.
             SpeculativeAlgorithm`` in the released wheel (read off the package; none has
             ``DDTREE``).
-        import_lock: ``requirements/`` lock of the import chain (CPU import for the probe).
+        import_lock: ``requirements/`` lock of the import chain (CPU import for the probe);
+            None where no lock is recorded (the release is installed with its own dependencies).
     """
 
     version: str
     speculative_algorithms: tuple[str, ...]
-    import_lock: str
+    import_lock: str | None
 
 
 RELEASES: dict[str, Release] = {
@@ -183,6 +184,13 @@ RELEASES: dict[str, Release] = {
             "requirements/sglang-0.5.13.post1-import.txt",
         ),
         Release(
+            # read off the released wheel (sglang/srt/speculative/spec_info.py SpeculativeAlgorithm); no
+            # peer version, no import lock: it was run for real on an H200 (tests/fixtures/gpu/sglang-0.5.17-*)
+            "0.5.17",
+            ("DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
+            None,
+        ),
+        Release(
             "0.5.23",
             ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
             "requirements/sglang-0.5.23-import.txt",
@@ -190,7 +198,7 @@ RELEASES: dict[str, Release] = {
     )
 }
 """Releases read off their real wheels (``scripts/sglang-venv.sh VERSION``; the probe tests
-check these rows against the packages)."""
+check the peer versions' rows, 0.5.13.post1 and 0.5.23, against the packages)."""
 
 
 def _since(table, v: Version):

@@ -2,9 +2,10 @@
 
 Runs ON the GPU host (standard library only: the deploy play runs it there as a zipapp built
 by :func:`build_zipapp`, with the host's ``python3``, before ddtree-ops is installed; the CLI
-runs the same code). It reads the machine, compares it with a host class
-(:data:`ddtree_ops.config.hosts.HOST_CLASSES`) and, with a ``plan.json``, with one deployment
-(toolkit, ports, directories), and reports one check per fact.
+runs the same code). It reads the machine, compares it with a host class (the built-in table
+:data:`ddtree_ops.config.hosts.HOST_CLASSES`, plus the class a ``plan.json`` defines in
+``deployment.host_classes``: one of the inventory's ``ddtree_host_classes``) and, with a
+``plan.json``, with one deployment (toolkit, ports, directories), and reports one check per fact.
 
 Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, plus
 ``skipped: true`` where the check does not apply):
@@ -41,7 +42,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.hosts import HOST_CLASSES, HostClass
+from ..config.hosts import HOST_CLASSES, HostClass, resolve_host_classes
 from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain, version_key
 from . import gpu_facts as gf
 from .ports import check_port
@@ -285,6 +286,8 @@ class Expect:
 
     Attributes:
         host_class: the class, or None (then :func:`preflight` reports which class matches).
+        classes: the host-class table the machine is matched against (the built-in one, plus the
+            plan's ``deployment.host_classes``).
         toolchain: :func:`ddtree_ops.config.toolchain.plan_toolchain` of the deployment
             (``{}``: derive from the class, or from the GPUs seen when no class is given).
         ports: ``(port, allowed unit or None, bind address or None)`` the deployment listens on.
@@ -293,6 +296,7 @@ class Expect:
     """
 
     host_class: HostClass | None = None
+    classes: dict[str, HostClass] = field(default_factory=lambda: dict(HOST_CLASSES))
     toolchain: dict = field(default_factory=dict)
     ports: list[tuple[int, str | None, str | None]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=lambda: ["/var/cache"])
@@ -331,8 +335,10 @@ def plan_fields(plan: dict) -> dict:
     preflight reads, checked for type and range in one place.
 
     Returns:
-        ``{host_class, unit, exporter_unit, port, host, exporter_port, model_path, state, cache,
-        toolchain}``: ``host_class`` a name of :data:`HOST_CLASSES`; ``unit`` (``exporter_unit``
+        ``{host_class, classes, unit, exporter_unit, port, host, exporter_port, model_path, state,
+        cache, toolchain}``: ``classes`` the built-in table with ``deployment.host_classes`` (absent:
+        none; each entry checked by :func:`ddtree_ops.config.hosts.resolve_host_classes`, the
+        inventory's own rules) merged over it; ``host_class`` a name of it; ``unit`` (``exporter_unit``
         or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints
         :data:`PORT_MIN`..65535 (``exporter_port`` None when absent, refused when null); ``host`` str
         or None; ``model_path`` str (``deployment.model`` an object); ``state``, ``cache`` absolute
@@ -382,10 +388,17 @@ def plan_fields(plan: dict) -> dict:
     for d in ("deployment.ops", "plan.toolchain"):
         get(d, "an object or null", opt(lambda v: isinstance(v, dict)))
     get("deployment.model", "an object", lambda v: isinstance(v, dict))
+    classes, problems = resolve_host_classes(plan["deployment"].get("host_classes"), where="deployment.host_classes",
+                                             ignore_unknown=True)
+    if problems:  # the writer writes only resolved entries: this is no plan.json of ours
+        e = problems[0]
+        raise PreflightUsageError(f"--plan: {e.field} is {_shown(e.value)}: {e.rule} ({e.fix}); {fix}", e.field,
+                                  e.value, e.rule)
     ops = plan["deployment"].get("ops")
     out = {
-        "host_class": get("host_class", f"one of {', '.join(sorted(HOST_CLASSES))}",
-                          lambda v: isinstance(v, str) and v in HOST_CLASSES),
+        "classes": classes,
+        "host_class": get("host_class", f"one of {', '.join(sorted(classes))}",
+                          lambda v: isinstance(v, str) and v in classes),
         "unit": get("unit", "a systemd service name such as ddtree-sglang.service", text(_UNIT, 256)),
         "exporter_unit": get("exporter_unit", "a systemd service name or null", opt(text(_UNIT, 256))),
         "port": get("deployment.server.port", f"an integer {PORT_MIN}..65535", port),
@@ -424,10 +437,10 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
     """
     e = Expect()
     if host_class is not None and not isinstance(host_class, str):
-        raise PreflightUsageError(f"host class {_shown(host_class)}: use one of {', '.join(sorted(HOST_CLASSES))}")
+        raise PreflightUsageError(f"host class {_shown(host_class)}: use one of {', '.join(sorted(e.classes))}")
     if plan is not None:
         f = plan_fields(plan)
-        e.toolchain, e.unit, name = f["toolchain"], f["unit"], f["host_class"]
+        e.toolchain, e.unit, name, e.classes = f["toolchain"], f["unit"], f["host_class"], f["classes"]
         bind = f["host"] or None
         e.ports = [(f["port"], e.unit, bind)]
         if f["exporter_port"] is not None:
@@ -439,11 +452,12 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
                                       "give one of them")
         host_class = name
     if host_class is not None:
-        if host_class not in HOST_CLASSES:
-            raise PreflightUsageError(f"host class {host_class[:200]!r}: use one of {', '.join(sorted(HOST_CLASSES))}")
-        e.host_class = HOST_CLASSES[host_class]
+        if host_class not in e.classes:
+            raise PreflightUsageError(f"host class {host_class[:200]!r}: use one of {', '.join(sorted(e.classes))} "
+                                      "(a class of the inventory's ddtree_host_classes: give the deployment's --plan)")
+        e.host_class = e.classes[host_class]
         if not e.toolchain:
-            e.toolchain = plan_toolchain(e.host_class.arch, None, None)
+            e.toolchain = plan_toolchain(e.host_class.arch, None, None, min_cuda=e.host_class.min_cuda)
     return e
 
 
@@ -525,10 +539,12 @@ def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
     return f
 
 
-def match_classes(smi: gf.SmiReport, topo: gf.Topology | None, topo_error: str = "") -> dict[str, list[str]]:
-    """For each host class, the ways the machine differs from it (empty list: it matches)."""
+def match_classes(smi: gf.SmiReport, topo: gf.Topology | None, topo_error: str = "",
+                  classes: dict[str, HostClass] | None = None) -> dict[str, list[str]]:
+    """For each host class of ``classes`` (default: the built-in table), the ways the machine
+    differs from it (empty list: it matches)."""
     out = {}
-    for name, hc in sorted(HOST_CLASSES.items()):
+    for name, hc in sorted((HOST_CLASSES if classes is None else classes).items()):
         out[name] = [c["detail"] for c in gpu_checks(hc, smi, topo, topo_error) if not c["ok"]]
     return out
 
@@ -550,8 +566,8 @@ def gpu_checks(hc: HostClass, smi: gf.SmiReport, topo: gf.Topology | None, topo_
         ),
         _check(
             "gpu_name",
-            bool(g) and all(x.name.startswith(hc.gpu_name) for x in g),
-            f"{', '.join(names) or 'no GPU'}; {hc.name} is {hc.gpu_name}*",
+            bool(g) and all(hc.matches_name(x.name) for x in g),
+            f"{', '.join(names) or 'no GPU'}; {hc.name} is {hc.gpu_name}{'*' if hc.gpu_name_match == 'prefix' else ''}",
             fix_class,
         ),
         _check(
@@ -583,7 +599,9 @@ def gpu_checks(hc: HostClass, smi: gf.SmiReport, topo: gf.Topology | None, topo_
 
 
 def interconnect_check(hc: HostClass, count: int, topo: gf.Topology | None, topo_error: str = "") -> dict:
-    """``nvlink`` class: every GPU pair ``NV#``; ``pcie``: no pair is (``topo -m``)."""
+    """``nvlink`` class: every GPU pair ``NV#``; ``pcie``: no GPU is ``NV#`` to more than
+    :attr:`~ddtree_ops.config.hosts.HostClass.nvlink_bridge_peers` others (0: no pair is;
+    bridges optional: a bridge-less machine passes too) (``topo -m``)."""
     if count < 2:
         return _check("interconnect", hc.gpu_count < 2, f"{count} GPU: no GPU pair to connect; {hc.name} is "
                       f"{hc.interconnect} between {hc.gpu_count} GPUs", f"use a {hc.name} machine")
@@ -598,9 +616,20 @@ def interconnect_check(hc: HostClass, count: int, topo: gf.Topology | None, topo
                   + ("" if ok else f" ({len(topo.links) - len(nv)} of {len(topo.links)} ordered pairs are not)"))
         return _check("interconnect", ok, detail, "check the NVLink/NVSwitch fabric (`nvidia-smi nvlink -s`, "
                       "nvidia-fabricmanager running, `nvidia-smi -q` fabric state), or deploy as a PCIe class")
-    ok = not nv
-    return _check("interconnect", ok, f"GPU pairs: {', '.join(kinds)}; {hc.name} is PCIe only "
-                  "(PIX/PXB/PHB/NODE/SYS)", f"an NVLink machine is not a {hc.name}: use its own host class")
+    if not hc.nvlink_bridge_peers:
+        ok = not nv
+        return _check("interconnect", ok, f"GPU pairs: {', '.join(kinds)}; {hc.name} is PCIe only "
+                      "(PIX/PXB/PHB/NODE/SYS)", f"an NVLink machine is not a {hc.name}: use its own host class")
+    peers: dict[int, int] = {}
+    for (i, _j), v in topo.links.items():
+        if v.startswith("NV"):
+            peers[i] = peers.get(i, 0) + 1
+    over = sorted(f"GPU{i} ({n})" for i, n in peers.items() if n > hc.nvlink_bridge_peers)
+    return _check("interconnect", not over, f"GPU pairs: {', '.join(kinds)}; {hc.name} is PCIe with optional NVLink "
+                  f"bridges (each GPU bridged to at most {hc.nvlink_bridge_peers} other"
+                  f"{'s' if hc.nvlink_bridge_peers > 1 else ''})" + (f"; NVLink to more peers: {', '.join(over)}"
+                                                                       if over else ""),
+                  f"a machine whose GPUs share more NVLink peers is not a {hc.name}: use its own host class")
 
 
 def acs_iommu_checks(bus_ids: list[str], sys_root: Path = Path("/sys")) -> list[dict]:
@@ -1013,13 +1042,13 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
                          if smi else facts.smi_error,
                          "install the NVIDIA driver (nvidia-smi comes with it) and reboot; if it is installed, "
                          "run `nvidia-smi` by hand and fix what it says"))
-    matches = match_classes(smi, facts.topo, facts.topo_error) if smi else {}
+    matches = match_classes(smi, facts.topo, facts.topo_error, expect.classes) if smi else {}
     if hc is None:
         fits = [n for n, d in matches.items() if not d]
         why = " ".join(f"[not {n}: {' / '.join(d[:3])}]" for n, d in matches.items() if d)
         checks.append(_check("host_class", bool(fits), (f"matches {', '.join(fits)}" if fits else
                              f"matches no host class {why or '(no GPU facts)'}"),
-                             f"deploy only to machines of a class ({', '.join(sorted(HOST_CLASSES))})"))
+                             f"deploy only to machines of a class ({', '.join(sorted(expect.classes))})"))
     else:
         fits = smi is not None and not matches.get(hc.name)
         checks.append(_check("host_class", fits, f"machine matches {hc.name}" if fits else
@@ -1151,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
     ``--json`` that too prints a JSON report (one failed ``internal`` check), never a traceback
     alone, as the deploy play reads stdout."""
     ap = argparse.ArgumentParser(prog="preflight", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))} (default: report which matches)")
+    ap.add_argument("--host-class", help=f"one of {', '.join(sorted(HOST_CLASSES))}, or a class the --plan defines "
+                    "(default: report which matches)")
     ap.add_argument("--plan", help="the deployment's plan.json (host class, toolkit, ports, directories)")
     ap.add_argument("--nvidia-smi", default="nvidia-smi")
     ap.add_argument("--skip", action="append", default=[], help="report this check as skipped (repeatable)")

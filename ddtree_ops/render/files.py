@@ -19,7 +19,6 @@ import yaml
 if TYPE_CHECKING:
     import jinja2
 
-from ..config.hosts import HOST_CLASSES
 from ..config.instance import MULTIPROC_ENV, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
@@ -182,9 +181,26 @@ def plan_document(v: Validated) -> dict:
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
                   "warm_marker": d.service.warm_marker_path, "secrets": secrets_path(v)},
-        "deployment": d.model_dump(mode="json", exclude=set(SECRET_FIELDS)),
+        "deployment": deployment_document(d),
         "plan": v.plan.as_dict(),
     }
+
+
+def deployment_document(d) -> dict:
+    """plan.json's ``deployment``: the deployment without :data:`SECRET_FIELDS`, and of
+    ``ddtree_host_classes`` only the host's own class, resolved (every field: the preflight on
+    the host reads it there, and re-validating the stored deployment finds it), right after
+    ``host_class``; nothing when the class is a built-in one the inventory does not change (so a
+    deployment of a built-in class renders as before the field existed)."""
+    doc = d.model_dump(mode="json", exclude=set(SECRET_FIELDS) | {"host_classes"})
+    if d.host_class not in d.host_classes:
+        return doc
+    out = {}
+    for k, val in doc.items():
+        out[k] = val
+        if k == "host_class":
+            out["host_classes"] = {d.host_class: d.host_class_def.as_dict()}
+    return out
 
 
 START_MARGIN_S = 60
@@ -239,7 +255,7 @@ def render_host(v: Validated) -> list[RenderedFile]:
     ctx = {
         "managed": MANAGED,
         "host": d.host,
-        "host_class": HOST_CLASSES[d.host_class],
+        "host_class": d.host_class_def,
         "plan": p,
         "service": svc,
         "unit_name": svc.unit_name,
@@ -306,7 +322,7 @@ def devices_commands(v: Validated) -> list[list[str]]:
     further GPU of the host class; ``-f <proc capability>`` the ``/dev/nvidia-caps`` nodes
     (those lines run with systemd's ``-`` prefix: a driver or GPU without MIG has no such
     capability file, which must not fail the unit). Source: ``nvidia-modprobe --help`` (NVIDIA/nvidia-modprobe)."""
-    n = HOST_CLASSES[v.deployment.host_class].gpu_count
+    n = v.deployment.host_class_def.gpu_count
     return ([[NVIDIA_MODPROBE, "-u", "-c=0"]] + [[NVIDIA_MODPROBE, f"-c={i}"] for i in range(1, n)]
             + [[NVIDIA_MODPROBE, "-f", cap] for cap in MIG_CAPABILITIES])
 
@@ -318,7 +334,7 @@ def devices_unit(v: Validated) -> RenderedFile:
     d = v.deployment
     # one file per machine, shared by its instances (config.fleet): nothing instance-specific in it,
     # else each instance's deploy would rewrite the other's and restart the unit
-    ctx = {"managed": MANAGED, "host_class": HOST_CLASSES[d.host_class],
+    ctx = {"managed": MANAGED, "host_class": d.host_class_def,
            # "-": a driver without MIG capability files must not fail the unit (systemd.service(5))
            "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
     return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",

@@ -65,10 +65,9 @@ def probe_request(v: Validated) -> dict[str, Any]:
 
 
 def _resolution_fields(v: Validated) -> dict[str, Any]:
-    from ..config.hosts import HOST_CLASSES
     from .resolve import planned_values
 
-    hc = HOST_CLASSES.get(v.deployment.host_class)
+    hc = v.deployment.host_class_def
     return {"arch": hc.arch if hc else None, "gpu_memory_gib": hc.gpu_memory_gib if hc else None,
             "planned": planned_values(v.plan)}
 

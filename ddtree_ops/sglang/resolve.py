@@ -540,10 +540,9 @@ def request_for(v: Any, models: dict[str, Any]) -> dict[str, Any]:
         models: ``{"target": config.json dict, "draft": config.json dict}`` (either may be
             absent when the model path is a local directory with a ``config.json``).
     """
-    from ..config.hosts import HOST_CLASSES
     from ..render.argv import build_argv
 
-    hc = HOST_CLASSES.get(v.deployment.host_class)
+    hc = v.deployment.host_class_def
     return {"argv": build_argv(v.deployment, v.plan)[3:], "arch": hc.arch if hc else None,
             "gpu_memory_gib": hc.gpu_memory_gib if hc else None, "models": models}
 
