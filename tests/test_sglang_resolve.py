@@ -472,3 +472,30 @@ def test_resolve_module_imports_only_the_stdlib():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_picked_reads_the_dataclass_cuda_graph_config_of_0_5_17():
+    """SGLang 0.5.17 keeps ``cuda_graph_config`` as a ``CudaGraphConfig`` dataclass (one
+    ``PhaseConfig`` per phase) in ``vars(ServerArgs)``; the probe met it on the real H200 run and
+    stopped with "'CudaGraphConfig' object has no attribute 'get'". The shape below is 0.5.17's
+    (``sglang/srt/model_executor/cuda_graph_config.py``: backend, max_bs, bs per phase)."""
+    from dataclasses import dataclass, field
+
+    from ddtree_ops.sglang.resolve import _picked
+
+    @dataclass
+    class PhaseConfig:
+        backend: str = "disabled"
+        max_bs: int | None = None
+        bs: list[int] | None = None
+
+    @dataclass
+    class CudaGraphConfig:
+        decode: PhaseConfig = field(default_factory=lambda: PhaseConfig("full", 16, [1, 2, 4, 8, 16]))
+        prefill: PhaseConfig = field(default_factory=lambda: PhaseConfig("breakable"))
+
+    out = _picked({"cuda_graph_config": CudaGraphConfig()})
+    assert (out["decode_capture_bs"], out["decode_max_bs"]) == ([1, 2, 4, 8, 16], 16)
+    off = _picked({"cuda_graph_config": CudaGraphConfig(decode=PhaseConfig("disabled", 8, [1]))})
+    assert off["disable_cuda_graph"] is True
+    assert _picked({"cuda_graph_config": {"decode": {"bs": [1], "max_bs": 1}}})["decode_capture_bs"] == [1]

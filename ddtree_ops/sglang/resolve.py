@@ -133,9 +133,23 @@ def _hf_cached_config(repo_id: str) -> str | None:
     return path if isinstance(path, str) and os.path.isfile(path) else None
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    """A CUDA-graph config level as a dict: 0.5.2x's ``resolved_dict()`` gives dicts, while
+    0.5.17's ``vars(ServerArgs)`` holds the dataclasses themselves (``CudaGraphConfig`` with
+    ``PhaseConfig`` per phase, ``sglang/srt/model_executor/cuda_graph_config.py``; seen when the
+    probe met real 0.5.17 on an H200: "'CudaGraphConfig' object has no attribute 'get'")."""
+    if isinstance(value, dict):
+        return value
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return {}
+
+
 def _picked(d: dict[str, Any]) -> dict[str, Any]:
     out = {k: d.get(k) for k in FIELDS}
-    decode = (d.get("cuda_graph_config") or {}).get("decode") or {}
+    decode = _mapping(_mapping(d.get("cuda_graph_config")).get("decode"))
     if decode:
         out["decode_capture_bs"] = decode.get("bs")
         out["decode_max_bs"] = decode.get("max_bs")
