@@ -226,3 +226,47 @@ def test_the_acceptance_run_on_the_gpu_passed_warmup_and_exported_what_the_serve
     assert dflash and all(2.9 <= v <= 3.1 for v in dflash), dflash
     assert seen(19401, "ddtree_accept_length") == []
     assert max(seen(19401, "ddtree_generation_tokens_per_second")) > 0
+
+
+RENDERED = ACCEPTANCE_0517 / "rendered"
+"""The deployment the product rendered from inventory/h200, run on real SGLang 0.5.17 by
+scripts/gpu-acceptance/run-rendered.sh (the device's checkout path recorded as /CHECKOUT)."""
+
+
+def test_the_rendered_deployment_matches_what_real_sglang_runs():
+    """The plan rendered for h200-01 against the /server_info real SGLang answered for the
+    rendered argv: no drift on any compared setting, every one of them reported."""
+    from ddtree_ops.ops.drift import find_drift
+
+    plan = json.loads((RENDERED / "plan.json").read_text())
+    info = json.loads((RENDERED / "server_info.json").read_text())
+    drifts, missing = find_drift(plan, info)
+    assert drifts == [], [str(d) for d in drifts]
+    assert "algorithm" not in missing and "max_running_requests" not in missing
+    # the unit's argv, exactly as launched, is the rendered ExecStart from -m sglang.launch_server on
+    unit = (RENDERED / "ddtree-sglang.service").read_text()
+    execstart = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    launched = (RENDERED / "argv.txt").read_text().strip()
+    assert launched.startswith("-m sglang.launch_server --model-path ") and execstart.endswith(" " + launched)
+
+
+def test_the_rendered_run_verdicts_on_real_hardware():
+    """What the tools said of the rendered deployment on the H200: the unit's own ExecStartPost
+    steps (health --wait, warmup with the marker) passed over the plan's 12 capture sizes; the
+    release gate failed on the floor alone (random draft weights: acceptance ~1.0 < 1.5); the
+    capability probe passed once it read 0.5.17's CudaGraphConfig dataclass (before: exit 2)."""
+    def checks(folder, name):
+        text = (folder / f"{name}.txt").read_text()
+        return {c["name"]: c for c in json.loads(text[text.index("{"):])["checks"]}
+
+    steps = dict(line.split("\t")[:2] for line in (RENDERED / "steps.tsv").read_text().splitlines())
+    assert steps["unit_post_1"] == steps["unit_post_2"] == steps["health_plan"] == steps["probe_sglang"] == "0"
+    warm = json.loads((RENDERED / "warm.json").read_text())
+    assert warm["batch_sizes"] == json.loads((RENDERED / "plan.json").read_text())["plan"]["capture_bs"]
+    gate = checks(RENDERED, "release_gate")
+    assert [n for n, c in gate.items() if not c["ok"]] == ["accept_length_floor"]
+    assert "< the floor 1.5" in gate["accept_length_floor"]["detail"]
+    before = ACCEPTANCE_0517 / "rendered-probe-before-fix"
+    assert "'CudaGraphConfig' object has no attribute 'get'" in (before / "probe_sglang.txt").read_text()
+    probe = checks(RENDERED, "probe_sglang")
+    assert probe["sglang-resolution"]["ok"] and "resolved by SGLang 0.5.17" in probe["sglang-resolution"]["detail"]
