@@ -49,6 +49,7 @@ step health_plan 120 $O health --plan $PLAN --json
 timeout 200 $O exporter --plan $PLAN --listen 127.0.0.1:19400 --poll-interval 1 --window 30 > $A/exporter.log 2>&1 & EP=$!
 sleep 3; curl -s --max-time 5 http://127.0.0.1:19400/metrics > $A/exporter_idle.txt
 step release_gate 150 $O release gate --plan $PLAN --json
+sleep 4  # a few polls after the load, so the window holds the finished requests
 curl -s --max-time 5 http://127.0.0.1:19400/metrics > $A/exporter_after_gate.txt
 kill $EP 2>/dev/null
 step probe_sglang 300 $O probe-sglang --plan $PLAN --python python3 --json
