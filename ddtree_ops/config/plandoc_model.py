@@ -186,6 +186,11 @@ class PlanDeployment(_Doc):
     ops: Annotated[PlanOps, BeforeValidator(_null_is_default)] = Field(default_factory=PlanOps)
 
 
+MAX_CAPTURE_SIZES = 512
+"""Most entries of ``plan.capture_bs`` (the inventory's bound); warmup holds a server's own
+capture list to it too (:func:`ddtree_ops.ops.warmup.limits_from_server_info`)."""
+
+
 class PlanSizes(_Doc):
     """``plan``: :class:`ddtree_ops.config.plan.Plan` as written (tokens per request, batch sizes
     in requests), the fields readers use.
@@ -202,7 +207,7 @@ class PlanSizes(_Doc):
     max_running_requests: _bounded(0, 4096, gt=True) | None = None
     cuda_graphs: StrictBool
     cuda_graph_max_bs: BatchSize | None = None
-    capture_bs: Annotated[list[BatchSize], Field(max_length=512)]
+    capture_bs: Annotated[list[BatchSize], Field(max_length=MAX_CAPTURE_SIZES)]
     attention_backend: ArgText | None = None
     page_size: _bounded(0, 1024, gt=True) | None = None
     toolchain: dict[str, Any] | None = None

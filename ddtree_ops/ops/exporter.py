@@ -173,12 +173,14 @@ LABEL_CHARS = 200
 """Longest label value taken from a server (a hostile one cannot make every series huge)."""
 
 
-def _server_label(value: Any) -> str:
-    """A label value from a ``/server_info`` field: strings and integers as text (cut to
-    :data:`LABEL_CHARS`, control characters dropped); anything else empty."""
+def _server_label(value: Any, upper: bool = False) -> str:
+    """A label value from a ``/server_info`` field: strings and integers as text (upper-cased
+    when ``upper``, then cut to :data:`LABEL_CHARS`, control characters dropped); anything else
+    empty. The cut comes last: case mapping can lengthen a string ("ß" -> "SS")."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         return ""
-    return "".join(ch for ch in str(value) if ch.isprintable())[:LABEL_CHARS]
+    text = "".join(ch for ch in str(value) if ch.isprintable())
+    return (text.upper() if upper else text)[:LABEL_CHARS]
 
 
 def identity_from_server(url: str, server_info: dict[str, Any] | None) -> Identity:
@@ -200,7 +202,7 @@ def identity_from_server(url: str, server_info: dict[str, Any] | None) -> Identi
                                                            else None)
     labels = (_server_label(hostport), "", model)
     return Identity(labels=labels,
-                    info=(_server_label(algo).upper() if speculative else "none",
+                    info=(_server_label(algo, upper=True) if speculative else "none",
                           _server_label(info.get("speculative_ddtree_budget")), _server_label(block), "", "",
                           _server_label(info.get("tp_size")), _server_label(info.get("version"))),
                     floor=None, speculative=speculative, url=url, health_timeout_s=NO_PLAN_HEALTH_TIMEOUT_S)

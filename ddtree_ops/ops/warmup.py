@@ -318,12 +318,16 @@ class ServerLimits:
 
 def _server_batch_sizes(info: dict[str, Any], pos_int: Callable[[str], int | None]) -> tuple[list[int], str]:
     """Batch sizes a server runs, from what its ``/server_info`` reports: the decode capture
-    list when resolved there (``cuda_graph_bs_decode``; ``cuda_graph_bs`` up to 0.5.13), else
-    powers of two up to the capture maximum (``cuda_graph_max_bs_decode`` / ``cuda_graph_max_bs``)
-    or ``max_running_requests``; ``([], "")`` when it reports none of them."""
+    list when resolved there (``cuda_graph_bs_decode``; ``cuda_graph_bs`` up to 0.5.13) and within
+    the plan contract's bounds (at most :data:`~ddtree_ops.config.plandoc_model.MAX_CAPTURE_SIZES`
+    entries, each 1..4096), else powers of two up to the capture maximum
+    (``cuda_graph_max_bs_decode`` / ``cuda_graph_max_bs``) or ``max_running_requests``;
+    ``([], "")`` when it reports none of them."""
+    from ..config.plandoc_model import MAX_CAPTURE_SIZES
+
     for key in ("cuda_graph_bs_decode", "cuda_graph_bs"):
         v = info.get(key)
-        if (isinstance(v, list) and v and len(v) <= 4096
+        if (isinstance(v, list) and v and len(v) <= MAX_CAPTURE_SIZES
                 and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096 for x in v)):
             return sorted(set(v)), f"server /server_info {key}: the {len(set(v))} captured batch sizes"
     for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs", "max_running_requests"):
