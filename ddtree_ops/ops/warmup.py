@@ -14,7 +14,7 @@ What runs (``ddtree-ops warmup``, and the unit's ``ExecStartPost`` before it is 
   context allows (:func:`long_prompt_limit`), at most ``long_prompt_words`` words.
 * **The context** comes from the server: one bounded ``/server_info`` read at the start gives
   ``context_length`` and the tokens SGLang reserves for speculation
-  (:func:`server_limits`); the plan's ``context_length`` stands in when the server does not
+  (:func:`limits_from_server_info`); the plan's ``context_length`` stands in when the server does not
   say. Words are not tokens: the long prompt is sized for a byte-level tokenizer, one token
   per UTF-8 byte, the most any BPE tokenizer makes of text. A server that still answers
   that the prompt is "longer than the model's context length" (SGLang
