@@ -350,13 +350,23 @@ def test_inventory_h200_validates_plans_and_renders_for_the_lent_machine(monkeyp
     scripts/gpu-acceptance (their configs are read and agree with the inventory: block size 8)."""
     from ddtree_ops.config.checkpoint import CheckpointReader, validate_with_checkpoints
 
-    monkeypatch.delenv("H200_MODELS_DIR", raising=False)  # the inventory's override of the models' directory
-    [(host, hv)] = load_hostvars(REPO / "inventory" / "h200").items()
-    vc = validate_with_checkpoints(host, hv, CheckpointReader())  # what validate / plan / render run
+    import shutil
+    import tempfile
+
+    # the models where a unit can read them: not under /tmp (PrivateTmp), where a checkout or
+    # pytest's tmp_path may live; /dev/shm is allowed (served from RAM)
+    models = Path(tempfile.mkdtemp(prefix="ddtree-h200-models-", dir="/dev/shm"))
+    try:
+        shutil.copytree(REPO / "scripts/gpu-acceptance/models", models, dirs_exist_ok=True)
+        monkeypatch.setenv("H200_MODELS_DIR", str(models))  # the inventory's override of the models' directory
+        [(host, hv)] = load_hostvars(REPO / "inventory" / "h200").items()
+        vc = validate_with_checkpoints(host, hv, CheckpointReader())  # what validate / plan / render run
+    finally:
+        shutil.rmtree(models, ignore_errors=True)
     d = vc.deployment
     assert (host, d.host_class, d.sglang.version, d.sglang.source) == ("h200-01", "h200x1", "0.5.17", "pypi")
-    assert d.model.path == str(REPO / "scripts/gpu-acceptance/models/tiny-llama")
-    assert d.speculative.draft_model_path == str(REPO / "scripts/gpu-acceptance/models/tiny-dflash")
+    assert d.model.path == str(models / "tiny-llama")
+    assert d.speculative.draft_model_path == str(models / "tiny-dflash")
     assert vc.plan.block_size == 8 and vc.warnings == []
     argv = next(f.content for f in render_host(vc) if f.path.endswith("/ddtree-sglang.service"))
     for flag in ("--tp-size 1", "--speculative-algorithm DFLASH", "--cuda-graph-max-bs-decode 16",

@@ -30,6 +30,8 @@ case $N in
     && echo "ddtree-ops installed into /tmp/site (its SGLang plugin entry point with it)" || echo "ddtree-ops wheel not built: the tools run from the checkout, the plugin is not installed"
   echo "stage 2 ok: installed in $(( $(date +%s) - t0 )) s"
   mkdir -p /tmp/sgl/models && cp -r "$H"/models/* /tmp/sgl/models/
+  # where inventory/h200 serves them from (outside /tmp: the unit's PrivateTmp hides it)
+  mkdir -p /srv/models/ddtree-gpu-acceptance && cp -r "$H"/models/* /srv/models/ddtree-gpu-acceptance/
   . "$H/env.sh"
   python3 -c "import sglang, sgl_kernel, flashinfer, transformers; print('sglang', sglang.__version__, '| sgl_kernel', sgl_kernel.__version__, '| flashinfer', flashinfer.__version__, '| transformers', transformers.__version__)" || exit 4;;
 *) echo "usage: stage.sh 1|2 CARRY_DIR"; exit 2;;
