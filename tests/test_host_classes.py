@@ -348,10 +348,10 @@ def test_pcie_classes_take_optional_nvlink_bridges(nv, ok_pcie_bridged, ok_nvl):
 def test_inventory_h200_validates_plans_and_renders_for_the_lent_machine(monkeypatch):
     """inventory/h200: one H200 host, SGLang 0.5.17 from PyPI, the config-only tiny models of
     scripts/gpu-acceptance (their configs are read and agree with the inventory: block size 8)."""
-    from ddtree_ops.config.checkpoint import CheckpointReader, validate_with_checkpoints
-
     import shutil
     import tempfile
+
+    from ddtree_ops.config.checkpoint import CheckpointReader, validate_with_checkpoints
 
     # the models where a unit can read them: not under /tmp (PrivateTmp), where a checkout or
     # pytest's tmp_path may live; /dev/shm is allowed (served from RAM)
