@@ -27,6 +27,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNDIR="${DDTREE_TESTHOST_RUNDIR:-/run/ddtree-ops/testhost}"
 TIMEOUT="${DDTREE_TESTHOST_TIMEOUT:-60}"
+STATUS_TIMEOUT=10   # seconds one host's status probe may take (cmd_status)
 STATE_DIR="$REPO_ROOT/.state"
 KEY="$STATE_DIR/ssh/id_ed25519"
 LOG_DIR="$STATE_DIR/testhost"
@@ -347,22 +348,36 @@ cmd_down() {
   bash "$REPO_ROOT/scripts/testhost-standins.sh" down || true
 }
 
+# One host's status line. The probe is bounded (STATUS_TIMEOUT): ConnectTimeout covers only the
+# TCP connect, and a host whose sshd or PID 1 stalls after accepting the connection (seen once
+# under a loaded CI run) would otherwise hang the whole report, and with it every host test.
+status_line() {
+  local i=$1 n state pid; n=$(name_of "$i")
+  if ! pid=$(nspawn_pid "$i"); then printf '%s down\n' "$n"; return 3; fi
+  state=$(timeout -k 2 "$STATUS_TIMEOUT" \
+    ssh "${SSH_OPTS[@]}" -o ServerAliveInterval=2 -o ServerAliveCountMax=2 -i "$KEY" \
+    "root@$(host_ip "$i")" systemctl is-system-running </dev/null 2>/dev/null || true)
+  if [[ -z $state ]]; then
+    printf '%s booting-or-unreachable %s pid=%s\n' "$n" "$(host_ip "$i")" "$pid"; return 3
+  fi
+  printf '%s up %s pid=%s state=%s\n' "$n" "$(host_ip "$i")" "$pid" "$state"
+}
+
 cmd_status() {
-  local i idx n rc=0 state pid
+  local i idx rc=0 tmp
   idx=$(known_indices)
   [[ -n $idx ]] || idx=1
+  # Probed side by side, printed in host order: the report takes one probe's bound, not N.
+  tmp=$(mktemp -d)
   for i in $idx; do
-    n=$(name_of "$i")
-    if ! pid=$(nspawn_pid "$i"); then
-      printf '%s down\n' "$n"; rc=3; continue
-    fi
-    state=$(ssh_host "$i" systemctl is-system-running </dev/null 2>/dev/null || true)
-    if [[ -z $state ]]; then
-      printf '%s booting-or-unreachable %s pid=%s\n' "$n" "$(host_ip "$i")" "$pid"; rc=3
-    else
-      printf '%s up %s pid=%s state=%s\n' "$n" "$(host_ip "$i")" "$pid" "$state"
-    fi
+    { if status_line "$i" >"$tmp/$i.out"; then echo 0; else echo 3; fi >"$tmp/$i.rc"; } &
   done
+  wait
+  for i in $idx; do
+    cat "$tmp/$i.out"
+    [[ $(<"$tmp/$i.rc") == 0 ]] || rc=3
+  done
+  rm -rf -- "$tmp"
   return $rc
 }
 

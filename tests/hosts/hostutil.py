@@ -27,18 +27,41 @@ SSH_OPTS = [
 ]
 
 
-def up_hosts() -> dict[str, str]:
-    """Host name -> address for every host that `testhost.sh status` reports as up."""
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "status"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )
-    hosts = {}
+def status() -> dict[str, tuple[str, str]]:
+    """Host name -> (state, address) from one `testhost.sh status` (its probes are bounded
+    there; this bound only guards against the script itself wedging). A wedged run reads as
+    no host known."""
+    try:
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "status"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {}
+    found = {}
     for line in proc.stdout.splitlines():
         fields = line.split()
-        if len(fields) >= 3 and fields[1] == "up":
-            hosts[fields[0]] = fields[2]
-    return hosts
+        if len(fields) >= 2:
+            found[fields[0]] = (fields[1], fields[2] if len(fields) >= 3 else "")
+    return found
+
+
+def up_hosts(deadline_s: float = 120.0, pause_s: float = 3.0) -> dict[str, str]:
+    """Host name -> address for every host `testhost.sh status` reports as up.
+
+    A host that is booted but does not answer (a probe that timed out: loaded machine, sshd
+    stalled) is asked again until every booted host answers or ``deadline_s`` has passed; a
+    host that never answers is left out, so only the tests that need it fail, naming it."""
+    end = time.monotonic() + deadline_s
+    while True:
+        found = status()
+        up = {name: addr for name, (state, addr) in found.items() if state == "up"}
+        waiting = [name for name, (state, _) in found.items() if state not in ("up", "down")]
+        if found and not waiting:
+            return up
+        if time.monotonic() + pause_s > end:
+            return up
+        time.sleep(pause_s)
 
 
 def ssh_options() -> list[str]:
