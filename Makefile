@@ -17,7 +17,7 @@ peer:
 peer-venvs:
 	bash scripts/peer.sh --venvs
 
-# Speed, side by side in one run (issue 15): controller commands vs ansible-inventory at
+# Speed, side by side in one run (figures in docs/performance.md): controller commands vs ansible-inventory at
 # 1/10/100/1000 hosts and --help; the exporter vs a bare prometheus_client server; the warmup
 # client's CPU per request; the bench client's CPU per token and ITL error beside SGLang's
 # bench_serving (needs the cached SGLang 0.5.23 venv: make peer-venvs). Prints figures (not tests).

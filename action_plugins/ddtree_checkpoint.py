@@ -1,6 +1,6 @@
 """Ansible action ``ddtree_checkpoint``: read the model's and draft's config files on the host
 (where the service will read them) and check the deployment against them, before the service is
-touched (issue 10 item 1c).
+touched.
 
 For each checkpoint given as an absolute path (:func:`ddtree_ops.config.checkpoint.host_paths`),
 ``config.json``, ``preprocessor_config.json`` and ``model.safetensors.index.json`` are ``stat``-ed

@@ -1,5 +1,5 @@
 """Ansible action ``ddtree_probe``: read the capability probe's output on the controller, so
-the ``sglang`` role formats and judges nothing in YAML (issue 14 item 7).
+the ``sglang`` role formats and judges nothing in YAML (logic lives in Python).
 
 Runs on the controller only. Options: ``stdout`` and ``stderr`` of
 ``<sglang-venv>/bin/python -m ddtree_ops.sglang.probe --request - --json`` run on the host.

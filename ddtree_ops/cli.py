@@ -29,7 +29,8 @@ from .fleet_cli import app as fleet_app
 from .ops.release_cli import app as release_app
 
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
-# `--help` and the light commands start without them (issue 15; scripts/bench-controller.py).
+# `--help` and the light commands start without them (`--help` target <= 0.3 s CPU,
+# measured by scripts/bench-controller.py; tests/test_perf.py checks the imports).
 if TYPE_CHECKING:
     from .config import Validated
     from .config.errors import Finding
@@ -58,7 +59,7 @@ class CheckFailed(Exception):
     """A check ran and failed (exit 1)."""
 
 
-app.add_typer(release_app, name="release")  # host-side releases (issue 12): ddtree_ops/ops/release_cli.py
+app.add_typer(release_app, name="release")  # host-side releases: ddtree_ops/ops/release_cli.py
 
 
 def say(console: Console, label: str, style: str, message: str) -> None:
@@ -68,7 +69,7 @@ def say(console: Console, label: str, style: str, message: str) -> None:
     control character (which rich would strip, or expand, as tabs), the line is written to
     the console's file directly: the same bytes rich writes (``tests/test_perf.py``
     compares them), without rich's ~40-150 µs of rendering a line, which was 0.6 s of a
-    1000-host ``validate`` (issue 15). Otherwise rich prints it.
+    1000-host ``validate`` (``scripts/bench-controller.py`` measures it). Otherwise rich prints it.
     """
     line = f"{label} {message}"
     if not console.is_terminal and line.isprintable():
@@ -146,8 +147,9 @@ def _positive(name: str, value: float, hi: float = 86400.0, zero_ok: bool = Fals
 def _fewer_gc_passes(gen0: int = 100_000) -> Iterator[None]:
     """Run the cyclic garbage collector's youngest generation every ``gen0`` allocations (instead of
     Python's 700) while loading and checking, then restore the thresholds: a 1000-host load
-    allocates millions of objects and each pass walks the young ones (~5-10 % of validate's CPU,
-    for ~6 MB more peak memory at 1000 hosts; issue 15). Cycles are still collected."""
+    allocates millions of objects and each pass walks the young ones (~5-10 % of validate's CPU
+    at 1000 hosts, whose CPU ``scripts/bench-controller.py`` prints; the price is ~6 MB more peak
+    memory). Cycles are still collected."""
     import gc
 
     saved = gc.get_threshold()

@@ -1,7 +1,7 @@
 """The CPython tag of an interpreter (``cp311`` for CPython 3.11): the first part of every
 wheelhouse directory name, compared with the host's interpreter before a host installs from it.
 
-One definition (issue 14 item 7): :data:`PYTHON_TAG_CODE` is the code every interpreter whose tag
+One definition: :data:`PYTHON_TAG_CODE` is the code every interpreter whose tag
 is needed runs with ``-c`` (the ``sglang`` and ``ddtree_service`` roles get it from the
 ``ddtree_render`` action's ``python_tag_code``; :func:`ddtree_ops.sglang.wheelhouse.build` runs it
 under the wheelhouse's Python); ``scripts/build-wheelhouse.sh`` runs this module

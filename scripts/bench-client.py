@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The bench client's own cost (issue 13): at concurrency 1, 64 and 256, against the SGLang
+"""The bench client's own cost: at concurrency 1, 64 and 256, against the SGLang
 simulator, our ``ddtree-ops bench`` client side by side with SGLang's own ``bench_serving``
 request function, as ratios.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark the controller commands at 1/10/100/1000 hosts, side by side with Ansible's own
-``ansible-inventory --list`` on the same inventory, in one run (issue 15).
+``ansible-inventory --list`` on the same inventory, in one run (figures and targets: docs/performance.md).
 
 For each size N an inventory is generated from the shipped ``inventory/example`` (its
 ``group_vars`` copied unchanged; N hosts split between the ``b300`` and ``ct200`` groups),

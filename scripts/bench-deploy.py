@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deploy time at fleet scale (issue 12 item 4): ``deploy.yml`` over 1, 2 and 4 booted test
+"""Deploy time at fleet scale: ``deploy.yml`` over 1, 2 and 4 booted test
 hosts, the first run (fresh hosts) and the no-change run after it, as seconds and as ratios
 to 1 host. A benchmark that prints figures, not a test.
 
@@ -13,7 +13,7 @@ Usage (as root, machine-wide test hosts: hold the lock)::
 
     flock -o /run/ddtree-testhost.lock .venv/bin/python scripts/bench-deploy.py [--sizes 1,2,4]
 
-Issue 12's targets: no-change run < 15 s per host, T(4 hosts) / T(1) < 1.6.
+Targets (docs/performance.md): no-change run < 15 s per host, T(4 hosts) / T(1) < 1.6.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ CLI (``python -m ddtree_ops exporter``) in its own process; CPU is read from
 
 The reference is a bare ``prometheus_client`` server (``start_http_server``, the default
 registry plus as many gauges as the exporter exposes series) on the same machine in the same
-run: each exporter row prints its p50/p99 as a ratio to it (issue 15: an absolute 10 ms
+run: each exporter row prints its p50/p99 as a ratio to it (an absolute 10 ms
 target is at this machine's noise floor; target p99 ratio <= 1.2 with a normal, slow or dead
 upstream). Rows are measured in rounds (``--rounds``), the bare server and the exporters
 alternating, so a load spike on the shared machine hits all of them.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark the warmup client against the SGLang simulator: per batch size, the server wait
-(wall seconds of the rounds) beside the client's own CPU per request (issue 15).
+(wall seconds of the rounds) beside the client's own CPU per request (figures: docs/performance.md).
 
 The simulator (``python -m ddtree_ops.sim``, a DDTree 8/32 deployment, fast load/warmup) runs
 in its own process on loopback; :func:`ddtree_ops.ops.warmup.warmup` runs in this one, and its
@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--without-sniffio", action="store_true",
                     help="make `import sniffio` fail as when it is not installed (a full sys.path search, then "
-                         "ModuleNotFoundError): the cost issue 15 found before sniffio was pinned")
+                         "ModuleNotFoundError): the cost measured before sniffio was pinned")
     args = ap.parse_args()
     if args.without_sniffio:
         hide_sniffio()

@@ -2,7 +2,7 @@
 
 Mitogen keeps one Python interpreter per host alive for the whole run and runs modules in it,
 instead of a fresh ``ssh`` + ``python3`` + AnsiballZ unpack per task: the no-change
-``deploy.yml`` run on one test host went from 38 s to about 15 s (issue 12 item 4; figures in
+``deploy.yml`` run on one test host went from 38 s to about 15 s (figures in
 docs/performance.md, ``scripts/bench-deploy.py``). Mitogen's own documentation installs it by pointing
 ``strategy_plugins`` at ``ansible_mitogen/plugins/strategy`` inside the installed package; that
 path differs per venv, so this file re-exports the installed package's class from a path that

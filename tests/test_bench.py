@@ -238,7 +238,7 @@ HOSTILE = {
                                             b"a" * 65536, total=8 << 20), "byte cap"),
     "chat delta not an object": (lambda c, m, p: _sse(c, [b'{"choices": [{"delta": [1]}]}', b"[DONE]"]), "no token"),
     "error event": (lambda c, m, p: _sse(c, [b'{"error": {"message": "bad\\u0007 input"}}']), "bad\\x07 input"),
-    # attack pass 6: a fixed output (ignore_eos) of 8 answered with 32 or 3 tokens, or [DONE] before the data
+    # a fixed output (ignore_eos) of 8 answered with 32 or 3 tokens, or [DONE] before the data
     "too many tokens": (lambda c, m, p: _sse(c, [_meta(16), _meta(32), b"[DONE]"]), "reported 32 tokens"),
     "too few tokens": (lambda c, m, p: _sse(c, [_meta(3), b"[DONE]"]), "reported 3 tokens"),
     "[DONE] first": (lambda c, m, p: _sse(c, [b"[DONE]", _meta(8)]), "no token"),
@@ -520,7 +520,7 @@ def test_sweep_deploys_each_point_through_the_playbook_and_restores(spec_sim: Si
      "looks like a secret"),
 ])
 def test_sweep_refuses_hostile_values_in_one_line(tmp_path: Path, name: str, body: str, needle: str) -> None:
-    """Attack pass 6: a sweep file is data; an alias bomb, Jinja (validated as a literal, templated by
+    """A sweep file is data; an alias bomb, Jinja (validated as a literal, templated by
     Ansible at deploy) and secrets (written to sweep.json) are refused before any point runs."""
     import time
 
@@ -564,7 +564,7 @@ def test_sweep_of_only_invalid_points_fails(tmp_path: Path, capsys) -> None:
 
 
 def test_side_requests_are_bounded_by_the_request_timeout() -> None:
-    """Attack pass 6: /server_info and /metrics before and after each level used a fixed 10 s each;
+    """/server_info and /metrics before and after each level used a fixed 10 s each;
     a server that accepts and never answers now costs at most request_timeout per side request."""
     srv = Hostile(lambda c, m, p: c.idle(), None)
     try:

@@ -1,4 +1,4 @@
-"""Checkpoint facts (issue 10 items 1 and 7): ``ddtree_ops/config/checkpoint.py`` against the
+"""Checkpoint facts and model revisions: ``ddtree_ops/config/checkpoint.py`` against the
 public config files in ``tests/fixtures/checkpoints`` (provenance: ``tests/fixtures/README.md``).
 
 No network: Hub reads go through a fake ``hf_hub_download`` that serves the fixture files.
@@ -455,7 +455,7 @@ def test_cli_hub_flag_and_env(tmp_path, capsys, monkeypatch):
     assert main(["validate", "-i", str(inv)]) == 2
 
 
-# --- item 7: revisions ---------------------------------------------------------------------------------
+# --- revisions ---------------------------------------------------------------------------------
 
 def test_revisions_reach_the_argv():
     hv = hostvars("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", spec={"block_size": 16, "draft_model_revision": "v1.0"},
@@ -508,7 +508,7 @@ def test_shutil_copy_of_a_fixture_reads_the_same(tmp_path):
     assert plan.checkpoint["checkpoints"]["model"]["read"] == "local" and not rules_of(findings, "info")
 
 
-# --- item 1c: the deploy play reads the host's files (ddtree_checkpoint, run locally) ---------------
+# --- the deploy play reads the host's files (ddtree_checkpoint, run locally) ---------------
 
 def _play(tmp_path: Path, hv: dict, extra_tasks: list | None = None):
     import subprocess
@@ -577,7 +577,7 @@ def test_host_payload_is_checked_like_local_files():
         assert reader_from_host_files(junk)._cache == {}
 
 
-# --- attack pass 4: numbers out of range and wrong types are findings, never a crash or a skip --
+# --- numbers out of range and wrong types are findings, never a crash or a skip --
 
 @pytest.mark.parametrize("data, why", [
     (b'{"vocab_size": ' + b"9" * 5000 + b"}", "holds an integer of 5000 digits"),  # past Python's int-string limit

@@ -98,7 +98,7 @@ def test_without_ansible_a_controller_command_says_what_to_install():
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
 
 
-# --- URLs with secrets (attack pass 5): refused, and never echoed whole
+# --- URLs with secrets: refused, and never echoed whole
 
 @pytest.mark.parametrize("argv", [
     ["health", "http://127.0.0.1:9/?access_token=SEKRITq", "--failures", "1", "--json"],

@@ -268,7 +268,7 @@ def test_capture_oom_quotes_the_plans_sizes_and_memory_estimate(plan_doc: dict) 
     assert "cuda_graph_max_bs 16, mem_fraction_static 0.85" in f.fix
     assert "e.g. 8" in f.fix
     assert "memory estimate: weights_gib_per_gpu=74.2, kv_gib_per_gpu=31.5, note=±15 %" in f.fix
-    # the checkpoint reader's estimate (plan.checkpoint.memory, another branch of issue 10): GiB figures quoted
+    # the checkpoint reader's estimate (plan.checkpoint.memory, from the checkpoint's own config): GiB figures quoted
     doc["plan"].pop("memory_estimate")
     doc["plan"]["checkpoint"] = {"memory": {"weights_per_gpu": 79_671_214_899, "error_bound": "weights +-3 %",
                                             "kv_for": "16 requests x 8192 tokens",
@@ -655,7 +655,7 @@ def test_cli_subprocess_end_to_end() -> None:
     assert p.stdout.startswith("FAIL port-in-use (line 4): port 44319 is already in use")
 
 
-# ------------------------------------------------------------------ attack pass 4: inputs that hung, crashed or leaked
+# ------------------------------------------------------------------ inputs that hung, crashed or leaked
 
 
 def test_plan_that_is_a_fifo_is_refused_at_once(capsys, tmp_path: Path) -> None:

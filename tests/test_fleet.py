@@ -164,7 +164,7 @@ def test_deploy_checks_the_fleet_before_any_host_changes():
 
 
 def test_one_machine_is_one_host_class_and_mapped_ipv6_is_the_same_machine():
-    """Attack pass 2: ``::ffff:10.0.0.5`` is 10.0.0.5; one machine listed as b300 and ct200 is refused."""
+    """``::ffff:10.0.0.5`` is 10.0.0.5; one machine listed as b300 and ct200 is refused."""
     from ddtree_ops.config.fleet import fleet_findings
 
     a = validate_hostvars("h1", {**base_hostvars(), "ansible_host": "10.0.0.5"})

@@ -546,7 +546,7 @@ def test_the_gate_waits_for_the_unit_to_leave_activating_before_asking_health(ss
     assert sum(c.startswith("show ") for c in calls) >= 3, calls
 
 
-# --- attack pass 7 (hostile hosts) ------------------------------------------------------------
+# --- hostile hosts ------------------------------------------------------------
 
 def test_health_json_nested_past_the_stack_fails_that_host_cleanly(sshd):
     deep = "[" * 100_000 + "]" * 100_000

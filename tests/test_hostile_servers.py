@@ -730,7 +730,7 @@ def test_warmup_keeps_only_the_counts_of_each_answer():
 
 
 def test_an_html_page_with_a_metric_line_is_not_metrics():
-    """Attack pass 2: an HTML /metrics body holding one matching line gave ddtree_up 1."""
+    """An HTML /metrics body holding one matching line gave ddtree_up 1."""
     from ddtree_ops.sglang.client import Answer, SGLangError, metrics_text
 
     html = Answer("http://h/metrics", 200, "text/html; charset=utf-8", b"<pre>\nsglang:num_running_reqs 1\n</pre>")

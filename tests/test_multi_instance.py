@@ -1,4 +1,4 @@
-"""Several deployments on one machine (issue 11 item 1): GPU sets (``CUDA_VISIBLE_DEVICES`` /
+"""Several deployments on one machine: GPU sets (``CUDA_VISIBLE_DEVICES`` /
 ``base_gpu_id`` cover tp x dp, disjoint across instances), per-instance rendezvous port,
 directories, accounts and Prometheus multiprocess directory, deploy waves, and the shipped
 ``inventory/multi-example`` (a ct200 with two tp-4 instances) validating and rendering both."""
@@ -104,7 +104,7 @@ def test_shared_state_ports_and_accounts_refused(second, field, needle):
 
 
 def test_two_instances_sharing_a_prometheus_multiproc_dir_refused(tmp_path, capsys):
-    """Issue 11: instances sharing PROMETHEUS_MULTIPROC_DIR must not validate; by default each
+    """Instances sharing PROMETHEUS_MULTIPROC_DIR must not validate; by default each
     gets its own RuntimeDirectory, which systemd creates and wipes with the unit."""
     shared = {"env": {"PROMETHEUS_MULTIPROC_DIR": "/var/tmp/prom"}}
     errs = _errors("h1", _hv(service=shared))
@@ -224,7 +224,7 @@ def test_sim_refuses_a_rendezvous_port_in_use(tmp_path):
     assert r.returncode == 1 and "EADDRINUSE" in r.stdout + r.stderr
 
 
-# --- GPU placement by SGLang's own formula (attack pass 5): pp, gpu_id_step, DP attention, secret env
+# --- GPU placement by SGLang's own formula: pp, gpu_id_step, DP attention, secret env
 
 def test_pipeline_stages_and_gpu_id_step_widen_the_gpu_set():
     """--pp-size 2 puts a tp-4 instance on GPUs 0-7; --gpu-id-step 2 on 0,2,4,6: both overlap a

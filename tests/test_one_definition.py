@@ -1,4 +1,4 @@
-"""One definition for every value Python, Jinja, YAML and bash share (issue 14 item 7).
+"""One definition for every value Python, Jinja, YAML and bash share.
 
 Each value lives once in Python; the roles read it from an action's result, the templates from
 the render context, the scripts ask the package. For each value two kinds of test:

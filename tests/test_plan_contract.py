@@ -1,4 +1,4 @@
-"""plan.json as a typed contract (issue 14, item 5): the writer (``render.files.plan_document``)
+"""plan.json as a typed contract: the writer (``render.files.plan_document``)
 and the one loader (``config.plandoc_model.load_plan`` -> ``PlanDoc``) agree on every shipped
 inventory; every reader refuses a bad field with the same line; a newer ``schema_version`` is
 refused; documents of earlier writers (``tests/fixtures/plan/``) are read as version 1 where
@@ -286,7 +286,7 @@ def test_file_level_problems_are_the_same_error_type(tmp_path: Path):
 
 @pytest.mark.parametrize("version", [SCHEMA_VERSION + 1, 10**18, 0, -1, "1", True, 1.0, None])
 def test_preflight_and_diagnose_apply_the_schema_version_rule_too(rendered, tmp_path, capsys, version):
-    """Attack pass 6: the standard-library readers (preflight's zipapp, diagnose) read schema_version by the
+    """The standard-library readers (preflight's zipapp, diagnose) read schema_version by the
     same rule as the typed loader: a newer version or one that is no integer >= 1 is refused (exit 2)."""
     from ddtree_ops.ops.diagnose import DiagnoseError
     from ddtree_ops.ops.diagnose import load_plan as diagnose_plan

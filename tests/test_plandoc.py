@@ -1,5 +1,5 @@
 """The bounded plan.json reader (``ddtree_ops/plandoc.py``) and every command that takes
-``--plan``: a hostile file is one line, exit 2 (attack pass 4: deep nesting gave
+``--plan``: a hostile file is one line, exit 2 (deep nesting gave
 RecursionError / exit 70 in diagnose, health, exporter, probe-sglang; a FIFO hung diagnose;
 10**400 overflowed the memory text)."""
 

@@ -572,7 +572,7 @@ def test_recorded_host_gives_the_facts_and_verdicts_of_the_real_run(tmp_path):
     assert nccl["ok"] and "over 2 GPU(s)" in nccl["detail"] and "NCCL_NVLS_ENABLE=0" in nccl["detail"]
 
 
-# ---------------------------------------------------------------- hostile commands and plans (attack pass 4)
+# ---------------------------------------------------------------- hostile commands and plans
 
 HOSTILE_TEXT = ("boom \x1b]52;c;cm0gLXJmIH4K\x1b\\ \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[2J"
                 "\x9b31m\x07\u202e Authorization: Bearer SEKRITsmi\nok   fake: line")
@@ -684,7 +684,7 @@ def test_nccl_result_of_the_right_shape_passes(tmp_path):
 
 
 def test_nccl_result_from_fewer_ranks_than_gpus_fails(tmp_path):
-    """attack pass 5: 8 GPUs probed, a result of world 1 passed as "over 1 GPU(s)"."""
+    """8 GPUs probed, a result of world 1 passed as "over 1 GPU(s)"."""
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\ncase \"$1\" in -c) echo 8; exit 0;; esac\necho '{\"world\": 1, \"bytes\": 268435456, "
                     "\"seconds\": 0.001, \"correct\": true, \"busbw_gbps\": null}'\n")

@@ -1,4 +1,4 @@
-"""Releases (issue 12 item 1): the content key (``ddtree_ops.render.release``), the host-side
+"""Releases: the content key (``ddtree_ops.render.release``), the host-side
 ``ddtree-ops release`` commands (``ddtree_ops.ops.release``) on a temporary release root,
 hostile ids and symlinks, prune rules, and the gate against the simulator on loopback."""
 
@@ -289,7 +289,7 @@ def test_tampered_or_incomplete_release_refused(root):
     (".", 0o777, "could be swapped after this check"),
 ])
 def test_release_files_writable_by_others_or_of_another_mode_refused(root, what, mode, match):
-    """Attack pass 7: verify checked bytes but not modes: a world-writable unit in a release was
+    """verify checked bytes but not modes: a world-writable unit in a release was
     activated (and read by systemd on every daemon-reload)."""
     rid = _install(root, _versions(1)[0])
     os.chmod(root / rid / what, mode)
@@ -325,7 +325,7 @@ def test_hostile_history_refused(root):
 
 
 def test_concurrent_activates_and_rollbacks_leave_the_root_consistent(root):
-    """Attack pass 7: two activates at once used to interleave switch, history and prune, so one
+    """Two activates at once used to interleave switch, history and prune, so one
     pruned the release the other had just made current (current dangling, both exit 0). The
     root's lock serialises them: after every round current names a release on disk and is the
     history's last id."""
@@ -377,7 +377,7 @@ def test_a_held_lock_makes_activate_wait_then_refuse(root, monkeypatch):
 
 
 def test_long_history_is_read_in_linear_time(root, capsys):
-    """Attack pass 7: 100 000 distinct ids in history hung list/activate (quadratic dedupe)."""
+    """100 000 distinct ids in history hung list/activate (quadratic dedupe)."""
     import time
 
     rid = _install(root, _versions(1)[0])
@@ -398,7 +398,7 @@ def test_history_line_with_a_unicode_line_separator_refused(root):
 
 
 def test_manifest_nested_to_the_recursion_limit_is_refused_not_a_crash(root):
-    """Attack pass 7: a manifest nested just shallow enough for json.loads but too deep for
+    """A manifest nested just shallow enough for json.loads but too deep for
     compute_id's json.dumps ended in RecursionError (exit 70)."""
     import sys
 
@@ -688,7 +688,7 @@ def test_gate_passes_a_good_server_and_catches_collapsed_acceptance(tmp_path, ca
 
 
 def test_gate_fails_an_acceptance_length_no_verify_pass_can_reach(tmp_path, capsys, monkeypatch):
-    """Attack pass 7: a server whose meta_info says 64 tokens came from one verify pass
+    """A server whose meta_info says 64 tokens came from one verify pass
     (spec_verify_ct 1) passed the floor; a pass verifies plan.verify_tokens_per_req tokens
     (33 here) and cannot accept more, so the gate fails it."""
     import dataclasses
@@ -751,7 +751,7 @@ def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsy
     assert "exited" not in capsys.readouterr().out
 
 
-# --- playbooks/rolling.yml's inputs (attack pass 7) -------------------------------------------
+# --- playbooks/rolling.yml's inputs -------------------------------------------
 
 @pytest.mark.parametrize(("name", "value", "rule"), [
     ("rolling_batches", 0, "every host at once"),  # Ansible's serial 0: the whole fleet, no canary

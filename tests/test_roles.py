@@ -89,7 +89,7 @@ def test_role_readmes_are_generated_from_the_argument_specs():
                 assert f"`{line.strip()[:-1]}`" in text, (role.name, line)
 
 
-# --- task files with tags (issue 14 item 9) -----------------------------------------------------
+# --- task files with tags -----------------------------------------------------
 
 TAGS = {"preflight", "install", "configure"}
 

@@ -1,7 +1,7 @@
 """``errors.scrub``: the shapes a secret takes in echoed text (log lines ``diagnose`` quotes, a
 resolver's stderr, findings), one test per shape, and its time on hostile 1 MB lines.
 
-Shapes from attack pass 4 (finding 4): a bare Hugging Face token, ``--api-key VALUE`` argv,
+Shapes that once got through: a bare Hugging Face token, ``--api-key VALUE`` argv,
 ``export NAME="VALUE"``, SGLang's ``ServerArgs(api_key='VALUE')`` repr, JSON ``"hf_token": "VALUE"``,
 ``NAME = VALUE``, ``token: VALUE``."""
 
@@ -46,7 +46,7 @@ def test_words_that_merely_start_like_tokens_stay():
     ("HF_TOKEN = SEKRITspaced ; api-key SEKRITdash", "SEKRIT", "HF_TOKEN = "),
     ("token: SEKRITtok", "SEKRITtok", "token: "),
     ("DB_PASSWORD : 'two words'", "two words", "DB_PASSWORD"),
-    # Shapes left open by attack pass 5: a bytes repr, an escaped quote inside a JSON string,
+    # Shapes that the first patterns left open: a bytes repr, an escaped quote inside a JSON string,
     # a Perl/Ruby hash arrow, a lower-case "password:" before a plain word.
     ("ServerArgs(api_key=b'SEKRITbytes', port=1)", "SEKRITbytes", "port=1"),
     ('{"api_key": "ab\\"SEKRITafterquote", "x": 1}', "SEKRITafterquote", '"x": 1'),
@@ -92,8 +92,8 @@ def test_scrub_is_linear_on_hostile_1mb_lines(name, line):
      "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
     ("Authorization: ApiKey SEKRITapikey123", "SEKRITapikey123"),
 ])
-def test_attack5_shapes_are_redacted_and_refused_as_values(text, secret):
-    """attack pass 5: JWTs, AWS key ids, PEM bodies and the ApiKey scheme came out verbatim."""
+def test_jwt_aws_pem_and_apikey_shapes_are_redacted_and_refused_as_values(text, secret):
+    """JWTs, AWS key ids, PEM bodies and the ApiKey scheme came out verbatim."""
     from ddtree_ops.config.errors import looks_like_token
 
     assert secret not in scrub(text)
@@ -103,7 +103,7 @@ def test_attack5_shapes_are_redacted_and_refused_as_values(text, secret):
 
 @pytest.mark.parametrize("host", ["monkey-01", "turkey-01", "host-key-01", "token-ring-01", "pass-01", "auth-01"])
 def test_a_host_name_never_eats_the_field_of_its_findings(host):
-    """Attack pass 6: 'monkey-01: ddtree_sglang.repo = None' was scrubbed as a secret named monkey-01."""
+    """'monkey-01: ddtree_sglang.repo = None' was scrubbed as a secret named monkey-01."""
     from ddtree_ops.config.errors import Finding
 
     line = Finding("warning", "ddtree_sglang.repo", None, "must be x", "fix it", host=host).message()

@@ -31,7 +31,8 @@ QWEN35 = FIXTURES / "sglang" / "resolve" / "qwen3_5_moe-35b-a3b-fp8.config.json"
 
 
 def qwen35_eagle(host_class: str = "b300", **server) -> dict:
-    """b300, SGLang 0.5.23, Qwen3.5 MoE FP8 target, EAGLE topk 1, page_size 16 (issue 10's case)."""
+    """b300, SGLang 0.5.23, Qwen3.5 MoE FP8 target, EAGLE topk 1, page_size 16 (the case the static
+    b300 Qwen3.5 rule covers: SGLang's resolution changes attention_backend / page_size)."""
     return {
         "ddtree_host_class": host_class,
         "ddtree_sglang": {"source": "pypi", "version": "0.5.23"},
@@ -208,7 +209,7 @@ def _gone(pid: int, within_s: float = 3.0) -> bool:
 
 
 def test_deadline_kills_the_whole_process_group(tmp_path):
-    """attack 4 rs-hang / rs-grandchild-survives: a child and its grandchild (which holds
+    """A child and its grandchild (which holds
     the stdout pipe) both die at the deadline, which bounds the wall time."""
     pidfile = tmp_path / "pid"
     py = _script(tmp_path, f"sleep 60 & echo $! > {pidfile}; exec sleep 60")
@@ -233,7 +234,7 @@ def test_leftovers_die_when_the_child_exits(tmp_path):
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_an_output_flood_is_killed_and_memory_stays_bounded(tmp_path, stream):
-    """attack 4 rs-flood (`exec yes`: 15.7 GB, 29 s before): bounded buffers, killed early."""
+    """An output flood (`exec yes`: 15.7 GB, 29 s before): bounded buffers, killed early."""
     py = _script(tmp_path, "exec yes '{\"a\":1}'" + (" >&2" if stream == "stderr" else ""))
     t0 = time.monotonic()
     rc, out, err, why = resolve.run_child([py], dict(os.environ), 20)
@@ -247,7 +248,7 @@ OSC = "boom \x1b]52;c;cm0gLXJmIH4K\x1b\\ \x1b]8;;http://evil.example/\x1b\\click
 
 
 def test_child_text_is_cleaned_scrubbed_and_cut(tmp_path):
-    """attack 4 rs-tty-osc52-passthrough / rs-exit-nonzero-secret: the stderr line and the
+    """Terminal escapes (OSC 52) and secrets in a failing child's output: the stderr line and the
     result's text fields reach the table/JSON without escapes or secrets, ~200 chars."""
     err = tmp_path / "err.txt"
     err.write_text(OSC + " Authorization: Bearer SEKRITresolver " + "x" * 500 + "\n")
@@ -410,7 +411,7 @@ def test_plan_model_config_errors_are_one_line(qwen_inventory, tmp_path):
     bad.write_text('{"architectures": "X"}')
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--model-config", str(bad))
     assert proc.returncode == 2 and "not a JSON object with an 'architectures' list" in proc.stderr
-    bad.write_text("[" * 200_000)  # attack pass 4: RecursionError (exit 70) before
+    bad.write_text("[" * 200_000)  # RecursionError (exit 70) before
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--model-config", str(bad))
     assert proc.returncode == 2 and "nested too deeply" in proc.stderr and "Traceback" not in proc.stderr
     proc = _plan("-i", str(qwen_inventory), "--model-config", str(QWEN35))
@@ -420,7 +421,7 @@ def test_plan_model_config_errors_are_one_line(qwen_inventory, tmp_path):
 
 
 def test_plan_resolve_with_a_python_without_sglang_fails(qwen_inventory):
-    """attack 4 finding 8: the operator asked for a resolution and it did not run: exit 1,
+    """The operator asked for a resolution and it did not run: exit 1,
     a failed ``sglang-resolution:<host>`` check naming why."""
     proc = _plan("-i", str(qwen_inventory), "--resolve-with", sys.executable, "--json")
     assert proc.returncode == 1, proc.stderr
@@ -433,7 +434,7 @@ def test_plan_resolve_with_a_python_without_sglang_fails(qwen_inventory):
 
 @pytest.mark.parametrize("as_json", [True, False])
 def test_plan_fails_on_a_misbehaving_resolver_without_escapes(qwen_inventory, tmp_path, as_json):
-    """attack 4 rs-exit-nonzero / rs-tty-osc52-passthrough: exit 1, the reason shown, no
+    """A resolver that exits non-zero with terminal escapes: exit 1, the reason shown, no
     terminal escape and no secret printed, in the table and in the JSON."""
     err = tmp_path / "err.txt"
     err.write_text(OSC + " Authorization: Bearer SEKRITresolver\n")

@@ -1,4 +1,4 @@
-"""Hosts with the same deployment share one validation (``config/shared.py``, issue 15): the
+"""Hosts with the same deployment share one validation (``config/shared.py``): the
 output is byte for byte the output of validating every host alone, on mixed inventories; the text
 output of ``validate`` gives one line per finding many hosts share."""
 

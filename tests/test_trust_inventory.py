@@ -203,7 +203,7 @@ def corpus() -> list[Case]:
         "secret_env-HF_TOKEN": ("ddtree_secret_env", None, {"HF_TOKEN": CANARY}),
         "secret_env-list": ("ddtree_secret_env", None, [CANARY]),
         "unknown-var-token": ("ddtree_hf_tokn", None, CANARY),
-        # attack F1 #3/#5: URL credentials, plural secret names, env given as a string
+        # URL credentials, plural secret names, env given as a string
         "sglang-repo-userinfo": ("ddtree_sglang", "repo", f"https://oauth2:{CANARY}@gitlab.example.com/x.git"),
         "sglang-repo-token-user": ("ddtree_sglang", "repo", f"https://{CANARY}@github.com/x/y.git"),
         "sglang-repo-invalid": ("ddtree_sglang", "repo", f"https://oauth2:{CANARY}@gitlab.example.com/x y.git"),
@@ -216,13 +216,13 @@ def corpus() -> list[Case]:
     for label, (section, key, value) in secret_cases.items():
         cases.append(Case("canary secret", label, section if key in (None, "env") else f"{section}.{key}",
                           group_vars=_with(section, key, value)))
-    # attack F1 #5: a template that fails echoes no literal (nor name) of a secret's Jinja source
+    # a template that fails echoes no literal (nor name) of a secret's Jinja source
     for label, expr in {"attr": "{{ {'a': 1}.%s }}", "key": "{{ {'a': 1}['%s'] }}", "undefined": "{{ %s }}",
                         "lookup-file": "{{ lookup('file', '%s') }}", "mandatory": "{{ undefined_x | mandatory('%s') }}",
                         "int-base": "{{ '%s' | int(base='zz') }}"}.items():
         text = _base_yaml() + "ddtree_hf_token: " + json.dumps(expr % CANARY) + "\n"
         cases.append(Case("template error", label, "ddtree_hf_token", group_vars_text=text))
-    # attack F1 #7: Ansible's INI plugin reads a broken hosts.yml after the YAML plugin failed
+    # Ansible's INI plugin reads a broken hosts.yml after the YAML plugin failed
     cases.append(
         Case("unreadable", "hosts-yml-list", "should be a dictionary", hosts_text="- sglang_servers\n- b300\n")
     )
@@ -488,7 +488,7 @@ def test_render_refuses_out_of_another_user(tmp_path, capsys):
 
 @pytest.mark.parametrize("where", ["h1", "h1/etc/ddtree-ops", "prometheus"])
 def test_render_refuses_a_directory_of_another_user_inside_out(tmp_path, capsys, where):
-    """Attack finding: OUT was ours but OUT/h1 belonged to nobody; render wrote units and
+    """OUT was ours but OUT/h1 belonged to nobody; render wrote units and
     secrets.env into it. Now refused before the first file is written."""
     if os.geteuid() != 0:
         pytest.skip("needs root to chown")
@@ -644,7 +644,7 @@ def test_credentials_in_a_server_url_are_refused_and_never_echoed(cmd, url, caps
     assert json.loads(cap.out)["ok"] is False
 
 
-# ---- attack F1: vault, linked group_vars, Ansible warnings, templating time --------------------
+# ---- vault, linked group_vars, Ansible warnings, templating time --------------------
 
 def _render_action(loader, task_vars: dict):
     from ansible.playbook.task import Task
@@ -690,7 +690,7 @@ def _vault_task_vars(tmp_path: Path, plaintext: str, extra: dict) -> tuple:
     ("ddtree_model", {"path": "{{ derived }}"}, "ddtree_model.path"),  # through another variable
 ])
 def test_vaulted_value_in_a_plain_field_is_refused(tmp_path, section, value, field):
-    """Attack F1 #1: a vaulted value (or text made from it) in any field other than
+    """A vaulted value (or text made from it) in any field other than
     ddtree_hf_token / ddtree_secret_env is refused; plan, msg and findings never carry it."""
     vault_canary = "VCANARY_s3cr3t_value"
     loader, task_vars = _vault_task_vars(tmp_path, vault_canary, {"derived": "{{ vault_v | upper }}", section: value})
@@ -734,7 +734,7 @@ def _vault_inventory(tmp_path: Path, extra: str) -> tuple[Path, Path]:
 
 
 def test_vault_password_file_option(tmp_path, capsys, monkeypatch):
-    """Attack F1 #8: with --vault-password-file (or ANSIBLE_VAULT_PASSWORD_FILE) the CLI reads a
+    """With --vault-password-file (or ANSIBLE_VAULT_PASSWORD_FILE) the CLI reads a
     vaulted inventory; the token lands only in secrets.env, the canary in no output."""
     inv, pw = _vault_inventory(tmp_path, 'ddtree_hf_token: "{{ vault_v }}"\n')
     out = tmp_path / "OUT"
@@ -774,7 +774,7 @@ def test_vaulted_value_in_plain_env_refused_by_the_cli(tmp_path, capsys):
 
 
 def test_dangling_symlink_inside_a_linked_group_vars_dir(tmp_path, capsys):
-    """Attack F1 #2: group_vars/sglang_servers -> shared/, shared/vault.yml dangling: refused (Ansible
+    """group_vars/sglang_servers -> shared/, shared/vault.yml dangling: refused (Ansible
     would skip it and the role would delete the host's secrets); a directory link loop ends."""
     inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
     shared = tmp_path / "shared"
@@ -792,7 +792,7 @@ def test_dangling_symlink_inside_a_linked_group_vars_dir(tmp_path, capsys):
 
 
 def test_duplicate_key_warning_without_the_secret(tmp_path, capsys):
-    """Attack F1 #4: Ansible's duplicate-key warning quotes the source lines; ours is one line with
+    """Ansible's duplicate-key warning quotes the source lines; ours is one line with
     the origin, and the secret is in no output."""
     text = _base_yaml() + f"ddtree_hf_token: {CANARY}\nddtree_hf_token: {CANARY}b\n"
     inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars_text=text))
@@ -806,7 +806,7 @@ def test_duplicate_key_warning_without_the_secret(tmp_path, capsys):
 
 @pytest.mark.parametrize("expr", ["{% for i in range(10**8) %}a{% endfor %}", "{{ lookup('pipe', 'sleep 4') }}"])
 def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
-    """Attack F1 #6: inventory Jinja is bounded per host (10 s; 0.5 s here): one finding naming the variable."""
+    """Inventory Jinja is bounded per host (10 s; 0.5 s here): one finding naming the variable."""
     import ddtree_ops.config.inventory as inventory
 
     monkeypatch.setattr(inventory, "TEMPLATE_DEADLINE_S", 0.5)
@@ -820,7 +820,7 @@ def test_templating_has_a_deadline(tmp_path, capsys, monkeypatch, expr):
 
 
 def test_deadline_kills_what_a_lookup_started(tmp_path):
-    """Attack F3 M3: past the deadline the pipe lookup's processes are killed, so a caller that
+    """Past the deadline the pipe lookup's processes are killed, so a caller that
     captures the output (here subprocess pipes, as Ansible or ``| cat``) gets EOF at once, not
     after the 30 s sleep."""
     gv = _with("ddtree_model", "path", "{{ lookup('pipe', 'sleep 30; echo x') }}")
@@ -837,7 +837,7 @@ def test_deadline_kills_what_a_lookup_started(tmp_path):
 
 
 def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
-    """Attack F3 L3: each vaulted string costs a key derivation; one no deployment variable refers to
+    """Each vaulted string costs a key derivation; one no deployment variable refers to
     (by name, through other variables' Jinja) is never decrypted, yet still marks its holder."""
     from ddtree_ops.config.models import _reachable_vars, _vault_plaintexts
 
@@ -854,7 +854,7 @@ def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
 
 
 def test_decryption_past_the_deadline_names_decryption(tmp_path, capsys, monkeypatch):
-    """Attack F3 L3: many vaulted values the deployment refers to, past the (shortened) deadline:
+    """Many vaulted values the deployment refers to, past the (shortened) deadline:
     the finding names decryption and the variable, not "a Jinja loop or a slow lookup"."""
     import ddtree_ops.config.inventory as inventory
 
@@ -901,13 +901,13 @@ def test_short_unrelated_vaulted_value_is_no_false_alarm(tmp_path):
 @pytest.mark.parametrize("repo", ["git@github.com:sgl-project/sglang.git", "ssh://git@github.com/sgl-project/sglang.git",
                                   "https://github.com/sgl-project/sglang.git"])
 def test_ssh_user_in_repo_stays_allowed(repo):
-    """Attack F1 #3 refuses user:password@ and http(s) token users; an ssh account name is no secret."""
+    """URL credentials: user:password@ and http(s) token users; an ssh account name is no secret."""
     hv = base_hostvars()
     hv["ddtree_sglang"] = {**hv["ddtree_sglang"], "repo": repo, "commit": "a" * 40}
     assert validate_hostvars("h1", hv).deployment.sglang.repo == repo
 
 
-# ---- attack pass 2: values that still got through -------------------------------------------
+# ---- values that got through the first checks -------------------------------------------
 _C2 = "CANARY2tok9q"
 
 
@@ -941,7 +941,7 @@ def test_second_attack_values_refused_without_echoing_secrets(var, value, field)
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "/dev/zero"])
 def test_vault_password_file_must_be_a_regular_file(tmp_path, kind, capsys):
-    """Attack pass 2: a FIFO, a directory or /dev/zero was reported as "no such file" (or hung)."""
+    """A FIFO, a directory or /dev/zero was reported as "no such file" (or hung)."""
     path = tmp_path / "pw"
     if kind == "fifo":
         os.mkfifo(path)
@@ -955,7 +955,7 @@ def test_vault_password_file_must_be_a_regular_file(tmp_path, kind, capsys):
 
 @pytest.mark.parametrize("name", ["tokens", "api_keys", "lower"])
 def test_a_refused_env_map_shows_names_never_values(name):
-    """Attack pass 3: ``ddtree_service.env: {tokens: CANARY}`` (an invalid name the secret check
+    """``ddtree_service.env: {tokens: CANARY}`` (an invalid name the secret check
     does not flag) echoed the whole map with its values."""
     hv = base_hostvars()
     hv["ddtree_service"] = {"env": {name: "CANARY3envv4l"}}
@@ -967,7 +967,7 @@ def test_a_refused_env_map_shows_names_never_values(name):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
 def test_a_vars_file_that_blocks_or_never_ends_is_refused(tmp_path, kind, capsys):
-    """Attack pass 3: host_vars/h1.yml as a FIFO hung validate; a link to /dev/zero ate 7.8 GB."""
+    """host_vars/h1.yml as a FIFO hung validate; a link to /dev/zero ate 7.8 GB."""
     import shutil
 
     inv = tmp_path / "inv"
@@ -999,7 +999,7 @@ def test_pass_words_are_secret_but_passes_is_not(name, secret):
     assert is_secret_name(name) is secret
 
 
-# ---- attack pass 4: a bare access token as a plain value --------------------------------------
+# ---- a bare access token as a plain value --------------------------------------
 _HF4 = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"  # the shape of a Hugging Face User Access Token (test input)
 
 

@@ -306,7 +306,7 @@ def test_paths_in_the_sandbox_default_and_custom(hostvars):
     ("venv", "/venv", "the venv's parent / is a system directory"),
 ])
 def test_system_tree_as_a_service_directory_refused(hostvars, field, path, why):
-    """Attack finding: ``state_dir: /etc`` rendered ReadWritePaths=/etc and the role would have
+    """``state_dir: /etc`` rendered ReadWritePaths=/etc and the role would have
     chowned /etc to the service account (0750)."""
     hostvars["ddtree_service"] = {field: path}
     line = _refused(hostvars, f"ddtree_service.{field}", path)
@@ -444,7 +444,7 @@ def test_port_holder_unit_from_cgroup_v1_and_a_hostile_name(tmp_path):
 
 
 def test_port_held_by_a_user_manager_unit_of_the_same_name_is_not_ours(tmp_path):
-    """Attack F3 M1: any user's ``systemd --user`` unit may be named ddtree-sglang.service; only the
+    """Any user's ``systemd --user`` unit may be named ddtree-sglang.service; only the
     system unit's own cgroup counts (the first non-slice component, as systemd's cg_path_get_unit)."""
     user_unit = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/ddtree-sglang.service\n"
     r = check_port(30000, "ddtree-sglang.service", _fake_proc(tmp_path, 30000, user_unit))
@@ -461,7 +461,7 @@ def test_port_held_by_a_user_manager_unit_of_the_same_name_is_not_ours(tmp_path)
 
 
 def test_port_bound_but_not_listening_is_taken(tmp_path):
-    """Attack F3 M1: a socket bound and never listening (CLOSE) makes the server's bind fail with
+    """A socket bound and never listening (CLOSE) makes the server's bind fail with
     EADDRINUSE: it counts; TIME_WAIT and orphans (inode 0) do not; --host narrows to overlapping addresses."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""Version-aware rules of the build table (issue 10 items 3-6): attention backends per
+"""Version-aware rules of the build table: attention backends per
 release and arch, the build's CUDA driver floor, SGLang env names, ``extra_args``.
 
 The table's facts are checked against the real packages in ``tests/peer/test_versions_table.py``.
@@ -48,7 +48,7 @@ def errors_at(hv: dict, prefix: str) -> list:
     return [f for f in findings(hv)[0] if f.field.startswith(prefix)]
 
 
-# --- item 3: attention backends per version and arch ---------------------------------
+# --- attention backends per version and arch ---------------------------------
 
 def test_ct200_0523_trtllm_mha_ok():
     errors, _ = findings(ct200("0.5.23", attention_backend="trtllm_mha"))
@@ -185,7 +185,7 @@ def test_arch_rules_ranges():
         assert r.source and "SGLang 0.5." in r.source and r.evidence[0].startswith("sglang/")
 
 
-# --- item 4: driver floor of the build ------------------------------------------------
+# --- driver floor of the build ------------------------------------------------
 
 def test_cuda_major_from_requires_dist():
     major, why = cuda_major_of_requires([
@@ -217,7 +217,7 @@ def test_plan_driver_floor_is_the_build_s_when_toolkit_is_12_8():
 
 
 def test_driver_check_uses_the_plan_floor():
-    """Toolkit 12.8 alone accepts driver 575; the cu13 SGLang build does not (issue 10 item 4)."""
+    """Toolkit 12.8 alone accepts driver 575; the cu13 SGLang build does not."""
     from ddtree_ops.ops.toolkit import DriverCheckError, check_driver
 
     hv = ct200("0.5.23", attention_backend="triton")
@@ -244,7 +244,7 @@ def test_simulator_without_release_has_no_build_floor():
     assert tc["min_driver"] == tc["toolkit_min_driver"] == "570.26"
 
 
-# --- item 5: environment names --------------------------------------------------------
+# --- environment names --------------------------------------------------------
 
 def test_env_unknown_name_warns_with_the_closest():
     rule, fix = env_problem("0.5.23", "SGLANG_PLUGIN")
@@ -284,7 +284,7 @@ def test_env_rule_warns_in_validation():
     assert w.field == "ddtree_service.env.SGLANG_QUEUED_TIMEOUT_MS" and "1000" not in w.message()
 
 
-# --- item 6: extra_args -----------------------------------------------------------------
+# --- extra_args -----------------------------------------------------------------
 
 def test_extra_args_rendered_after_the_owned_flags():
     hv = ct200("0.5.23", attention_backend="triton",
@@ -387,7 +387,7 @@ def test_extra_args_values_validated_like_argv(extra, needle):
     assert "\n" not in text  # one line per finding; the value is shown escaped
 
 
-# --- item 4 at deploy time: the actual wheel's Requires-Dist ----------------------------
+# --- driver floor at deploy time: the actual wheel's Requires-Dist ----------------------------
 
 def _wheel(tmp_path, metadata: str, name: str = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
            dist_info: str = "sglang-0.5.23.dist-info", extra: dict | None = None):
@@ -530,7 +530,7 @@ def test_exact_option_that_prefixes_a_secret_flag_allowed():
 @pytest.mark.parametrize("extra", [{"--tokenizer-path": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"},
                                    {"--lora-paths": ["a=hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"]}])
 def test_extra_args_value_holding_a_token_is_refused_and_not_echoed(extra):
-    """attack pass 5: a raw Hugging Face token as a flag value went into the 0644 unit and plan.json."""
+    """A raw Hugging Face token as a flag value went into the 0644 unit and plan.json."""
     from ddtree_ops.config import ConfigError
 
     with pytest.raises(ConfigError) as exc:

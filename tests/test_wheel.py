@@ -1,4 +1,4 @@
-"""The installed wheel works outside the checkout (issue 14 item 6): a wheel built from the
+"""The installed wheel works outside the checkout: a wheel built from the
 repository carries its Jinja layouts as package data, and `render` from the installed
 package, in a folder with no checkout around it, writes the same files as the checkout."""
 

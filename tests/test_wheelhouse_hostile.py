@@ -1,5 +1,5 @@
 """Hostile values reaching the offline pip commands and the wheelhouse cleanup of the ``sglang``
-and ``ddtree_service`` roles (attack pass 9): :func:`ddtree_ops.sglang.wheelhouse.host_dir`,
+and ``ddtree_service`` roles: :func:`ddtree_ops.sglang.wheelhouse.host_dir`,
 ``install_steps``, ``offline_pip_args`` and ``filter_plugins/ddtree_sglang.py``, unit-tested and
 under a real ansible-playbook with this checkout's ansible.cfg."""
 

@@ -2,7 +2,7 @@
 
 The names below are loaded on first use (PEP 562 ``__getattr__``), so importing a light
 submodule (``ddtree_ops.config.toolchain``, ``.hosts``, ``.versions``) does not load pydantic
-and the config models (issue 15: each command loads what it uses).
+and the config models (each command loads what it uses, so the light ones start fast).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoint facts: what the target's and the draft's own config files say (issue 10 item 1).
+"""Checkpoint facts: what the target's and the draft's own config files say.
 
 ``validate`` used to say ok wherever the truth lived in the checkpoints (block size, context
 window, architecture, vocabulary, image processor, size). This module reads those files where

@@ -109,7 +109,8 @@ _sorted_secrets: tuple[set[str], int, list[str]] | None = None
 def _secrets_longest_first() -> list[str]:
     """The registered secrets, longest first (so a secret containing another is replaced
     whole), sorted again only when the set changed: secrets are only ever added, so the set
-    object and its size identify its contents (issue 15: every message was sorting them)."""
+    object and its size identify its contents (sorting them for every message cost validate time at
+    1000 hosts; ``scripts/bench-controller.py`` measures it)."""
     global _sorted_secrets
     cached = _sorted_secrets
     if cached is None or cached[0] is not _known_secrets or cached[1] != len(_known_secrets):
@@ -256,7 +257,8 @@ def _is_vaulted(v: Any) -> bool:
 @functools.cache
 def _vault_check() -> Callable[[Any], bool]:
     """The test of :func:`_is_vaulted` for the installed ansible-core, its imports resolved
-    once (they cost ~10 µs a call, called for every string of every host: issue 15)."""
+    once (they cost ~10 µs a call, called for every string of every host; ``scripts/bench-controller.py``
+    measures validate)."""
     try:
         from ansible._internal._datatag._tags import VaultedValue
         from ansible.parsing.vault import EncryptedString
@@ -354,7 +356,7 @@ class Finding:
         """One line: ``host: field = value: rule. Fix: fix [source]`` (no newline inside).
 
         Built when first asked for and kept while the registered secrets stay the same (the
-        plan's warnings and the printed line ask twice: issue 15); a secret registered later
+        plan's warnings and the printed line ask twice); a secret registered later
         makes the next call build (and scrub) it again."""
         cached = self.__dict__.get("_message")
         if cached is not None and cached[0] is _known_secrets and cached[1] == len(_known_secrets):

@@ -1,6 +1,6 @@
 """Checks across the deployments of one inventory (the fleet), after each passed on its own.
 
-Several instances on one machine (issue 11): an *instance* is one inventory host (one
+Several instances on one machine: an *instance* is one inventory host (one
 deployment, one ``ddtree-<name>.service``); a *machine* is what the inventory hosts reach:
 inventory hosts sharing one ``ansible_host`` (else inventory name) or scrape address are
 instances of one machine, as in Ansible's own model (several inventory names, one

@@ -411,7 +411,7 @@ def _template_if_marked(templar: Any, memo: dict | None = None) -> Callable[[Any
     (``Templar.is_possibly_template``: a ``{{``/``{%``/``{#`` start string or a ``#jinja2:``
     header), possibly a template. For such values the Templar returns an equal value of the
     same types (``tests/test_perf.py`` checks the rendered output is byte-identical); the
-    Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (issue 15).
+    Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (``scripts/bench-controller.py``).
     Anything else (a marker, a vaulted string, another type) goes through the Templar.
     ``memo`` (one load's, ``models._memo_get``): the verdict on a container the hosts share
     (their group_vars values), worked out once per load; the test depends on the value alone.

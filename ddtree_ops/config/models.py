@@ -1268,8 +1268,8 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     not Jinja, as the cause.
 
     ``memo`` (one load's, :func:`_memo_get`): a container walked whole before without a vaulted
-    value in it is charged to the budget as before and not walked again (issue 15: the hosts of
-    a group share their group_vars values)."""
+    value in it is charged to the budget as before and not walked again (the hosts of a group
+    share their group_vars values)."""
     from .errors import _is_vaulted
 
     plain: set[str] = set()

@@ -520,7 +520,7 @@ _PIN_HOW = {
 
 
 def rule_sglang_pin(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """Each SGLang source names exactly what pins it (issue 3): ``pypi`` a version,
+    """Each SGLang source names exactly what pins it: ``pypi`` a version,
     ``wheel`` a URL or controller path plus its sha256, ``git`` a repository plus a full
     commit SHA (and checksummed patches); fields of another source are refused."""
     pin = d.sglang

@@ -276,7 +276,7 @@ def rule_sandbox_paths(d: Deployment, p: Plan) -> Iterator[Finding]:
     under ``/tmp``, ``/var/tmp``, ``/proc``, ``/sys`` or ``/dev`` (but ``/dev/shm``) is refused.
 
     The findings depend on these seven paths alone, which the hosts of a group share: they are
-    worked out once per distinct set of paths (:func:`_sandbox_path_findings`; issue 15)."""
+    worked out once per distinct set of paths (:func:`_sandbox_path_findings`)."""
     writable, readonly = _service_paths(d)
     yield from _sandbox_path_findings(tuple(writable), tuple(readonly), tuple(_local_model_paths(d)))
 

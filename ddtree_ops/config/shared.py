@@ -1,4 +1,4 @@
-"""Validate the server hosts of an inventory, once per distinct deployment (issue 15).
+"""Validate the server hosts of an inventory, once per distinct deployment.
 
 At a thousand hosts most hosts of a group differ only in their name and address; the rules,
 the plan and the checkpoint facts of such hosts are the same. :func:`validate_hosts` validates

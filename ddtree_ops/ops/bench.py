@@ -1,4 +1,4 @@
-"""``ddtree-ops bench``: a closed-loop async load generator for one SGLang server (issue 13).
+"""``ddtree-ops bench``: a closed-loop async load generator for one SGLang server.
 
 What it measures, per concurrency level (``concurrency`` requests in flight, each worker
 sending its next request when the last one ends), over SGLang's streaming endpoints:

@@ -1,4 +1,4 @@
-"""Speculative vs baseline: the comparison of two ``ddtree-ops bench`` results (issue 13 item 2).
+"""Speculative vs baseline: the comparison of two ``ddtree-ops bench`` results.
 
 :func:`compare` pairs the levels of both runs by concurrency and gives the speedup of
 aggregate output tok/s (spec / baseline), of mean per-request output tok/s, and the ITL and

@@ -1,4 +1,4 @@
-"""Host-side releases: ``ddtree-ops release list | activate | rollback | gate`` (issue 12 items 1, 2).
+"""Host-side releases: ``ddtree-ops release list | activate | rollback | gate``.
 
 Runs ON the host, from the service's ops venv, as root (the ``ddtree_service`` role, the
 rolling playbook and ``ddtree-ops fleet rollback`` over SSH call it). The release layout and

@@ -1,4 +1,4 @@
-"""Reading the rolling gate's verdict, and the rollout's summary lines (issue 12 items 2, 3).
+"""Reading the rolling gate's verdict, and the rollout's summary lines.
 
 One definition of the gate is the host-side command (:func:`ddtree_ops.ops.release.gate`)::
 

@@ -1,4 +1,4 @@
-"""``ddtree-ops sweep``: benchmark a grid of deployment settings (issue 13 item 3).
+"""``ddtree-ops sweep``: benchmark a grid of deployment settings.
 
 A sweep file (YAML) names one inventory host whose ``ddtree_*`` variables are the base, and
 the points to try::

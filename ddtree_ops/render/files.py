@@ -82,8 +82,8 @@ def env_value(value: str) -> str:
 def _env() -> jinja2.Environment:
     """The one Jinja environment of this process (built on first use; it caches the compiled
     templates and re-reads a template whose file changed). Building one per host cost ~20 ms
-    a host (issue 15). Jinja is imported here: validate, which imports this module for
-    :func:`scrape_address`, never renders."""
+    a host (render's time: ``scripts/bench-controller.py``). Jinja is imported here: validate,
+    which imports this module for :func:`scrape_address`, never renders."""
     import jinja2
 
     env = jinja2.Environment(

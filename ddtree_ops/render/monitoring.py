@@ -68,7 +68,7 @@ class AlertSettings:
     """Durations (Prometheus duration strings, e.g. ``10m``) and thresholds of the rules.
 
     Attributes:
-        collapse_for: how long acceptance length must stay below the floor (issue 4: 10 minutes).
+        collapse_for: how long acceptance length must stay below the floor (10 minutes by default).
         down_for: how long ``ddtree_up == 0`` (or the exporter target down) before alerting.
         not_ready_for: how long up but ``/health`` not 200.
         drift_for: how long ``ddtree_config_drift == 1``.

@@ -1,5 +1,5 @@
-"""Releases: the content key of a deployment and the layout of its release on the host
-(issue 12 item 1). One definition, used by ``ddtree-ops render`` (prints the id), the
+"""Releases: the content key of a deployment and the layout of its release on the host.
+One definition, used by ``ddtree-ops render`` (prints the id), the
 ``ddtree_render`` action plugin (returns it; the ``ddtree_service`` role installs the release
 under it) and the host-side ``ddtree-ops release`` commands (:mod:`ddtree_ops.ops.release`,
 which re-check a release against its manifest before switching to it).

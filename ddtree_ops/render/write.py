@@ -117,7 +117,7 @@ def _open_dir(parent_fd: int, name: str, shown: str) -> int:
 
     A directory created here gets :data:`DIR_MODE` by ``fchmod`` only when ``mkdir`` left it
     another mode (a umask such as 077 or 027, a default ACL): with the usual umask 022 it is
-    0755 already and the ``fchmod`` would change nothing (issue 15: one system call a directory,
+    0755 already and the ``fchmod`` would change nothing (one system call a directory saved,
     ~6000 at 1000 hosts). Either way ``fstat`` checks the directory opened."""
     created = False
     try:
@@ -185,8 +185,8 @@ class OpenDirs:
 
     Rendering 1000 hosts writes ~5000 files five directories deep; walking each path again
     from OUT cost two system calls a component (``mkdir`` + ``open``), ~40 % of ``render``
-    (issue 15). A kept descriptor is the directory opened (``O_NOFOLLOW``) under OUT, so a
-    symlink swapped in later is still never followed, as with a fresh walk. At most
+    (``scripts/bench-controller.py``). A kept descriptor is the directory opened
+    (``O_NOFOLLOW``) under OUT, so a symlink swapped in later is still never followed, as with a fresh walk. At most
     :attr:`MAX_OPEN` are kept (least recently used closed first): far below the usual limit
     of 1024 open files, and files are written host by host, so the recent ones are the ones used.
     """

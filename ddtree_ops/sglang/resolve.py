@@ -1,6 +1,6 @@
 """Run the pinned SGLang build's OWN server-args resolution, and diff it against our plan.
 
-Issue 10 item 2: in SGLang 0.5.23 ``prepare_server_args`` returns the raw arguments;
+Why SGLang's own resolver: in SGLang 0.5.23 ``prepare_server_args`` returns the raw arguments;
 resolution happens later, in ``ServerArgs.resolve_once()`` (``run_resolution_pipeline``:
 the hooks under ``sglang/srt/arg_groups/`` and the per-architecture overrides under
 ``arg_groups/model_overrides/``). That is where SGLang rewrites settings silently, e.g. on

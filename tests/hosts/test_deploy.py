@@ -3,7 +3,7 @@
 Proves: the service is active and healthy, a second run reports changed=0, what Ansible
 installed is byte-identical to ``ddtree-ops render``, every rendered unit passes
 ``systemd-analyze verify``, warmup covers the plan, bad input changes nothing, and
-``--check --diff`` reports what a run would change and changes nothing (issue 14 item 9).
+``--check --diff`` reports what a run would change and changes nothing.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def test_check_mode_shows_a_config_change_and_makes_none(deployed, tmp_path):
 
 @pytest.mark.parametrize("tags", ["configure", "install", "preflight"])
 def test_a_tagged_run_on_a_deployed_host_changes_nothing(deployed, tags):
-    """`deploy.yml --tags install|configure|preflight` (issue 14 item 9) runs that task file of
+    """`deploy.yml --tags install|configure|preflight` runs that task file of
     every role (validation always) on a deployed host: rc 0, nothing changed, same process."""
     addr = deployed["address"]
     before = ssh(addr, HOST_STATE).stdout

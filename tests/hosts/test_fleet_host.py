@@ -1,4 +1,4 @@
-"""``ddtree-ops fleet status`` against the booted, deployed test host (issue 12 item 3): the
+"""``ddtree-ops fleet status`` against the booted, deployed test host: the
 deployed host shows up active, ready and warm, read over SSH with its key checked against a
 known_hosts file written by ``ssh-keyscan``; a second inventory entry at an address where
 nothing listens is reported down, without a hang. inventory/test turns Ansible's host-key

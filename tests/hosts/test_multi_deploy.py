@@ -1,4 +1,4 @@
-"""Two deployments on one machine, end to end (issue 11 item 1): ``deploy.yml`` with two
+"""Two deployments on one machine, end to end: ``deploy.yml`` with two
 inventory hosts sharing ``ddt-th1``'s ``ansible_host`` (tp 4 each, GPUs 0-3 and 4-7 of the
 stand-in's 8, different models, ports, units and accounts) deploys both instances in two
 waves; both units become active (warm) and healthy, each holds its own rendezvous port and

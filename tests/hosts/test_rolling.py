@@ -1,4 +1,4 @@
-"""Releases and the rolling upgrade on three booted test hosts (issue 12 items 1, 2):
+"""Releases and the rolling upgrade on three booted test hosts:
 ``scripts/testhost.sh up 3`` (scripts/test.sh boots three), the simulator as server.
 
 One deployment is shared by every scenario, in order (each starts from the state the previous

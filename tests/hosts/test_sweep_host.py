@@ -1,4 +1,4 @@
-"""``ddtree-ops sweep --deploy`` on the booted test host (issue 13): four points -- DDTree budget 16,
+"""``ddtree-ops sweep --deploy`` on the booted test host: four points -- DDTree budget 16,
 an autoregressive baseline (no speculation), one refused by the validator, the inventory's own
 DDTree 8/32 last (so the host is left as the inventory says without a fourth deploy) -- deployed
 through the real ``deploy.yml`` and benchmarked at the host's address; the report ranks the three,

@@ -64,7 +64,7 @@ def _cases():
                 hv3 = copy.deepcopy(hv)
                 hv3["ddtree_speculative"] = {"algorithm": "none"}
                 out.append((f"{inv.name}/{host}@nospec", validate_hostvars(host, hv3)))
-                # --revision / --speculative-draft-model-revision (issue 10 item 7), pinned to each
+                # --revision / --speculative-draft-model-revision, pinned to each
                 # version; the commit is parser input only, nothing is downloaded
                 for ver in PEER_VERSIONS:
                     hv4 = copy.deepcopy(hv)

@@ -1,4 +1,4 @@
-"""SGLang's OWN resolution of our argv (issue 10 item 2), with the real 0.5.23 resolver.
+"""SGLang's OWN resolution of our argv, with the real 0.5.23 resolver.
 
 ``ddtree_ops.sglang.resolve`` runs ``prepare_server_args`` + ``ServerArgs.resolve_once()``
 in the cached resolver venv (``scripts/sglang-resolve-venv.sh 0.5.23``) on config-only model
