@@ -249,7 +249,9 @@ def test_driver_lines_without_an_xid_are_no_finding(line: str) -> None:
 def test_missing_nvidia_uvm_symptoms(line: str) -> None:
     found = run([line])
     assert list(found) == ["nvidia-uvm-missing"]
-    assert "nvidia-modprobe -u -c=0" in found["nvidia-uvm-missing"].fix
+    f = found["nvidia-uvm-missing"]
+    assert "nvidia-modprobe -u -c=0" in f.fix
+    assert ("most likely missing" in f.cause) == ("unknown error" in line)  # a symptom, not proof
 
 
 def test_other_device_nodes_stay_their_own_kind() -> None:

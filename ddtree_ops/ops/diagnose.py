@@ -847,7 +847,10 @@ def _xid_values(bucket: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[
 
 
 def _uvm(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
-    return {"what": _clean(m.group(0))[:100], "unit": p.unit or "the SGLang unit"}
+    # torch's 'CUDA unknown error' is cudaErrorUnknown at init: the usual cause, not the only one
+    unknown = "unknown error" in m.group(0).lower()
+    return {"what": _clean(m.group(0))[:100], "unit": p.unit or "the SGLang unit",
+            "missing": "is most likely missing" if unknown else "is missing"}
 
 
 _HEALTH_FAILED = re.compile(r"Health check failed|FAIL ready: /health")
@@ -1135,7 +1138,7 @@ SIGNATURES: tuple[Signature, ...] = (
             re.compile(r"(?i)\bnvidia[-_]uvm\b[^\n]{0,80}(?:not found|Unknown symbol|failed to load|could not insert)"),
             re.compile(r"CUDA unknown error - this may be due to an incorrectly set up environment"),
         ),
-        "CUDA cannot initialise: the nvidia_uvm kernel module or its /dev/nvidia-uvm node is missing ({what})",
+        "CUDA cannot initialise: the nvidia_uvm kernel module or its /dev/nvidia-uvm node {missing} ({what})",
         "check `lsmod | grep nvidia_uvm` and `ls -l /dev/nvidia-uvm`; load it and create the node (`nvidia-modprobe "
         "-u -c=0`, or `modprobe nvidia-uvm`), `systemctl restart ddtree-nvidia-devices.service`, then restart "
         "{unit}; if both are present, this 'CUDA unknown error' has another cause (`nvidia-smi`, the kernel log's "
