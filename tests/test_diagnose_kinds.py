@@ -183,6 +183,12 @@ def test_capture_oom_and_illegal_access_keep_their_own_signature() -> None:
         == ["capture-oom"]
     assert list(run([begin, f"Exception: Capture cuda graph failed: {IMA}"])) == ["illegal-memory-access-capture"]
     assert run(["a test named test_capture_cuda_graph_failed_handling passed"]) == {}
+    width = ["Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8, bs=[1, 2]",
+             "Exception: Capture cuda graph failed: The size of tensor a (8) must match the size of tensor b (33) at "
+             "non-singleton dimension 1"]
+    assert list(run(width)) == ["graph-size-mismatch"]  # the specific kind, once
+    plain = dg.PlanFacts(algorithm="none", given=True)
+    assert list(run(width, plain)) == ["cuda-graph-capture-failed"]  # no draft/verify widths: the generic kind
 
 
 # ------------------------------------------------------------------ kernel Xid lines

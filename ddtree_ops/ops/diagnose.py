@@ -815,6 +815,9 @@ def _capture_failed(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] |
                 break
     if _OOM.search(err) or _IMA.search(err) or _OOM.search(m.string) or _IMA.search(m.string):
         return None
+    tm = _TENSOR_MISMATCH.search(err)
+    if tm and (_graph_mismatch(tm, s, p) is not None or _batch_overflow(tm, s, p) is not None):
+        return None  # the draft/verify width (or batch) signature names this one
     backend = m.groupdict().get("backend")
     phase = s.capture_phase or ("prefill" if backend else None)
     where = f"the {phase} graph" if phase else "a CUDA graph (the log names no capture phase)"
