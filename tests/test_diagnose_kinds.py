@@ -372,7 +372,7 @@ def test_format_controls_never_reach_an_echo(capsys, tmp_path: Path, ch: str) ->
     rc, out, err = cli(capsys, ["--file", str(log), "--json"])
     assert ch not in out and ch not in json.loads(out)["findings"][0]["quote"]
     rc, out, err = cli(capsys, ["--file", str(log), "--plan", str(tmp_path / f"p{ch}lan.json")])
-    assert rc == 2 and ch not in err and "plan.json" not in err[:0]
+    assert rc == 2 and ch not in err and "--plan" in err
     rc, out, err = cli(capsys, [str(tmp_path / f"no{ch}file.log")])
     assert rc == 2 and ch not in err
     assert ch not in dg._clean(f"a{ch}b")

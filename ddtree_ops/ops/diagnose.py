@@ -1,6 +1,7 @@
 """``ddtree-ops diagnose``: recognise this stack's known failure signatures in a log.
 
-Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``), a log
+Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``, with the same
+boot's kernel journal ``journalctl -k -b`` beside it: the NVIDIA driver's Xid lines), a log
 file or stdin, bounded (:data:`DEFAULT_MAX_BYTES`, :data:`DEFAULT_LINES`, each line cut
 to :data:`MAX_LINE`); invalid UTF-8 is replaced, ANSI escapes and control characters are
 removed. :data:`SIGNATURES` is the one table of what is recognised: each row has a stable
