@@ -917,7 +917,9 @@ Ampere and newer GPUs ("Analyzing Xid Errors with the Xid Catalog", docs.nvidia.
 the Description and "Resolution Bucket (Immediate Action)" columns: RESTART_APP -> ``app``,
 RESET_GPU and the XID_48 / NVLink workflows -> ``reset``, RESTART_BM (a reboot of the machine) ->
 ``reboot``; follow-on or informational events -> ``other``). Xid 154 names its own recovery action
-in the line (``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``)."""
+in the line (``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``), one of
+NVML's ``nvmlDeviceGpuRecoveryAction_t``: none, GPU reset, node reboot, drain P2P, drain and reset
+(drain P2P is read as a reset: stopping the unit drains it)."""
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
                   r"(?P<xid>\d{1,4})\b(?P<rest>[^\n]{0,300})")
