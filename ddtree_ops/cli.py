@@ -1087,9 +1087,13 @@ def check_ptxas(
 
 @app.command("diagnose")
 def diagnose_cmd(
-    stdin: Annotated[str | None, typer.Argument(metavar="[-]", help="'-': read the log from stdin.")] = None,
+    stdin: Annotated[
+        str | None, typer.Argument(metavar="[FILE|-]", help="A log file to read (as --file), or '-' for stdin.")
+    ] = None,
     unit: Annotated[
-        str | None, typer.Option("--unit", help="Read this boot's journal of the unit (journalctl -u UNIT -b -o cat).")
+        str | None,
+        typer.Option("--unit", help="Read this boot's journal of the unit (journalctl -u UNIT -b -o cat) and the "
+                     "boot's kernel journal (journalctl -k -b: NVIDIA Xid lines)."),
     ] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read a log file (its last --max-mib).")] = None,
     plan_file: PlanOpt = None,
@@ -1102,9 +1106,10 @@ def diagnose_cmd(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Recognise known failures (graph-size mismatch, ptxas arch, illegal memory access at capture or
-    replay, capture OOM, health/NCCL timeouts, port in use, missing device nodes) in a log: one line
-    of cause and fix each. Exit 0 none found, 1 found, 2 usage."""
+    """Recognise known failures (graph-size mismatch, CUDA graph capture failures, ptxas arch, illegal
+    memory access at capture or replay, OOM, NVIDIA Xid errors, missing nvidia_uvm, health/NCCL timeouts,
+    port in use, missing device nodes) in a log: one line of cause and fix each. Exit 0 none found, 1
+    found, 2 usage."""
     from .ops import diagnose as dg
 
     lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in ops/diagnose.py; help repeats them
@@ -1112,12 +1117,9 @@ def diagnose_cmd(
     given = [x for x in (unit is not None, file is not None, stdin is not None) if x]
     if len(given) != 1:
         raise typer.BadParameter("give exactly one input: --unit NAME, --file PATH, or - (stdin)")
-    if stdin is not None and stdin != "-":
-        from .config.errors import scrub, shorten
-
-        raise typer.BadParameter(
-            f"argument {shorten(repr(scrub(stdin)))}: only '-' (stdin) is an argument; use --file PATH"
-        )
+    file_option = "--file"
+    if stdin is not None and stdin != "-":  # a path, as grep and journalctl --file take one
+        file, stdin, file_option = Path(stdin), None, "FILE"
     if not 1 <= lines <= 10_000_000:
         raise typer.BadParameter(f"--lines {lines}: must be 1..10000000")
     if not 1 <= max_mib <= 1024:
@@ -1127,14 +1129,17 @@ def diagnose_cmd(
         if unit is not None:
             data, what = dg.read_journal(unit, lines, max_mib << 20), f"journalctl -u {unit}"
         elif file is not None:
-            data, what = dg.read_file(file, max_mib << 20), "file"
+            data, what = dg.read_file(file, max_mib << 20, file_option), "file"
         else:
             data, what = dg.read_stream(sys.stdin.buffer, max_mib << 20), "stdin"
     except dg.DiagnoseError as exc:
         raise typer.BadParameter(str(exc)) from None
+    # with --unit, the same boot's kernel messages too: a GPU that failed shows there, not in the unit's journal
+    kernel, kernel_note = dg.read_kernel_lines(lines, max_mib << 20) if unit is not None else (None, "")
     text = dg.split_lines(data, lines)
-    findings = dg.diagnose(text, plan)
-    doc = dg.report(findings, len(text), what)
+    findings = dg.diagnose(text, plan) + dg.diagnose(kernel or [], plan, origin="kernel")
+    doc = dg.report(findings, len(text), what + dg.kernel_source(kernel))
+    doc["checks"][-1]["detail"] += kernel_note
     if not text and unit is not None:  # journalctl answers nothing, and exit 0, for an unknown unit or a non-root user
         doc["checks"][0]["detail"] += (
             f"; journalctl had no entries of {unit} in this boot (unit name? run as root or in group systemd-journal)"

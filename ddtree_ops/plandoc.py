@@ -39,7 +39,9 @@ MAX_INT = 1 << 63
 _FIX = "Fix: use the host's /etc/ddtree-ops/<name>/plan.json (written by ddtree-ops render / deploy.yml)"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069"
+                      r"\ufeff\ufff9-\ufffb]")
+"""Controls and invisible format characters (bidi overrides such as U+202E reorder what a terminal shows)."""
 
 
 SCHEMA_VERSION = 1

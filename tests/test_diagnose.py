@@ -63,7 +63,7 @@ def plan_file(tmp_path: Path, plan_doc: dict) -> Path:
         ("capture-oom-sglang-5285.log", "capture-oom", {"tried": "448.00 MiB"}),
         ("nccl-timeout-sglang-1693.log", "nccl-timeout", {"what": "_ALLGATHER_BASE after 600 s"}),
         ("port-in-use-uvicorn-vllm-8204.log", "port-in-use", {"portnum": "44319"}),
-        ("device-uvm-missing-nvidia-docker-139.log", "device-nodes-missing", {}),
+        ("device-uvm-missing-nvidia-docker-139.log", "nvidia-uvm-missing", {}),
         ("health-timeout-sglang-10856.log", "health-timeout", {}),
         (
             "own-unit-start-post-timeout.log",
@@ -87,7 +87,10 @@ def test_each_signature_in_a_real_shaped_log(log: str, name: str, values: dict) 
 def test_every_signature_has_a_fixture_or_an_inline_case() -> None:
     covered = {"graph-batch-overflow", "graph-size-mismatch", "ptxas-unknown-arch", "illegal-memory-access-capture",
                "illegal-memory-access-replay", "capture-oom", "nccl-timeout", "port-in-use", "device-nodes-missing",
-               "health-timeout", "warmup-failed", "cuda-oom", "scheduler-watchdog", "illegal-memory-access"}
+               "health-timeout", "warmup-failed", "cuda-oom", "scheduler-watchdog", "illegal-memory-access",
+               # tests/test_diagnose_kinds.py
+               "cuda-graph-capture-failed", "xid-node-reboot", "xid-gpu-reset", "xid-app-fault", "xid-other",
+               "nvidia-uvm-missing", "batch-qo-indptr-mismatch"}
     assert covered == set(dg.NAMES)
     assert len(set(dg.NAMES)) == len(dg.NAMES)
     for sig in dg.SIGNATURES:
@@ -450,9 +453,9 @@ def test_registered_secrets_never_appear() -> None:
     from ddtree_ops.config.errors import register_secret
 
     register_secret("s3cr3t-vault-value-xyz")
-    f = run(["lstat /dev/nvidia-uvm: no such file or directory s3cr3t-vault-value-xyz"])["device-nodes-missing"]
+    f = run(["lstat /dev/nvidia-uvm: no such file or directory s3cr3t-vault-value-xyz"])["nvidia-uvm-missing"]
     assert "s3cr3t-vault-value-xyz" not in f.message()
-    f = run(["/dev/nvidia-uvm s3cr3t-vault-value-xyz: No such file or directory"])["device-nodes-missing"]
+    f = run(["/dev/nvidia0 s3cr3t-vault-value-xyz: No such file or directory"])["device-nodes-missing"]
     assert "s3cr3t" not in f.message() and "s3cr3t" not in json.dumps(f.as_dict())
 
 
@@ -534,7 +537,8 @@ def test_cli_exit_codes_and_lines(capsys, tmp_path: Path, plan_file: Path) -> No
 @pytest.mark.parametrize("argv, needle", [
     ([], "exactly one input"),
     (["-", "--file", "x.log"], "exactly one input"),
-    (["notdash"], "only '-'"),
+    (["/nonexistent/app.log"], "FILE '/nonexistent/app.log': No such file"),
+    (["LOG", "--file", "LOG"], "exactly one input"),
     (["--unit", "-rf"], "not a systemd unit name"),
     (["--unit", "a b.service"], "not a systemd unit name"),
     (["--file", "/nonexistent/x.log"], "No such file"),
@@ -584,7 +588,7 @@ def test_cli_json_shape(capsys, plan_file: Path) -> None:
     assert doc["signatures"] == list(dg.NAMES)
     assert doc["checks"] == [{"name": "diagnose:capture-oom", "ok": False, "detail": doc["checks"][0]["detail"]}]
     (f,) = doc["findings"]
-    assert set(f) == {"name", "line", "count", "count_capped", "cause", "fix", "source", "quote", "values"}
+    assert set(f) == {"name", "line", "origin", "count", "count_capped", "cause", "fix", "source", "quote", "values"}
     assert f["count_capped"] is False
     assert (f["name"], f["line"], f["count"]) == ("capture-oom", 18, 1)
     assert "cuda_graph_max_bs 16, mem_fraction_static 0.85" in f["fix"]
@@ -609,12 +613,13 @@ def stand_in(tmp_path: Path, body: str) -> Path:
 
 def test_cli_unit_reads_the_journal(capsys, tmp_path: Path, monkeypatch) -> None:
     argv_file = tmp_path / "argv"
-    bindir = stand_in(tmp_path, f'printf "%s\\n" "$@" > {argv_file}\ncat {LOGS / "own-unit-warmup-failed.log"}\n')
+    bindir = stand_in(tmp_path, f'[ "$1" = -k ] && exit 0\nprintf "%s\\n" "$@" > {argv_file}\n'
+                                f'cat {LOGS / "own-unit-warmup-failed.log"}\n')
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     rc, out, _ = cli(capsys, ["--unit", "ddtree-sglang.service", "--lines", "500", "--json"])
     assert rc == 1
     doc = json.loads(out)
-    assert doc["source"] == "journalctl -u ddtree-sglang.service"
+    assert doc["source"] == "journalctl -u ddtree-sglang.service + journalctl -k -b (0 lines)"
     assert [f["name"] for f in doc["findings"]] == ["warmup-failed"]
     assert argv_file.read_text().split("\n")[:-1] == ["-u", "ddtree-sglang.service", "-b", "--no-pager", "-o", "cat",
                                                        "-n", "500"]

@@ -76,6 +76,12 @@ class HostClass:
         nvlink_bridge_peers: ``pcie`` classes only: how many other GPUs one GPU may be joined to
             by NVLink bridges (0: none; 1: 2-way bridges; 3: 4-way). Bridges are optional: the
             preflight accepts pairs with or without one, up to this many per GPU.
+        fabric_registration: ``nvlink`` classes whose GPUs join an NVSwitch fabric that
+            nvidia-fabricmanager programs (HGX boards): CUDA refuses to start (error 802,
+            ``cudaErrorSystemNotReady``) until every GPU's fabric registration is ``Completed``
+            with status ``Success`` (``nvidia-smi -q`` "Fabric"; NVML ``nvmlGpuFabricInfo_t``), so
+            the preflight requires that and reads the fabric manager's unit. On NVLink5 the
+            driver can look ready while registration stays ``In Progress`` (NVIDIA/gpu-operator#2781).
         source: where the facts come from.
 
     The preflight (:mod:`ddtree_ops.ops.preflight`) checks a machine against these: GPU
@@ -95,6 +101,7 @@ class HostClass:
     gpu_name_match: str = "prefix"
     nvlink_bridge_peers: int = 0
     source: str = ""
+    fabric_registration: bool = False
 
     @property
     def compute_cap(self) -> str:
@@ -132,13 +139,13 @@ HOST_CLASSES: dict[str, HostClass] = {
         # 8x B300 SXM6 (HGX B300): 288 GB HBM3e, NVLink 5 with 18 links per GPU through NVSwitch
         # (NVIDIA HGX B300 specifications); compute capability 10.3 (CUDA programming guide);
         # nvidia-smi name "NVIDIA B300 SXM6 AC".
-        HostClass("b300", "NVIDIA B300 SXM6", 8, "sm_103", "nvlink", 288, "12.9",
+        HostClass("b300", "NVIDIA B300 SXM6", 8, "sm_103", "nvlink", 288, "12.9", fabric_registration=True,
                   source="NVIDIA HGX B300 specifications; CUDA compute-capability table (10.3)"),
         # 8x H100 SXM5 80GB (HGX H100 8-GPU): 80 GB HBM3, NVLink 4 (900 GB/s per GPU) through
         # NVSwitch (NVIDIA H100 Tensor Core GPU datasheet, "H100 SXM"); compute capability 9.0
         # (CUDA programming guide); nvidia-smi name "NVIDIA H100 80GB HBM3" (not read off a
         # machine of ours: the name other inventories of real H100 SXM hosts record).
-        HostClass("h100x8", "NVIDIA H100 80GB HBM3", 8, "sm_90", "nvlink", 80, "12.0",
+        HostClass("h100x8", "NVIDIA H100 80GB HBM3", 8, "sm_90", "nvlink", 80, "12.0", fabric_registration=True,
                   source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); CUDA compute-capability table (9.0)"),
         # 8x H100 PCIe 80GB: 80 GB HBM2e, PCIe Gen5; an optional NVLink bridge joins two cards
         # (NVIDIA H100 PCIe product brief: "NVLink bridge, 2-way"), so a GPU has at most one
@@ -160,6 +167,7 @@ HOST_CLASSES: dict[str, HostClass] = {
                   source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); nvidia-smi and topo -m of a real "
                          "2x H200 (tests/fixtures/gpu/h200x2_*, NV18); CUDA compute-capability table (9.0)"),
         HostClass("h200x8", "NVIDIA H200", 8, "sm_90", "nvlink", 141, "12.0", gpu_name_match="exact",
+                  fabric_registration=True,
                   source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM, HGX H200 8-GPU); nvidia-smi name "
                          "and memory as on the real H200s (tests/fixtures/gpu/h200x1_*); CUDA "
                          "compute-capability table (9.0)"),
@@ -178,13 +186,14 @@ them (:func:`resolve_host_classes`)."""
 # Which attention backends each SGLang build refuses on which arch: config/build_table.py ARCH_RULES.
 
 CLASS_FIELDS = ("gpu_name", "gpu_name_match", "gpu_count", "arch", "interconnect", "nvlink_bridge_peers",
-                "gpu_memory_gib", "min_cuda", "source")
+                "gpu_memory_gib", "min_cuda", "source", "fabric_registration")
 """The fields of a class (:class:`HostClass` less its name), in the order plan.json writes them."""
 ENTRY_FIELDS = ("like", *CLASS_FIELDS)
 """What one ``ddtree_host_classes`` entry may set."""
 REQUIRED_FIELDS = ("gpu_name", "gpu_count", "arch", "interconnect", "gpu_memory_gib")
 """What a new class (neither ``like`` nor a built-in of its name to start from) must give; the
-others default: ``gpu_name_match`` prefix, ``nvlink_bridge_peers`` 0, ``min_cuda`` the arch's
+others default: ``gpu_name_match`` prefix, ``nvlink_bridge_peers`` 0, ``fabric_registration``
+false, ``min_cuda`` the arch's
 (:data:`~ddtree_ops.config.toolchain.ARCHS`), ``source`` empty."""
 
 MAX_CLASSES = 64
@@ -224,11 +233,27 @@ def name_problem(name: object) -> tuple[str, str] | None:
     return None
 
 
+_CHOICES = {
+    "gpu_name_match": (lambda v: v in NAME_MATCHES, "must be prefix or exact",
+                       "prefix: names that start with gpu_name match; exact: only gpu_name itself"),
+    "interconnect": (lambda v: v in INTERCONNECTS, "must be nvlink or pcie",
+                     "nvlink: every GPU pair NV# in `nvidia-smi topo -m`; pcie: PCIe, optionally with NVLink "
+                     "bridges (nvlink_bridge_peers)"),
+    "fabric_registration": (lambda v: isinstance(v, bool), "must be true or false",
+                            "true for NVSwitch boards whose GPUs nvidia-fabricmanager registers (HGX: `nvidia-smi -q` "
+                            "shows Fabric State Completed); false for PCIe cards and hosts without NVSwitch"),
+}
+"""Fields that take one of a few values: ``(accepts, rule, fix)``."""
+
+
 def field_problem(field: str, value: object) -> tuple[str, str] | None:
     """Why ``value`` is no valid ``field`` of a ``ddtree_host_classes`` entry, on its own:
     ``(rule, fix)``, or None. ``None`` values are "not given" and are not passed here. The
     rules that join fields (``like`` names a class, ``min_cuda`` against the arch,
     ``nvlink_bridge_peers`` against the count and interconnect) are :func:`resolve_host_classes`'s."""
+    if field in _CHOICES:
+        ok, rule, fix = _CHOICES[field]
+        return None if ok(value) else (rule, fix)
     if field == "like":
         return name_problem(value) and ("must be the name of another host class (built-in or in "
                                         "ddtree_host_classes)", f"name one of them, e.g. like: h200x8 ({_SEE})")
@@ -237,9 +262,6 @@ def field_problem(field: str, value: object) -> tuple[str, str] | None:
             return None
         return ("must be the GPU's name as nvidia-smi prints it (1-128 characters: letters, digits, space and "
                 ". _ ( ) / + -)", "copy it from `nvidia-smi --query-gpu=name --format=csv,noheader` on the machine")
-    if field == "gpu_name_match":
-        return None if value in NAME_MATCHES else (
-            "must be prefix or exact", "prefix: names that start with gpu_name match; exact: only gpu_name itself")
     if field == "gpu_count":
         return None if _int(value) and 1 <= value <= MAX_GPUS else (
             f"must be an integer 1..{MAX_GPUS} (GPUs per machine)",
@@ -250,10 +272,6 @@ def field_problem(field: str, value: object) -> tuple[str, str] | None:
         return (f"must be a CUDA arch whose ptxas facts are measured ({', '.join(ARCHS)})",
                 "use the machine's arch (`nvidia-smi --query-gpu=compute_cap`: 9.0 is sm_90); a new arch needs its "
                 "row in ddtree_ops/config/toolchain.py ARCHS (target, oldest CUDA, PTX version, measured with ptxas)")
-    if field == "interconnect":
-        return None if value in INTERCONNECTS else (
-            "must be nvlink or pcie", "nvlink: every GPU pair NV# in `nvidia-smi topo -m`; pcie: PCIe, "
-            "optionally with NVLink bridges (nvlink_bridge_peers)")
     if field == "nvlink_bridge_peers":
         return None if _int(value) and 0 <= value < MAX_GPUS else (
             f"must be an integer 0..{MAX_GPUS - 1} (GPUs one GPU may be bridged to)",
@@ -405,6 +423,7 @@ class _Resolver:
         fields.setdefault("gpu_name_match", "prefix")
         fields.setdefault("nvlink_bridge_peers", 0)
         fields.setdefault("source", "")
+        fields.setdefault("fabric_registration", False)
         problem = _consistency(fields)
         if problem is not None:
             return self.refuse(name, *problem)
@@ -428,6 +447,9 @@ def _consistency(f: dict) -> tuple[str, object, str, str] | None:
     if f["interconnect"] == "nvlink" and f["nvlink_bridge_peers"]:
         return ("nvlink_bridge_peers", f["nvlink_bridge_peers"], "must be 0 on an nvlink class (every pair is "
                 "already NVLink)", "remove it, or make the class interconnect: pcie")
+    if f["fabric_registration"] and f["interconnect"] != "nvlink":
+        return ("fabric_registration", True, "needs interconnect: nvlink (a fabric manager registers GPUs of an "
+                "NVSwitch board only)", "remove it, or make the class interconnect: nvlink")
     if f["nvlink_bridge_peers"] and f["nvlink_bridge_peers"] >= f["gpu_count"]:
         return ("nvlink_bridge_peers", f["nvlink_bridge_peers"], f"must be below gpu_count ({f['gpu_count']}): a GPU "
                 "has at most gpu_count - 1 peers", "give the bridge width less one (2-way: 1, 4-way: 3)")

@@ -917,7 +917,8 @@ class HostClassSpec(_Model):
     Attributes:
         like: the class to start from (built-in or another entry), e.g. ``h200x8``.
         gpu_name, gpu_name_match, gpu_count, arch, interconnect, nvlink_bridge_peers,
-            gpu_memory_gib, min_cuda, source: as :class:`ddtree_ops.config.hosts.HostClass`;
+            gpu_memory_gib, min_cuda, source, fabric_registration: as
+            :class:`ddtree_ops.config.hosts.HostClass`;
             each checked by :func:`ddtree_ops.config.hosts.field_problem` (e.g. ``gpu_count`` an
             integer 1..64, ``arch`` a row of ``toolchain.ARCHS``, ``min_cuda`` a quoted
             ``"major.minor"``).
@@ -933,6 +934,7 @@ class HostClassSpec(_Model):
     gpu_memory_gib: Annotated[int | None, _class_rule("gpu_memory_gib")] = None
     min_cuda: Annotated[str | None, _class_rule("min_cuda")] = None
     source: Annotated[str | None, _class_rule("source")] = None
+    fabric_registration: Annotated[bool | None, _class_rule("fabric_registration")] = None
 
     def given(self) -> dict[str, Any]:
         """The fields this entry sets (``None`` is not set)."""

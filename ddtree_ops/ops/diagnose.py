@@ -1,6 +1,7 @@
 """``ddtree-ops diagnose``: recognise this stack's known failure signatures in a log.
 
-Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``), a log
+Input is the text of a unit's journal (``journalctl -u UNIT -b --no-pager -o cat``, with the same
+boot's kernel journal ``journalctl -k -b`` beside it: the NVIDIA driver's Xid lines), a log
 file or stdin, bounded (:data:`DEFAULT_MAX_BYTES`, :data:`DEFAULT_LINES`, each line cut
 to :data:`MAX_LINE`); invalid UTF-8 is replaced, ANSI escapes and control characters are
 removed. :data:`SIGNATURES` is the one table of what is recognised: each row has a stable
@@ -56,7 +57,11 @@ UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,254}")
 
 _ANSI = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 """ECMA-48 CSI sequences (colours), OSC sequences (titles, links) and two-byte escapes."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
+                      r"\u2066-\u2069\ufeff\ufff9-\ufffb]")
+"""C0/C1 controls and the invisible Unicode format characters (soft hyphen, bidi marks, embeddings,
+overrides and isolates such as U+202E, zero-width spaces and joiners, line/paragraph separators,
+the BOM, interlinear annotation): echoed raw, U+202E reverses what a terminal shows after it."""
 
 
 class DiagnoseError(Exception):
@@ -238,7 +243,8 @@ def _read_regular(path: str | Path, option: str, max_bytes: int, tail: bool = Fa
         if not stat.S_ISREG(st.st_mode):
             isdir = stat.S_ISDIR(st.st_mode)
             what = "a directory, not a file" if isdir else "not a regular file"
-            hint = "; pipe it in instead (ddtree-ops diagnose - < …)" if option == "--file" and not isdir else ""
+            fileish = option in ("--file", "FILE")
+            hint = "; pipe it in instead (ddtree-ops diagnose - < …)" if fileish and not isdir else ""
             raise DiagnoseError(f"{option} {_shown_path(path)}: {what}{hint}")
         start = max(0, st.st_size - max_bytes) if tail else 0
         os.lseek(fd, start, os.SEEK_SET)
@@ -279,7 +285,22 @@ def split_lines(data: bytes, max_lines: int = DEFAULT_LINES) -> list[str]:
         if start < 0:
             break
     raw = data[start + 1:end].split(b"\n") if data else []
-    return [_clean(b[: MAX_LINE * 4].rstrip(b"\r").decode("utf-8", "replace"))[:MAX_LINE] for b in raw]
+    return [_line(b) for b in raw]
+
+
+_NULS = re.compile(rb"\x00+")
+
+
+def _line(b: bytes) -> str:
+    """One raw line decoded, cleaned and cut to :data:`MAX_LINE`. A run of NULs (a hole a truncated log
+    file leaves) counts as one space, so a line written after the hole is not cut away behind it. A
+    line redrawn with ``\\r`` (a progress bar) keeps its end, the state last shown, when it is too long."""
+    if b"\x00" in b:
+        b = _NULS.sub(b" ", b)
+    b = b.rstrip(b"\r")
+    if b"\r" in b:
+        return _clean(b[-MAX_LINE * 4:].decode("utf-8", "replace"))[-MAX_LINE:]
+    return _clean(b[: MAX_LINE * 4].decode("utf-8", "replace"))[:MAX_LINE]
 
 
 def _read_tail(stream: IO[bytes], max_bytes: int, cap: int | None = None) -> tuple[bytes, bool]:
@@ -307,25 +328,62 @@ def _read_tail(stream: IO[bytes], max_bytes: int, cap: int | None = None) -> tup
 
 
 def _drop_partial_first(data: bytes, dropped: bool) -> bytes:
-    if dropped and b"\n" in data:
-        return data[data.index(b"\n") + 1:]
-    return data
+    """``data`` without its first line when the read began inside one. A run of NUL bytes ends that
+    partial line too: a file truncated under a writer that keeps its offset (logrotate's copytruncate)
+    has a hole of NULs, and the writer's next line starts right after it."""
+    if not dropped:
+        return data
+    nl = data.find(b"\n")
+    nul = data.rfind(b"\x00", 0, nl if nl >= 0 else len(data))
+    if nul >= 0:
+        return data[nul + 1:]
+    return data[nl + 1:] if nl >= 0 else data
 
 
-def read_file(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def read_file(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, option: str = "--file") -> bytes:
     """The last ``max_bytes`` bytes of a regular file (a partial first line dropped).
 
     Raises:
         DiagnoseError: missing, unreadable, a directory, or not a regular file (a FIFO, a
-            device: they could block or never end); the message names ``--file`` and the path.
+            device: they could block or never end); the message names ``option`` and the path.
     """
-    return _read_regular(path, "--file", max_bytes, tail=True)
+    return _read_regular(path, option, max_bytes, tail=True)
 
 
 def read_stream(stream: IO[bytes], max_bytes: int = DEFAULT_MAX_BYTES, cap: int = STDIN_CAP) -> bytes:
     """The last ``max_bytes`` bytes of a stream (stdin), reading at most ``cap`` bytes."""
     data, dropped = _read_tail(stream, max_bytes, cap)
     return _drop_partial_first(data, dropped)
+
+
+def read_kernel_journal(lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
+                        timeout_s: float = JOURNAL_TIMEOUT_S, journalctl: str = "journalctl") -> bytes:
+    """``journalctl -k -b --no-pager -o cat -n LINES``: this boot's kernel messages (the NVIDIA driver's
+    ``NVRM: Xid`` lines, module load failures), bounded like :func:`read_journal`.
+
+    Raises:
+        DiagnoseError: journalctl is missing, fails, or runs past the deadline.
+    """
+    return _journal([journalctl, "-k", "-b", "--no-pager", "-o", "cat", "-n", str(int(lines))], "journalctl -k",
+                    max_bytes, timeout_s)
+
+
+def read_kernel_lines(lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
+                      timeout_s: float = JOURNAL_TIMEOUT_S,
+                      journalctl: str = "journalctl") -> tuple[list[str] | None, str]:
+    """:func:`read_kernel_journal` split into lines, and ``""``; or None and a note saying why it could not
+    be read (no permission to the kernel journal is no usage error: the unit's journal still counts)."""
+    try:
+        return split_lines(read_kernel_journal(lines, max_bytes, timeout_s, journalctl), lines), ""
+    except DiagnoseError as exc:
+        return None, f"; kernel journal not read ({exc})"
+
+
+def kernel_source(kernel: list[str] | None) -> str:
+    """What the report's ``source`` adds for the kernel journal (``""`` when it was not read)."""
+    if kernel is None:
+        return ""
+    return f" + journalctl -k -b ({len(kernel)} line{'' if len(kernel) == 1 else 's'})"
 
 
 def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -343,6 +401,13 @@ def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT
         raise DiagnoseError(f"--unit {shorten(repr(scrub(unit)))}: not a systemd unit name (letters, digits, "
                             "':_.@\\-', not starting with '-', <= 256 characters), e.g. ddtree-sglang.service")
     argv = [journalctl, "-u", unit, "-b", "--no-pager", "-o", "cat", "-n", str(int(lines))]
+    return _journal(argv, f"journalctl -u {unit}", max_bytes, timeout_s)
+
+
+def _journal(argv: list[str], what: str, max_bytes: int, timeout_s: float) -> bytes:
+    """The last ``max_bytes`` of ``argv``'s output, killed (with its group) after ``timeout_s`` in all."""
+    from ..config.errors import scrub, shorten
+
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
@@ -354,12 +419,11 @@ def read_journal(unit: str, lines: int = DEFAULT_LINES, max_bytes: int = DEFAULT
     finally:
         _kill_group(proc)
     if timed_out:
-        raise DiagnoseError(f"journalctl -u {unit} ran past {timeout_s:g} s and was stopped. Fix: save the journal "
-                            "(journalctl -u UNIT -b -o cat > FILE) and pass --file FILE")
+        raise DiagnoseError(f"{what} ran past {timeout_s:g} s and was stopped. Fix: save the journal "
+                            f"({' '.join(argv[1:-2])} > FILE) and pass FILE")
     if proc.returncode != 0:
         msg = _clean(err.decode("utf-8", "replace")).strip()
-        raise DiagnoseError(f"journalctl -u {unit} failed (exit {proc.returncode}): "
-                            f"{shorten(scrub(msg)) or 'no message'}")
+        raise DiagnoseError(f"{what} failed (exit {proc.returncode}): {shorten(scrub(msg)) or 'no message'}")
     return _drop_partial_first(data, dropped)
 
 
@@ -438,8 +502,8 @@ class _Lines:
     def flags(self, j: int) -> int:
         f = self._flags[j]
         if f < 0:
-            line = self.lines[j][:MAX_LINE]
-            f = sum(bit for bit, pat in _FLAG_PATTERNS if pat.search(line))
+            line = evidence(self.lines[j][:MAX_LINE])
+            f = sum(bit for bit, pat in _FLAG_PATTERNS if pat.search(line)) if line else 0
             self._flags[j] = f
         return f
 
@@ -455,6 +519,11 @@ class Scan:
     """A ``Capture ... cuda graph begin`` was seen and no ``... end`` (nor a restart) after it."""
     verify_capture_width: int | None = None
     """``num_tokens_per_req`` of the last ``Capture target verify CUDA graph begin`` line (SGLang 0.5.23)."""
+    capture_phase: str | None = None
+    """The graph the last ``Capture ... graph begin`` line names (``target verify``, ``draft decode``;
+    ``decode`` for the unnamed ``Capture cuda graph begin`` of older builds)."""
+    capture_size: str | None = None
+    """The size being captured when the log stopped progressing (``batch size 4``, ``8192 tokens``)."""
 
     def before(self, flag: int, n: int = CONTEXT_LINES) -> bool:
         """Whether one of the ``n`` lines before the match has ``flag``."""
@@ -503,12 +572,77 @@ the DFlash sampler frame."""
 _SAMPLER_FRAME = re.compile(r"stage_sampling_params")
 _FLAG_PATTERNS = ((GRAPH, _GRAPH_WORDS), (SPEC, _SPEC_WORDS), (CAPTURE, _CAPTURE_FRAME), (REPLAY, _REPLAY_FRAME),
                   (SAMPLER, _SAMPLER_FRAME))
-_PHASE_MARK = re.compile(r"(?i)\bcapture (?:[\w-]{1,24} ){0,4}(?:cuda|npu|xpu|cpu) graph (begin|end)")
+_PHASE_MARK = re.compile(r"(?i)\bcapture ((?:[\w-]{1,24} ){0,4})(?:cuda|npu|xpu|cpu) graph (begin|end)")
 """SGLang's capture start/end lines: ``Capture cuda graph begin`` (<= 0.5.13), ``Capture draft cuda graph
 begin``, ``Capture draft extend cuda graph begin (step 0)``, ``Capture target verify CUDA graph begin.
 backend=..., num_tokens_per_req=33`` (0.5.23 ``model_runner_components/cuda_graph_setup.py``)."""
 _VERIFY_CAPTURE = re.compile(r"(?i)capture target verify cuda graph begin\.[^\n]{0,200}?num_tokens_per_req=(\d{1,6})")
 """0.5.23 logs the width its target-verify graphs are captured at: the width the mismatch compares."""
+_CAPTURE_SIZE = re.compile(r"Capturing (batches \(bs=|num tokens \(num_tokens=)(\d{1,9})")
+"""SGLang's capture progress (tqdm) lines, one per size as it starts capturing it: ``Capturing batches
+(bs=4 avail_mem=120.86 GB)`` (decode and verify graphs: batch size) and ``Capturing num tokens
+(num_tokens=8192 avail_mem=...)`` (prefill graphs: tokens); 0.5.17 ``model_executor/runner/
+decode_cuda_graph_runner.py`` and ``prefill_cuda_graph_runner.py``. The last one before a failure is
+the size whose capture failed."""
+
+
+_ABS_PATH = re.compile(r"(?<![\w.])/(?:[\w.@+~-]{1,255}/){1,64}[\w.@+~-]{0,255}")
+"""An absolute path (``/opt/ddtree-ops/venv/lib/python3.12/site-packages/sglang/srt/...``)."""
+_UPSTREAM_ROOTS = (("/site-packages/", False), ("/dist-packages/", False), ("/sglang/", True))
+"""Where the part of a path that names upstream code starts: after an install's package directory,
+or at an ``sglang/`` source tree (``/sgl-workspace/sglang/python/sglang/srt/...``); True keeps the marker."""
+_OWN_NAMES = re.compile(r"(?i)\bddtree[-_]ops\b|\bddtree-[\w@.:-]{1,255}")
+"""This product's names: the ``ddtree-ops`` command and ``ddtree_ops`` package, its units and files
+(``ddtree-sglang.service``, ``ddtree-nvidia-devices.service``, ``/etc/ddtree-ops/...``). SGLang names its
+own DDTree code without a hyphen (``DDTREE``, ``speculative/ddtree_worker.py``), which stays evidence."""
+_SPEC_ARG = re.compile(r"\bspeculative_algorithm=(?:'|\\?\")?(?P<alg>[A-Za-z]\w{0,30})")
+
+
+_FRAME_FILE = re.compile(r'File "(?P<path>/[^"]{1,2048})", line \d{1,7}, in ')
+"""A Python traceback frame (``File "/…/x.py", line 12, in fn``)."""
+
+
+def _upstream(path: str) -> str | None:
+    """The part of an absolute path that names upstream code, or None (:data:`_UPSTREAM_ROOTS`)."""
+    start = -1
+    for marker, keep in _UPSTREAM_ROOTS:
+        i = path.rfind(marker)
+        if i >= 0:
+            start = max(start, i + 1 if keep else i + len(marker))
+    return path[start:] if start >= 0 else None
+
+
+def _upstream_part(m: re.Match[str]) -> str:
+    part = _upstream(m.group(0))
+    return " " + part if part is not None else " "
+
+
+def evidence(line: str) -> str:
+    """The part of ``line`` a signature may take as context: never this product's own install paths
+    or names. An absolute path keeps only what names upstream code (``sglang/srt/speculative/...``
+    after ``site-packages/``; an install prefix such as ``/opt/ddtree-ops/venv``, a model directory
+    or ``/tmp`` counts for nothing), then :data:`_OWN_NAMES` are dropped. SGLang's ``server_args=``
+    dump names every option (``speculative_algorithm=None``, ``cuda_graph_max_bs``, ``draft`` paths):
+    it is evidence of speculative decoding only when ``speculative_algorithm`` is set, of nothing else."""
+    if "server_args=" in line or "ServerArgs(" in line:
+        m = _SPEC_ARG.search(line)
+        return f"speculative {m['alg']}" if m and m["alg"] != "None" else ""
+    frame = _FRAME_FILE.search(line) if "File \"" in line else None
+    if frame:  # a frame of our own code (or of no package at all) says nothing by its function's name either
+        part = _upstream(frame["path"])
+        if part is None or _OWN_NAMES.match(part):
+            return ""
+    if "/" in line:
+        line = _ABS_PATH.sub(_upstream_part, line)
+    if "ddtree" in line.lower():
+        line = _OWN_NAMES.sub(" ", line)
+    return line
+
+
+def _spec_off(p: PlanFacts) -> bool:
+    """The deployed plan says the server runs without speculative decoding (``algorithm: none``): no
+    draft/verify widths exist, so no log line may be blamed on them."""
+    return p.given and (p.algorithm or "").lower() == "none"
 
 
 def _plan_widths(p: PlanFacts) -> str:
@@ -520,6 +654,8 @@ def _plan_widths(p: PlanFacts) -> str:
 
 
 def _graph_mismatch(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    if _spec_off(p):
+        return None
     a, b = int(m["a"]), int(m["b"])
     dw, vw = p.draft_width, p.verify_width
     # the captured width against the needed one: a multiple of one plan width against a multiple of the other
@@ -555,6 +691,8 @@ def _batch_overflow(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] |
     stages ``b`` requests into buffers sized for ``a`` (sgl-project/sglang#37531). Recognised by its
     frame (``stage_sampling_params``) around the line, or by the plan (``a`` = cuda_graph_max_bs < ``b``
     <= max_running_requests)."""
+    if _spec_off(p):
+        return None
     a, b = int(m["a"]), int(m["b"])
     by_frame = b > a and (s.before(SAMPLER, 40) or s.after(SAMPLER))
     by_plan = (p.cuda_graph_max_bs is not None and a == p.cuda_graph_max_bs and b > a
@@ -574,7 +712,8 @@ def _ima(phase: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any
                    or (s.before(CAPTURE, 30) and not s.before(REPLAY, 30)))
         if (phase == "capture") != capture:
             return None
-        spec = s.before(SPEC) or _SPEC_WORDS.search(line) is not None or p.algorithm not in (None, "none")
+        spec = not _spec_off(p) and (s.before(SPEC) or _SPEC_WORDS.search(evidence(line)) is not None
+                                     or p.algorithm not in (None, "none"))
         if phase == "replay" and not spec:
             return None  # an illegal access without speculative decoding is no signature of this stack
         return {"spec": f"speculative decoding ({p.algorithm})" if p.algorithm not in (None, "none")
@@ -634,7 +773,9 @@ def _port(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
     return {"port": f"port {port}" if port else "its port", "portnum": port or (p.port or "PORT"), "unit": unit}
 
 
-def _devices(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+def _devices(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    if "nvidia-uvm" in m.group(0).lower():
+        return None  # the uvm module and its node: nvidia-uvm-missing
     return {"what": m.group(0)[:80]}
 
 
@@ -655,6 +796,81 @@ def _warmup(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
                          else "read the SGLang lines just before it (a crash signature above names the cause)")}
 
 
+_ERROR_LINE = re.compile(r"\b(?P<exc>[A-Z]\w{0,40}(?:Error|Exception)): (?P<msg>[^\n]{1,300})")
+"""A Python exception line (``RuntimeError: ...``): what a capture failure quotes as its cause."""
+_PDL_HANDLE = re.compile(r"(?i)invalid resource handle")
+
+
+def _capture_failed(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+    """SGLang's own capture-failure message, whatever the error: the decode/draft runners raise
+    ``Capture cuda graph failed: {e}`` (0.5.17 ``model_executor/runner/decode_cuda_graph_runner.py``,
+    ``speculative/eagle_draft_cuda_graph_runner.py``), the prefill runners log the error and then
+    ``Fail when using backend: {backend} for prefill runner.`` (``runner_backend_utils``). An OOM or an
+    illegal access has its own signature (capture-oom, illegal-memory-access-capture)."""
+    err = (m.groupdict().get("err") or "").strip()
+    if not err:  # the error itself is on a line just before (the prefill hint, a bare ``Capture ... failed``)
+        for j in range(s.index - 1, max(-1, s.index - 12), -1):
+            e = _ERROR_LINE.search(s.src.lines[j][:MAX_LINE])
+            if e:
+                err = f"{e['exc']}: {e['msg']}".strip()
+                break
+    if _OOM.search(err) or _IMA.search(err) or _OOM.search(m.string) or _IMA.search(m.string):
+        return None
+    tm = _TENSOR_MISMATCH.search(err)
+    if tm and (_graph_mismatch(tm, s, p) is not None or _batch_overflow(tm, s, p) is not None):
+        return None  # the draft/verify width (or batch) signature names this one
+    backend = m.groupdict().get("backend")
+    phase = s.capture_phase or ("prefill" if backend else None)
+    where = f"the {phase} graph" if phase else "a CUDA graph (the log names no capture phase)"
+    size = s.capture_size or "a size the log does not name"
+    pdl = _PDL_HANDLE.search(err) is not None
+    sm120 = (p.target or "").startswith("sm_120")
+    hint = ("sgl-kernel sets its PDL launch attribute while the stream is capturing, which the driver "
+            "refuses on sm_120 (RTX PRO 6000 / RTX 5090) with 'invalid resource handle' (sgl-project/sglang#18596)"
+            + ("; this plan's target is sm_120" if sm120 else "") + ": pin an sgl-kernel with that fix, or "
+            if pdl else "")
+    return {"where": where, "size": size, "err": _clean(err)[:200] or "no error text logged",
+            "hint": hint}
+
+
+def _xid_values(bucket: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[str, Any] | None]:
+    def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
+        xid = int(m["xid"])
+        rest = m["rest"] or ""
+        meaning, action = XID_CATALOG.get(xid, ("not in this table: look it up in NVIDIA's Xid catalog", "other"))
+        if xid == 154:  # the driver names the recovery it needs
+            rec = re.search(r"(?i)to 0x[0-9a-f]{1,4} \((?P<what>[^)]{1,60})\)", rest)
+            what = rec["what"].lower() if rec else ""
+            action = ("reboot" if "reboot" in what else "reset" if "reset" in what or "drain" in what else "other")
+            meaning = f"GPU recovery action changed to {rec['what'] if rec else 'an action the line does not name'}"
+        if action != bucket:
+            return None
+        bus = m["bus"]
+        return {"xid": xid, "bus": bus, "meaning": meaning, "unit": p.unit or "the SGLang unit"}
+    return values
+
+
+def _uvm(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    # torch's 'CUDA unknown error' is cudaErrorUnknown at init: the usual cause, not the only one
+    unknown = "unknown error" in m.group(0).lower()
+    return {"what": _clean(m.group(0))[:100], "unit": p.unit or "the SGLang unit",
+            "missing": "is most likely missing" if unknown else "is missing"}
+
+
+_HEALTH_FAILED = re.compile(r"Health check failed|FAIL ready: /health")
+
+
+def _qo_indptr(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any]:
+    """``q.shape[0] (1) does not match qo_indptr[-1] (5)`` (flashinfer's paged-prefill check): timed-out
+    /health probes left their one-token requests in the scheduler, which batched them
+    (sgl-project/sglang#35884). A /health failure earlier in the log confirms it."""
+    seen = any(_HEALTH_FAILED.search(s.src.lines[j][:MAX_LINE]) for j in range(0, s.index))
+    why = ("/health probes timed out earlier in this log, and each abandoned probe's request stayed in the "
+           "scheduler" if seen else "the known cause is /health probes abandoned at their timeout whose requests "
+           "stay in the scheduler (no /health failure is in the examined lines: give diagnose more of the log)")
+    return {"q": m["q"], "qo": m["qo"], "why": why, "unit": p.unit or "the SGLang unit"}
+
+
 _OOM = re.compile(
     r"(?:^|[:(]\s{0,4}['\"]?|\]\s)\s{0,4}CUDA\s{1,4}(?:driver\s{1,4})?(?:error:\s{0,4})?out\s{1,4}of\s{1,4}"
     r"memory(?=[.\s]|$)\.?(?:\s{1,4}Tried\s{1,4}to\s{1,4}allocate\s{1,4}(?P<tried>[\d.]{1,12} ?[KMGT]?i?B))?"
@@ -673,6 +889,44 @@ was encountered``)."""
 _TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must match the size of tensor b "
                               r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
 """torch's broadcast/copy shape error (``RuntimeError: The size of tensor a (8) must match ...``)."""
+
+XID_CATALOG: dict[int, tuple[str, str]] = {
+    8: ("GPU stopped processing", "app"),
+    13: ("Graphics Engine Exception", "app"),
+    31: ("GPU memory page fault (an MMU fault: an illegal address, most often the application's)", "app"),
+    43: ("GPU stopped processing (the channel was reset after a fault in its application)", "app"),
+    45: ("preemptive cleanup after a previous error (the channel was torn down)", "other"),
+    48: ("Double Bit ECC Error (uncorrectable memory error)", "reset"),
+    61: ("internal micro-controller breakpoint/warning", "reset"),
+    62: ("internal micro-controller halt", "reset"),
+    63: ("ECC page retirement or row remapping recorded (takes effect at the next GPU reset)", "other"),
+    64: ("ECC page retirement or row remapper recording failure", "reset"),
+    69: ("Graphics Engine class error", "app"),
+    74: ("NVLink error", "reset"),
+    79: ("GPU has fallen off the bus", "reboot"),
+    92: ("high single-bit ECC error rate (corrected)", "other"),
+    94: ("contained ECC error (only the application that touched the memory is affected)", "app"),
+    95: ("uncontained ECC error", "reset"),
+    109: ("context switch timeout", "app"),
+    119: ("GSP RPC timeout (the GPU's system processor did not answer the driver)", "reset"),
+    120: ("GSP error", "reset"),
+    140: ("unrecovered ECC error", "reset"),
+}
+"""Xid -> (meaning, immediate action) for the Xids this stack meets, after NVIDIA's Xid catalog for
+Ampere and newer GPUs ("Analyzing Xid Errors with the Xid Catalog", docs.nvidia.com/deploy/xid-errors:
+the Description and "Resolution Bucket (Immediate Action)" columns: RESTART_APP -> ``app``,
+RESET_GPU and the XID_48 / NVLink workflows -> ``reset``, RESTART_BM (a reboot of the machine) ->
+``reboot``; follow-on or informational events -> ``other``). Xid 154 names its own recovery action
+in the line (``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``), one of
+NVML's ``nvmlDeviceGpuRecoveryAction_t``: none, GPU reset, node reboot, drain P2P, drain and reset
+(drain P2P is read as a reset: stopping the unit drains it)."""
+
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
+                  r"(?P<xid>\d{1,4})\b(?P<rest>[^\n]{0,300})")
+"""The NVIDIA driver's kernel-log line: ``NVRM: Xid (PCI:0000:2b:00): 79, pid=..., GPU has fallen off the
+bus.`` (older drivers print the bus without ``PCI:``)."""
+
+_SRC_XID = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors, Analyzing Xid Errors with the Xid Catalog)"
 
 _SRC_PLAN = "sgl-project/sglang#29907 (DDTree verify graphs sized at budget + 1); ddtree_ops/config/plan.py"
 
@@ -760,6 +1014,21 @@ SIGNATURES: tuple[Signature, ...] = (
         _oom(True),
     ),
     Signature(
+        "cuda-graph-capture-failed",
+        ("capture cuda graph failed", "for prefill runner"),
+        (
+            re.compile(r"(?i)Capture cuda graph failed(?::[ \t]{0,4}(?P<err>[^\n]{1,400}))?"),
+            re.compile(r"Fail when using backend: (?P<backend>[\w-]{1,40}) for prefill runner"),
+        ),
+        "CUDA graph capture failed in {where} at {size}: {err}",
+        "{hint}A/B it eagerly (ddtree_server.cuda_graph: false) to confirm it is the capture; the kernel named in "
+        "the error is the one to pin or report; lower ddtree_server.cuda_graph_max_bs to skip the failing size",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py and runner_backend_utils (0.5.17: "
+        "'Capture cuda graph failed', 'Fail when using backend'); sgl-project/sglang#18596 (sm_120 PDL: invalid "
+        "resource handle during init_device_graphs)",
+        _capture_failed,
+    ),
+    Signature(
         "cuda-oom",
         ("memory",),
         (_OOM,),
@@ -820,6 +1089,81 @@ SIGNATURES: tuple[Signature, ...] = (
         "(ddtree_server.port / ddtree_ops.exporter_port)",
         "uvicorn bind error (sgl-project/sglang#2361); torch TCPStore EADDRINUSE; ddtree_ops/ops/ports.py",
         _port,
+    ),
+    Signature(
+        "xid-node-reboot",
+        ("nvrm: xid",),
+        (_XID,),
+        "the NVIDIA driver logged Xid {xid} on GPU {bus}: {meaning}",
+        "a unit restart or GPU reset will not bring it back: drain this host and reboot the machine (power-cycle "
+        "it if the GPU is still missing after the reboot); if it recurs, have the GPU, its slot/riser and power "
+        "serviced",
+        _SRC_XID,
+        _xid_values("reboot"),
+    ),
+    Signature(
+        "xid-gpu-reset",
+        ("nvrm: xid",),
+        (_XID,),
+        "the NVIDIA driver logged Xid {xid} on GPU {bus}: {meaning}",
+        "restarting the unit is not enough: stop {unit}, reset the GPU (`nvidia-smi -r -i {bus}`: no process may "
+        "hold it), check it (`nvidia-smi -q -d ECC,ROW_REMAPPER`, `nvidia-smi nvlink -s`), then start the unit; if "
+        "the reset fails or the Xid recurs, reboot the machine and have the GPU serviced",
+        _SRC_XID,
+        _xid_values("reset"),
+    ),
+    Signature(
+        "xid-app-fault",
+        ("nvrm: xid",),
+        (_XID,),
+        "the NVIDIA driver logged Xid {xid} on GPU {bus}: {meaning}; the GPU stays usable",
+        "an application-level fault: read the unit's own error at that time (a signature above names it), "
+        "restart {unit}; if it recurs, restart with CUDA_LAUNCH_BLOCKING=1 and A/B eagerly "
+        "(ddtree_server.cuda_graph: false) for the faulting kernel",
+        _SRC_XID,
+        _xid_values("app"),
+    ),
+    Signature(
+        "xid-other",
+        ("nvrm: xid",),
+        (_XID,),
+        "the NVIDIA driver logged Xid {xid} on GPU {bus}: {meaning}",
+        "Xid 45 follows another error (act on the first Xid or error before it); Xid 63 needs a GPU reset at the "
+        "next maintenance to apply the remapping; Xid 92 needs watching (`nvidia-smi -q -d ECC`); any other: "
+        "look it up in NVIDIA's Xid catalog before restarting anything",
+        _SRC_XID,
+        _xid_values("other"),
+    ),
+    Signature(
+        "nvidia-uvm-missing",
+        ("nvidia-uvm", "nvidia_uvm", "cuda unknown error"),
+        (
+            re.compile(r"(?i)(?:failed to open|cannot open|could not open|open failed:?|lstat|stat)[ \t]{1,4}"
+                       r"(?:device )?['\"]?/dev/nvidia-uvm\b"),
+            re.compile(r"(?i)/dev/nvidia-uvm\b[^\n]{0,80}(?:No such file|not found|ENOENT|cannot open)"),
+            re.compile(r"(?i)\bnvidia[-_]uvm\b[^\n]{0,80}(?:not found|Unknown symbol|failed to load|could not insert)"),
+            re.compile(r"CUDA unknown error - this may be due to an incorrectly set up environment"),
+        ),
+        "CUDA cannot initialise: the nvidia_uvm kernel module or its /dev/nvidia-uvm node {missing} ({what})",
+        "check `lsmod | grep nvidia_uvm` and `ls -l /dev/nvidia-uvm`; load it and create the node (`nvidia-modprobe "
+        "-u -c=0`, or `modprobe nvidia-uvm`), `systemctl restart ddtree-nvidia-devices.service`, then restart "
+        "{unit}; if both are present, this 'CUDA unknown error' has another cause (`nvidia-smi`, the kernel log's "
+        "Xid lines)",
+        "NVIDIA/nvidia-docker#139 (lstat /dev/nvidia-uvm); torch's cudaErrorUnknown text ('CUDA unknown error - "
+        "this may be due to an incorrectly set up environment'); ddtree_ops/templates/nvidia-devices.service.j2",
+        _uvm,
+    ),
+    Signature(
+        "batch-qo-indptr-mismatch",
+        ("qo_indptr",),
+        (re.compile(r"q\.shape\[0\] \((?P<q>\d{1,9})\) does not match qo_indptr\[-1\] \((?P<qo>\d{1,9})\)"),),
+        "the scheduler crashed batching a paged prefill (q.shape[0] {q} vs qo_indptr[-1] {qo}): {why}",
+        "probe /health no more often than its timeout and never abandon a probe before SGLang's own "
+        "SGLANG_HEALTH_CHECK_TIMEOUT (ddtree_ops.health_timeout_s above it), or set "
+        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false in the unit's env; pin an SGLang with "
+        "sgl-project/sglang#35896; restart {unit}",
+        "sgl-project/sglang#35884 (orphaned /health probes crash paged-prefill batching), PR #35896",
+        _qo_indptr,
     ),
     Signature(
         "device-nodes-missing",
@@ -899,6 +1243,9 @@ class Finding:
     values: dict[str, Any]
     count_capped: bool = False
     """The signature matched :data:`MAX_EVALUATIONS` times and was not tried further: ``count`` is a lower bound."""
+    origin: str = ""
+    """Which input ``line`` counts in when there are two: ``kernel`` for the kernel journal that
+    ``--unit`` reads beside the unit's (``""``: the one input)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: the values extracted from the log (numbers as numbers; text scrubbed and cut)."""
@@ -906,19 +1253,22 @@ class Finding:
 
         values = {k: v if isinstance(v, (int, float)) else shorten(scrub(_clean(str(v))))
                   for k, v in self.values.items() if k not in ("plan", "logged")}
-        return {"name": self.name, "line": self.line, "count": self.count, "count_capped": self.count_capped,
-                "cause": self.cause, "fix": self.fix, "source": self.source, "quote": self.quote, "values": values}
+        return {"name": self.name, "line": self.line, "origin": self.origin or "log", "count": self.count,
+                "count_capped": self.count_capped, "cause": self.cause, "fix": self.fix, "source": self.source,
+                "quote": self.quote, "values": values}
 
     def message(self) -> str:
         """One line: ``name (line N[, xK]): cause: "quote". Fix: fix [source]``."""
         times = f", {self.count}{'+' if self.count_capped else ''}x" if self.count > 1 else ""
-        return f"{self.name} (line {self.line}{times}): {self.cause}: \"{self.quote}\". Fix: {self.fix} [{self.source}]"
+        where = f"{self.origin} line" if self.origin else "line"
+        return (f"{self.name} ({where} {self.line}{times}): {self.cause}: \"{self.quote}\". Fix: {self.fix} "
+                f"[{self.source}]")
 
 
 def _quote(line: str) -> str:
     from ..config.errors import scrub, shorten
 
-    return shorten(scrub(line.strip()), QUOTE_CHARS).replace('"', "'")
+    return shorten(scrub(_clean(line).strip()), QUOTE_CHARS).replace('"', "'")
 
 
 MAX_EVALUATIONS = 1000
@@ -926,28 +1276,38 @@ MAX_EVALUATIONS = 1000
 and its count is a lower bound (``count_capped``): a log of 100k matching lines costs bounded time."""
 
 
-def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
+def diagnose(lines: list[str], plan: PlanFacts | None = None, origin: str = "") -> list[Finding]:
     """Findings in ``lines`` (already bounded and cleaned: :func:`split_lines`), one per
     signature (first line, count), in :data:`SIGNATURES` order. A signature's context is the
     :data:`CONTEXT_LINES` lines before a match and the :data:`AFTER_LINES` after it, and the
-    capture phase at the match (SGLang's ``Capture ... graph begin/end`` lines)."""
+    capture phase at the match (SGLang's ``Capture ... graph begin/end`` lines). ``origin`` names the
+    input in each finding (``kernel`` for the kernel journal)."""
     plan = plan or PlanFacts()
     src = _Lines(lines)
     found: dict[str, Finding] = {}
     evaluations = dict.fromkeys(NAMES, 0)
     capturing = False
     verify_width: int | None = None
+    phase: str | None = None
+    size: str | None = None
     for i, full in enumerate(lines):
         line = full[:MAX_LINE]
         lower = line.lower()
         if "load weight begin" in lower or "server_args=" in lower:  # a (re)start: no capture under way yet
-            capturing = False
+            capturing, phase, size = False, None, None
         mark = _PHASE_MARK.search(line) if " graph " in lower and "capture" in lower else None
         if mark:
-            capturing = mark[1].lower() == "begin"
+            capturing = mark[2].lower() == "begin"
             width = _VERIFY_CAPTURE.search(line) if capturing else None
             if width:
                 verify_width = int(width[1])
+            if capturing:
+                phase, size = " ".join(mark[1].lower().split()) or "decode", None
+        if capturing and "capturing " in lower:
+            sizes = _CAPTURE_SIZE.findall(line)
+            if sizes:
+                kind, n = sizes[-1]
+                size = f"batch size {n}" if kind.startswith("batches") else f"{n} tokens"
         for sig in SIGNATURES:
             if evaluations[sig.name] >= MAX_EVALUATIONS or not any(n in lower for n in sig.needles):
                 continue
@@ -956,14 +1316,14 @@ def diagnose(lines: list[str], plan: PlanFacts | None = None) -> list[Finding]:
                 if m is None:
                     continue
                 evaluations[sig.name] += 1
-                vals = sig.values(m, Scan(src, i, capturing, verify_width), plan)
+                vals = sig.values(m, Scan(src, i, capturing, verify_width, phase, size), plan)
                 if vals is None:
                     break
                 if sig.name in found:
                     found[sig.name].count += 1
                 else:
                     found[sig.name] = Finding(sig.name, i + 1, 1, _fill(sig.cause, vals), _fill(sig.fix, vals),
-                                              sig.source, _quote(line), vals)
+                                              sig.source, _quote(line), vals, origin=origin)
                 break
     for f in found.values():
         f.count_capped = evaluations[f.name] >= MAX_EVALUATIONS

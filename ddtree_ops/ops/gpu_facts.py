@@ -71,6 +71,24 @@ class GpuFacts:
 
 
 @dataclass(frozen=True)
+class FabricInfo:
+    """One GPU's NVSwitch fabric registration: ``<gpu><fabric>`` of ``nvidia-smi -q -x`` (the
+    "Fabric" section of ``nvidia-smi -q``: State, Status, CliqueId, ClusterUUID).
+
+    nvidia-smi words NVML's ``nvmlGpuFabricInfo_t`` (NVML API reference, "Fabric definitions"):
+    ``state`` ``N/A`` (not supported), ``Not Started``, ``In Progress`` or ``Completed``;
+    ``status`` ``Success`` or the error, to be read only once the state is ``Completed``. Each is
+    ``""`` when the element is absent (a driver older than fabric reporting).
+    """
+
+    index: int
+    state: str
+    status: str
+    clique: str
+    cluster: str
+
+
+@dataclass(frozen=True)
 class SmiReport:
     """``nvidia-smi -q -x`` of one host.
 
@@ -78,11 +96,13 @@ class SmiReport:
         driver_version: e.g. ``580.159.04``.
         cuda_version: highest CUDA the driver supports, e.g. ``13.0`` (``""`` if absent).
         gpus: the GPUs in index order.
+        fabric: each GPU's fabric registration, in the same order.
     """
 
     driver_version: str
     cuda_version: str
     gpus: list[GpuFacts] = field(default_factory=list)
+    fabric: list[FabricInfo] = field(default_factory=list)
 
 
 def _mib(text: str | None) -> int:
@@ -112,7 +132,7 @@ def parse_smi_xml(text: str) -> SmiReport:
     drv = (root.findtext("driver_version") or "").strip()
     if root.tag != "nvidia_smi_log" or not re.fullmatch(r"\d{1,9}(\.\d{1,9}){1,3}", drv):
         raise FactsError("not an nvidia-smi -q -x document (no <nvidia_smi_log> with a driver_version)")
-    gpus = []
+    gpus, fabric = [], []
     for i, g in enumerate(root.findall("gpu")):
         gpus.append(GpuFacts(
             index=i,
@@ -122,7 +142,9 @@ def parse_smi_xml(text: str) -> SmiReport:
             memory_mib=_mib(g.findtext("fb_memory_usage/total")),
             persistence=(g.findtext("persistence_mode") or "").strip().lower() == "enabled",
         ))
-    return SmiReport(drv, (root.findtext("cuda_version") or "").strip(), gpus)
+        fabric.append(FabricInfo(i, *((g.findtext(f"fabric/{k}") or "").strip()[:64]
+                                      for k in ("state", "status", "cliqueId", "clusterUuid"))))
+    return SmiReport(drv, (root.findtext("cuda_version") or "").strip(), gpus, fabric)
 
 
 @dataclass(frozen=True)

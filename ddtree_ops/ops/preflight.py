@@ -13,6 +13,7 @@ Checks (stable names, in this order; each ``{name, ok, detail, remediation}``, p
 ``nvidia_smi``, ``host_class`` (no class given: which class the machine matches),
 ``gpu_count``, ``gpu_name``, ``compute_capability``, ``gpu_memory``, ``persistence_mode``,
 ``interconnect``, ``kernel_module``, ``driver``, ``pcie_acs``, ``iommu``, ``device_nodes``,
+``fabric`` (classes with ``fabric_registration``),
 ``ptxas``, ``shm``, ``limits``, ``disk``, ``ports``, ``nccl`` (with ``--nccl-smoke``).
 
 Every command runs with a total deadline and bounded output (:func:`run_bounded`); a missing
@@ -56,7 +57,7 @@ except ImportError:  # the zipapp (standard library only; config/errors.py needs
 
 CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
                "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu", "device_nodes",
-               "ptxas", "shm", "limits", "disk", "ports", "nccl")
+               "fabric", "ptxas", "shm", "limits", "disk", "ports", "nccl")
 """Every check name :func:`preflight` can report (``--skip`` takes these)."""
 
 COMMAND_TIMEOUT_S = 20.0
@@ -704,6 +705,76 @@ def device_node_check(count: int, dev: Path = Path("/dev")) -> dict:
                   "does at boot once deployed; /dev/nvidia-uvm needs the nvidia_uvm module (`modprobe nvidia-uvm`)")
 
 
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager.service"
+"""The systemd unit of NVIDIA's fabric manager (the ``nvidia-fabricmanager`` package)."""
+
+FABRIC_FIX = ("start the fabric manager of the driver's exact version (`systemctl enable --now nvidia-fabricmanager`; "
+              "its log: `journalctl -u nvidia-fabricmanager -b`); on NVLink5 boards (B200/B300) it needs the "
+              "NVSwitches' InfiniBand stack too (`modprobe mlx5_ib ib_umad`, NVLSM); once it runs, every GPU "
+              "should reach Fabric State Completed (`nvidia-smi -q | grep -A4 Fabric`), else reset them "
+              "(`nvidia-smi -r`) or reboot. Until then CUDA fails with error 802 (system not yet initialized)")
+
+
+def fabric_manager_state(systemctl: str = "systemctl") -> tuple[str, str]:
+    """``(state, error)`` of :data:`FABRIC_MANAGER_UNIT`: ``state`` is ``active (running)``,
+    ``failed (exit-code)``, ``not installed`` and the like (``systemctl show``'s LoadState /
+    ActiveState / SubState / Result); ``error`` says why it could not be read (no systemd)."""
+    r = run_bounded([systemctl, "show", FABRIC_MANAGER_UNIT, "-p", "LoadState", "-p", "ActiveState",
+                     "-p", "SubState", "-p", "Result"], 10, 65536)
+    props = dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
+    if r.rc != 0 or "LoadState" not in props:
+        last = (r.stderr.strip() or r.note or f"rc {r.rc}").splitlines()[-1:] or ["no output"]
+        return "", f"systemctl show {FABRIC_MANAGER_UNIT} failed: {last[0][:200]}"
+    if props["LoadState"] == "not-found":
+        return "not installed", ""
+    state = f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')})"
+    if props.get("ActiveState") == "failed" and props.get("Result") not in (None, "", "success"):
+        state = f"failed ({props['Result']})"
+    return clean(state, 80), ""
+
+
+def fabric_check(hc: HostClass | None, smi: gf.SmiReport | None, systemctl: str = "systemctl") -> dict:
+    """``fabric``: for a class with :attr:`~ddtree_ops.config.hosts.HostClass.fabric_registration`,
+    every GPU's NVSwitch fabric registration (``nvidia-smi -q -x`` ``<fabric>``) must be
+    ``Completed`` with status ``Success``, and the fabric manager's unit must not have failed.
+
+    Sources: NVML ``nvmlGpuFabricInfo_t`` (state NOT_SUPPORTED / NOT_STARTED / IN_PROGRESS /
+    COMPLETED; "status must be checked only if state returns complete"); NVIDIA/gpu-operator#2781
+    (HGX B200: the fabric manager exited, the driver looked ready, every GPU stayed "In
+    Progress" and CUDA failed with error 802). The fabric manager may run outside this machine
+    (a hypervisor's service VM), so a missing unit fails only while a GPU is unregistered.
+    """
+    if hc is None or not hc.fabric_registration:
+        why = f"{hc.name} needs no NVSwitch fabric registration" if hc else "no host class given"
+        return _skip("fabric", why)
+    if smi is None:
+        return _check("fabric", False, "not checked: nvidia_smi failed", FABRIC_FIX)
+    gpus = smi.fabric
+    pending = [g for g in gpus if g.state != "Completed"]
+    failed = [g for g in gpus if g.state == "Completed" and g.status != "Success"]
+    fm, fm_error = fabric_manager_state(systemctl)
+    fm_text = f"{FABRIC_MANAGER_UNIT}: {fm or fm_error}"
+    problems = []
+    if not gpus:
+        problems.append("no GPU listed")
+    if pending:
+        states = sorted({g.state or "not reported" for g in pending})
+        problems.append(f"fabric registration not completed on GPU {', '.join(str(g.index) for g in pending)} "
+                        f"(State {' / '.join(states)})")
+    if failed:
+        problems.append("fabric registration failed on " + ", ".join(
+            f"GPU {g.index} (Status {g.status or 'not reported'})" for g in failed))
+    if fm.startswith("failed"):
+        problems.append(f"the fabric manager failed ({fm})")
+    elif problems and not fm.startswith("active"):
+        problems.append(f"the fabric manager is {fm or 'unreadable'}")
+    if problems:
+        return _check("fabric", False, f"{'; '.join(problems)}; {fm_text}", FABRIC_FIX)
+    cliques = sorted({g.clique for g in gpus if g.clique})
+    return _check("fabric", True, f"{len(gpus)} GPU(s) registered (State Completed, Status Success"
+                  + (f", clique {', '.join(cliques)[:80]}" if cliques else "") + f"); {fm_text}")
+
+
 def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]:
     """``kernel_module`` (loaded; open modules on Blackwell) and ``driver`` (>= the toolkit's floor,
     the same version in kernel and user space, the CUDA it supports >= the toolkit).
@@ -1092,6 +1163,7 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
     else:
         checks += acs_iommu_checks([g.bus_id for g in smi.gpus], root / "sys")
     checks.append(device_node_check(len(smi.gpus) if smi else 0, root / "dev"))
+    checks.append(fabric_check(hc, smi))
     checks.append(ptxas_check(toolchain))
     try:
         st = os.statvfs(root / "dev/shm")
