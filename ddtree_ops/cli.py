@@ -414,7 +414,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
     writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
-    writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
+    writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(validated), 0o644, False))
     try:
         check_targets(out_dir, [rel for rel, *_ in writes])  # every directory on the way, before the first write
     except UnsafeOutput as exc:
