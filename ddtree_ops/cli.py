@@ -340,7 +340,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             ("attention_backend", p.attention_backend or "SGLang default"),
             ("page_size", p.page_size or "SGLang default"),
         ]
-        rows += [(f"{k} (derived)", f"{v['value']} (SGLang default: {v['source']}; {v['why']})")
+        rows += [(f"{k} (derived)", f"{v['value']} (derived by {v['source']}; {v['why']})")
                  for k, v in p.derived.items()]
         rows += _checkpoint_rows(p.checkpoint)
         for k, val in rows:

@@ -127,3 +127,15 @@ def test_unread_release_derives_nothing():
 def test_plan_json_carries_derived_values_with_source():
     p = validate_hostvars("h1", h200("0.5.23", max_running_requests=48)).plan
     assert p.as_dict()["derived"]["chunked_prefill_size"]["source"].startswith("SGLang 0.5.23 ")
+
+
+def test_plan_command_shows_each_derived_value_with_its_source(capsys, monkeypatch):
+    from helpers import REPO
+
+    from ddtree_ops.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", "-i", str(REPO / "inventory" / "example"), "--limit", "ct200-01"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "chunked_prefill_size (derived)" in line)
+    assert "8192 (derived by SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings" in row
