@@ -35,6 +35,12 @@ from typing import Any
 
 GIB_MIB = 1024
 
+SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
+"""SGLang caps ``max_running_requests`` at 48 when speculation is on and none is given
+(``sglang/srt/arg_groups/speculative_hook.py`` of every release read; seen in
+``tests/fixtures/sglang/resolved_server_args-0.5.23-eagle-tp8.json``); the plan assumes it for
+releases not read too."""
+
 
 @dataclass(frozen=True)
 class MemoryBucket:
@@ -107,22 +113,23 @@ class ReleaseDefaults:
     spec_source: str
 
 
+_CAP = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
 RELEASE_DEFAULTS: dict[str, ReleaseDefaults] = {
     r.version: r
     for r in (
         ReleaseDefaults(
-            "0.5.13.post1", _BUCKETS_0_5_1X, False, 48, {"NGRAM": 0, "STANDALONE": 6 * GIB_MIB, "*": 4 * GIB_MIB},
+            "0.5.13.post1", _BUCKETS_0_5_1X, False, _CAP, {"NGRAM": 0, "STANDALONE": 6 * GIB_MIB, "*": 4 * GIB_MIB},
             False, None,
             "SGLang 0.5.13.post1 sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings",
             "SGLang 0.5.13.post1 sglang/srt/arg_groups/speculative_hook.py (_handle_dflash, _handle_eagle_family)",
         ),
         ReleaseDefaults(
-            "0.5.17", _BUCKETS_0_5_1X, False, 48, {}, True, "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+            "0.5.17", _BUCKETS_0_5_1X, False, _CAP, {}, True, "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
             "SGLang 0.5.17 sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings",
             "SGLang 0.5.17 sglang/srt/arg_groups/speculative_hook.py (_handle_dflash, _handle_eagle_family)",
         ),
         ReleaseDefaults(
-            "0.5.23", _BUCKETS_0_5_23, True, 48, {}, True, "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+            "0.5.23", _BUCKETS_0_5_23, True, _CAP, {}, True, "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
             "SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings",
             "SGLang 0.5.23 sglang/srt/arg_groups/speculative_hook.py (handle_speculative_decoding)",
         ),

@@ -11,15 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .derived import DerivedValue, derive
+from .derived import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, DerivedValue, derive
 from .models import Deployment
 from .toolchain import plan_toolchain
-
-SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
-"""SGLang caps ``max_running_requests`` at 48 when speculation is on and none is given
-(``sglang/srt/arg_groups/speculative_hook.py``; seen in ``fixtures/sglang/resolved_server_args-0.5.23-eagle-tp8.json``).
-Releases whose derivation was read (:data:`~.derived.RELEASE_DEFAULTS`) name theirs; this is the
-value for the others."""
 
 
 def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1) -> list[int]:
