@@ -97,7 +97,7 @@ class ActionModule(ActionBase):
             changed=False,
             prometheus_yml=render_prometheus(validated, rule_files=[paths["rules_path"]], **kw),
             rules=render_rules(settings, validated),
-            dashboard=render_dashboard(),
+            dashboard=render_dashboard(validated),
             targets=[v.deployment.host for v in validated],
             **paths,
         )

@@ -342,6 +342,8 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             ("attention_backend", p.attention_backend or "SGLang default"),
             ("page_size", p.page_size or "SGLang default"),
         ]
+        rows += [(f"{k} (derived)", f"{v['value']} (derived by {v['source']}; {v['why']})")
+                 for k, v in p.derived.items()]
         rows += _checkpoint_rows(p.checkpoint)
         for k, val in rows:
             t.add_row(k, Text("-" if val is None else str(val)))
@@ -414,7 +416,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
     writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path]), 0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
-    writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
+    writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(validated), 0o644, False))
     try:
         check_targets(out_dir, [rel for rel, *_ in writes])  # every directory on the way, before the first write
     except UnsafeOutput as exc:

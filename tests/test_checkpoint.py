@@ -165,7 +165,7 @@ def test_offline_hub_ids_give_one_info_line_each_and_no_fetch():
     infos = rules_of(findings, "info")
     assert len(infos) == 2 and not calls and not rules_of(findings)
     assert "ddtree_model.path = 'Qwen/Qwen3-8B': checkpoint config not read: offline" in infos[0]
-    assert "rules block-size, context-length, draft architecture, vocab not checked" in infos[1]
+    assert "rules block-size, context-length, draft architecture, vocab, draft tensors not checked" in infos[1]
     assert plan.checkpoint["checkpoints"]["draft"] == {"read": None}  # the why is the info line, not plan data
 
 
@@ -379,7 +379,9 @@ def test_hub_reads_config_files_only_with_revision_and_token():
     hv = hostvars("meta-llama/Llama-3.1-8B-Instruct", "lmsys/head", algorithm="EAGLE3",
                   model={"context_length": 2048, "revision": COMMIT}, ddtree_hf_token="hf_secret_token_123")
     _, plan, findings = run(hv, CheckpointReader(hub=True, fetch=hub))
-    assert rules_of(findings) == [] and rules_of(findings, "info") == []
+    # the head has no index on the Hub, and its weights are never fetched: its tensors go unchecked, said once
+    [info] = rules_of(findings, "info")
+    assert rules_of(findings) == [] and "the draft's tensor names were not read" in info
     assert set(hub.asked) == {CONFIG, PREPROCESSOR, INDEX}  # config files only, never weights
     assert {c[1] for c in hub.calls} == {CONFIG}  # downloaded: the files that exist
     assert ("meta-llama/Llama-3.1-8B-Instruct", CONFIG, COMMIT, "hf_secret_token_123") in hub.calls
@@ -650,3 +652,24 @@ def test_sizes_at_the_bound_do_not_overflow_the_estimate(tmp_path):
     d = _copy(QWEN3_8B, tmp_path / "m", hidden_size=big, vocab_size=big, intermediate_size=big, num_hidden_layers=big)
     _, plan, _ = run(hostvars(d))
     assert plan.checkpoint["memory"]["gib"]["weights_per_gpu"] > 0
+
+
+def test_memory_is_checked_against_the_derived_fraction_when_unset():
+    """With mem_fraction_static unset the memory check used to be skipped; it now runs against
+    the fraction the pinned release derives (0.5.17 on a 96 GB ct200 at tp 1: at most
+    (98304 - 13440) / 98304 = 0.863), which weights + KV for 256 x 4096 tokens exceed."""
+    hv = hostvars(LLAMA31, host_class="ct200", model={"context_length": 4096},
+                  server={"tp_size": 1, "max_running_requests": 256, "cuda_graph_max_bs": 256})
+    hv["ddtree_sglang"] = {"source": "pypi", "version": "0.5.17"}
+    _, plan, findings = run(hv)
+    assert plan.derived["mem_fraction_static"]["value"] == round((98304 - 13440) / 98304, 3)
+    mem = plan.checkpoint["memory"]
+    assert mem["budget"] == int(plan.derived["mem_fraction_static"]["value"] * 96 * (1 << 30))
+    assert "0.5.17" in mem["budget_from"] and "_handle_gpu_memory_settings" in mem["budget_from"]
+    warned = [f for f in findings if f.level == "warning" and f.field == "ddtree_server.mem_fraction_static"]
+    assert warned and "derived mem_fraction_static (an upper bound) leaves" in warned[0].rule
+    assert warned[0].value is None
+    # half the context fits: no warning
+    hv["ddtree_model"]["context_length"] = 2048
+    _, _, findings = run(hv)
+    assert not [f for f in findings if f.field == "ddtree_server.mem_fraction_static"]

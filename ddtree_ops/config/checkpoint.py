@@ -26,6 +26,8 @@ Rules (:data:`CHECKPOINT_RULES`, each names its SGLang source):
 * :func:`rule_ckpt_vocab` — target and draft share one vocabulary (EAGLE3 ``draft_vocab_size``).
 * :func:`rule_ckpt_vision` — warmup uses the image processor's own ``min_pixels``.
 * :func:`rule_ckpt_memory` — per-GPU memory estimate (:func:`estimate_memory`).
+* :func:`rule_ckpt_draft_weights` — an EAGLE3 draft ships the tensors its config makes SGLang
+  load from it (:mod:`.draft_weights`; tensor names only, from the index or the safetensors header).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..plandoc import read_at_most
+from .draft_weights import (
+    BORROWS_MISSING_HEAD,
+    EAGLE3_SOURCE,
+    SAFETENSORS,
+    WeightNamesError,
+    eagle3_requirements,
+    missing_tensors,
+    names_from_index,
+    names_from_safetensors,
+)
 from .errors import Finding, shorten
 
 CONFIG = "config.json"
@@ -85,6 +97,9 @@ class CheckpointFacts:
         config: ``config.json`` as a dict, or None when not read.
         preprocessor: ``preprocessor_config.json``, or None (absent or not read).
         weights_bytes: ``model.safetensors.index.json`` ``metadata.total_size``, bytes, or None.
+        weight_names: tensor names (``weight_map`` keys of the index, or the header of a single
+            ``model.safetensors``), or None when neither was read.
+        weight_names_from: the file they came from.
         not_read: why ``config.json`` was not read (None when it was).
         malformed: ``(file, problem)`` for each file present but not a bounded JSON object.
     """
@@ -97,6 +112,8 @@ class CheckpointFacts:
     weights_bytes: int | None = None
     not_read: str | None = None
     malformed: tuple[tuple[str, str], ...] = ()
+    weight_names: tuple[str, ...] | None = None
+    weight_names_from: str | None = None
 
     @property
     def field(self) -> str:
@@ -296,8 +313,15 @@ def facts_from_files(role: str, ref: str, source: str, files: dict[str, bytes | 
                else f"no {CONFIG} in the checkpoint")
         return CheckpointFacts(role, ref, source if PREPROCESSOR in parsed else None, None, parsed.get(PREPROCESSOR),
                                not_read=why, malformed=tuple(malformed))
+    names = None
+    if INDEX in parsed:
+        try:
+            names = names_from_index(parsed[INDEX])
+        except WeightNamesError as exc:
+            malformed.append((INDEX, str(exc)))
     return CheckpointFacts(role, ref, source, parsed[CONFIG], parsed.get(PREPROCESSOR),
-                           _total_size(parsed[INDEX]) if INDEX in parsed else None, None, tuple(malformed))
+                           _total_size(parsed[INDEX]) if INDEX in parsed else None, None, tuple(malformed),
+                           names, INDEX if names is not None else None)
 
 
 def read_local(role: str, path: str) -> CheckpointFacts:
@@ -313,6 +337,15 @@ def read_local(role: str, path: str) -> CheckpointFacts:
             files[name] = None
             bad.append((name, str(exc)))
     facts = facts_from_files(role, path, "local", files)
+    if facts.weight_names is None and files.get(INDEX) is None:
+        try:  # one-file checkpoint: the tensor names from its header (8-byte length + JSON, bounded)
+            facts = replace(facts, weight_names=names_from_safetensors(os.path.join(path, SAFETENSORS),
+                                                                       parse_json_object),
+                            weight_names_from=SAFETENSORS)
+        except FileNotFoundError:
+            pass
+        except WeightNamesError as exc:
+            bad.append((SAFETENSORS, str(exc)))
     if any(n == CONFIG for n, _ in bad):
         facts = replace(facts, not_read=f"{CONFIG} is malformed")
     for name, why in bad:
@@ -828,8 +861,9 @@ def estimate_memory(d: Any, p: Any, target: CheckpointFacts, draft: CheckpointFa
       dtype bytes (one layer's activations: the graph pool reuses them across layers), at least
       0.5 GiB; a rough bound (SGLang measures its graph memory at startup, outside
       ``mem_fraction_static``), reported but not added to the fit check.
-    * ``budget``: mem_fraction_static x the host class' GPU memory (None when unset: SGLang
-      picks the fraction from GPU memory at startup).
+    * ``budget``: mem_fraction_static x the host class' GPU memory; when unset, the fraction the
+      pinned release derives (an upper bound: :func:`ddtree_ops.config.derived.derive`, named in
+      ``budget_from``), or None where that derivation is not modelled.
 
     Returns ``{}`` when the target config was not read. ``error_bound`` states the relative error
     of the weight figure; KV is exact for standard MHA/GQA configs.
@@ -859,8 +893,14 @@ def estimate_memory(d: Any, p: Any, target: CheckpointFacts, draft: CheckpointFa
     if tokens:
         out["graph_bound"] = max(GIB // 2, tokens * (4 * h + 2 * inter // tp) * _dtype_bytes(target.config))
     hc = d.host_class_def
-    if hc and d.server.mem_fraction_static is not None:
-        out["budget"] = int(d.server.mem_fraction_static * hc.gpu_memory_gib * GIB)
+    frac = d.server.mem_fraction_static
+    derived = (getattr(p, "derived", None) or {}).get("mem_fraction_static")
+    if frac is None and derived:
+        # unset: the fraction the pinned release derives (an upper bound, ddtree_ops/config/derived.py)
+        frac = derived["value"]
+        out["budget_from"] = f"derived mem_fraction_static <= {frac} ({derived['source']})"
+    if hc and frac is not None:
+        out["budget"] = int(frac * hc.gpu_memory_gib * GIB)
         out["gpu_memory"] = hc.gpu_memory_gib * GIB
     out["gib"] = {k: round(v / GIB, 2) for k, v in out.items() if isinstance(v, int) and k != "kv_per_token"}
     return out
@@ -877,11 +917,14 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
     if not budget or weights is None:
         return
     src = "sglang/srt/model_executor/model_runner.py init_memory_pool"
+    if "budget_from" in est:
+        src += "; " + est["budget_from"]
     g = est["gib"]
+    what = "mem_fraction_static" if "budget_from" not in est else "derived mem_fraction_static (an upper bound)"
     if weights >= budget:
         yield _err(f"{SRV}.mem_fraction_static", d.server.mem_fraction_static,
                    f"weights alone need ~{g['weights_per_gpu']} GiB per GPU (tp {d.server.tp_size}) but "
-                   f"mem_fraction_static leaves {g['budget']} GiB ({est['error_bound']})",
+                   f"{what} leaves {g['budget']} GiB ({est['error_bound']})",
                    "raise tp_size or mem_fraction_static, or use a smaller model", src)
         return
     need = weights + est.get("kv_needed", 0)
@@ -890,7 +933,7 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
             f"{SRV}.mem_fraction_static",
             d.server.mem_fraction_static,
             f"weights ~{g['weights_per_gpu']} GiB + KV for {est['kv_for']} ~{g['kv_needed']} GiB per GPU exceed "
-            f"the {g['budget']} GiB mem_fraction_static leaves: SGLang will admit fewer concurrent full-length "
+            f"the {g['budget']} GiB {what} leaves: SGLang will admit fewer concurrent full-length "
             f"requests ({est['error_bound']})",
             "lower max_running_requests or context_length, or raise tp_size / mem_fraction_static",
             src,
@@ -898,10 +941,38 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
 
 
 CheckpointRule = Callable[[Any, Any, Facts], Iterator[Finding]]
+def rule_ckpt_draft_weights(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
+    """An EAGLE3 draft ships every tensor its config makes SGLang load from it
+    (:func:`~.draft_weights.eagle3_requirements`): a missing ``lm_head.weight`` leaves a random
+    head that serves 200 at accept length 1.00 (sgl-project/sglang#27829); a missing ``d2t``
+    reads draft ids as target ids. Refused, unless the pinned release borrows the target's head
+    for a full-vocabulary draft (:data:`~.draft_weights.BORROWS_MISSING_HEAD`, the change of
+    sgl-project/sglang#27908): then a warning."""
+    if d.speculative.algorithm != "EAGLE3" or f.draft is None or not f.draft.config:
+        return
+    field_ = f"{SPEC}.draft_model_path"
+    if f.draft.weight_names is None:
+        if eagle3_requirements(f.draft.config):
+            yield Finding("info", field_, f.draft.ref, "the draft's tensor names were not read (no "
+                          f"{INDEX} or single {SAFETENSORS} here): whether it ships the tensors its config needs "
+                          "was not checked", f"provide {INDEX} with the checkpoint", EAGLE3_SOURCE)
+        return
+    version = d.sglang.base_version
+    for r in missing_tensors(f.draft.config, f.draft.weight_names):
+        borrowed = r.borrowed_when_missing and BORROWS_MISSING_HEAD.get(version, False)
+        text = (f"the draft's {f.draft.weight_names_from} lists no {r.name}, yet {r.why}: "
+                + ("SGLang " + version + " borrows the target's head instead" if borrowed else
+                   f"SGLang {version} would run it with a random {r.name} (serves 200, accept length 1.00)"))
+        fix = ("use a draft checkpoint that ships it, or (for a full-vocabulary head meant to share the target's) "
+               "remove draft_vocab_size from the draft's config.json so SGLang loads the head from the target")
+        yield (_warn if borrowed else _err)(field_, f.draft.ref, text, fix, EAGLE3_SOURCE)
+
+
 CHECKPOINT_RULES: list[CheckpointRule] = [rule_ckpt_block_size, rule_ckpt_context_length, rule_ckpt_draft_arch,
-                                          rule_ckpt_vocab, rule_ckpt_vision, rule_ckpt_memory]
+                                          rule_ckpt_vocab, rule_ckpt_vision, rule_ckpt_memory,
+                                          rule_ckpt_draft_weights]
 RULES_NEEDING = {"model": "context-length, vocab, vision min_pixels, memory estimate",
-                 "draft": "block-size, context-length, draft architecture, vocab"}
+                 "draft": "block-size, context-length, draft architecture, vocab, draft tensors"}
 """Which checks need each checkpoint (named in the "not read" info line)."""
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .derived import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, DerivedValue, derive
 from .models import Deployment
 from .toolchain import plan_toolchain
-
-SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
-"""SGLang caps ``max_running_requests`` at 48 when speculation is on and none is given
-(``sglang/srt/server_args.py``; seen in ``fixtures/sglang/resolved_server_args-0.5.23-eagle-tp8.json``)."""
 
 
 def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1) -> list[int]:
@@ -91,6 +88,8 @@ class Plan:
         toolchain: CUDA toolkit, ptxas target and the Triton ptxas override the service
             env needs (:func:`ddtree_ops.config.toolchain.plan_toolchain`); empty for an
             unknown host class.
+        derived: settings the deployment leaves unset that the pinned release derives
+            (:func:`ddtree_ops.config.derived.derive`): name -> ``{value, source, why}``.
         checkpoint: what the checkpoints said (:func:`ddtree_ops.config.checkpoint.check_with_checkpoints`):
             ``derived`` values with their source, each checkpoint's read status, and the per-GPU
             ``memory`` estimate; empty when the checkpoints were not consulted.
@@ -117,6 +116,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     toolchain: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    derived: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,9 +149,11 @@ def make_plan(d: Deployment) -> Plan:
         draft_tpr = topk or 0
         verify_tpr = ndt or 1
 
+    derived = derive(d)
     max_running = srv.max_running_requests
     if max_running is None and s.enabled:
-        max_running = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+        dv = derived.get("max_running_requests")
+        max_running = dv.value if dv else SPEC_DEFAULT_MAX_RUNNING_REQUESTS
 
     attention = srv.attention_backend
     page_size = srv.page_size
@@ -160,17 +162,12 @@ def make_plan(d: Deployment) -> Plan:
         attention = attention or "triton"
         page_size = page_size or 1
         overlap_off = True
+        for name, v in (("attention_backend", "triton"), ("page_size", 1)):
+            if getattr(srv, name) is None:
+                derived[name] = DerivedValue(v, "DDTree worker: tree-verify attention mask",
+                                             f"full-tree DDTree (budget {budget} > block_size - 1)")
 
-    max_bs: int | None = None
-    capture: list[int] = []
-    if srv.cuda_graph:
-        if srv.cuda_graph_bs:
-            capture = list(srv.cuda_graph_bs)
-            max_bs = srv.cuda_graph_max_bs or capture[-1]
-        else:
-            max_bs = srv.cuda_graph_max_bs or max_running
-            if max_bs is not None:
-                capture = default_capture_bs(max_bs, verify_tpr) if s.enabled else default_plain_capture_bs(max_bs)
+    max_bs, capture = _capture(d, derived, max_running, verify_tpr)
     return Plan(
         algorithm=alg,
         block_size=block,
@@ -190,9 +187,35 @@ def make_plan(d: Deployment) -> Plan:
         attention_backend=attention,
         page_size=page_size,
         disable_overlap_schedule=overlap_off,
+        derived={k: v.as_dict() for k, v in derived.items()},
         toolchain=plan_toolchain(hc.arch if hc else None, d.toolchain.cuda, d.toolchain.triton, *_build_cuda(d),
                                  min_cuda=hc.min_cuda if hc else None),
     )
+
+
+def _capture(d: Deployment, derived: dict, max_running: int | None, verify_tpr: int) -> tuple[int | None, list[int]]:
+    """Largest captured decode batch and the captured sizes: explicit, else the release's derived
+    maximum (:func:`~.derived.derive`), trimmed like SGLang's runtime to the request pool."""
+    s, srv = d.speculative, d.server
+    if not srv.cuda_graph:
+        return None, []
+    if srv.cuda_graph_bs:
+        capture = list(srv.cuda_graph_bs)
+        return srv.cuda_graph_max_bs or capture[-1], capture
+    max_bs = srv.cuda_graph_max_bs
+    if max_bs is None and "cuda_graph_max_bs" in derived:
+        max_bs = derived["cuda_graph_max_bs"].value
+    elif max_bs is None:
+        max_bs = max_running  # the release's derivation is not modelled: assume every request is captured
+    if max_bs is None:
+        return None, []
+    capture = default_capture_bs(max_bs, verify_tpr) if s.enabled else default_plain_capture_bs(max_bs)
+    if max_running is not None and max_bs > max_running:
+        # the runtime trims the list to the request pool and adds the pool size
+        # (get_batch_sizes_to_capture, sglang/srt/model_executor/cuda_graph_runner.py)
+        capture = sorted({b for b in capture if b <= max_running} | {max_running})
+        max_bs = max_running
+    return max_bs, capture
 
 
 def _build_cuda(d: Deployment) -> tuple[int | None, str]:

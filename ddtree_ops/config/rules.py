@@ -216,7 +216,9 @@ def rule_ddtree_build(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
     """Every batch a verify or draft step can take is captured (graphs on), so nothing
-    silently falls back to eager."""
+    silently falls back to eager: an explicit capture maximum, or the one the pinned release
+    derives when it is unset (per GPU-memory bucket and tp_size: :func:`~.derived.derive`,
+    ``_handle_gpu_memory_settings`` of ``sglang/srt/server_args.py`` / ``arg_groups/memory_hook.py``)."""
     srv = d.server
     if not p.cuda_graphs:
         return
@@ -225,24 +227,30 @@ def rule_capture_plan(d: Deployment, p: Plan) -> Iterator[Finding]:
                    f"disagrees with the largest size of cuda_graph_bs ({srv.cuda_graph_bs[-1]})",
                    "remove one of them or make them agree")
     if p.max_running_requests is None:
-        if p.cuda_graph_max_bs is None:
+        if srv.cuda_graph_max_bs is None and not srv.cuda_graph_bs:
+            dv = p.derived.get("cuda_graph_max_bs")
+            how = f" (SGLang {d.sglang.base_version} captures up to {dv['value']} for {dv['why']})" if dv else ""
             yield _warn(
                 f"{SRV}.max_running_requests",
                 None,
-                "without max_running_requests or cuda_graph_max_bs, SGLang picks both from GPU memory and the plan "
-                "cannot prove every batch is captured",
+                f"without max_running_requests or cuda_graph_max_bs, SGLang picks both from GPU memory{how} and the "
+                "plan cannot prove every batch is captured",
                 "set max_running_requests",
+                dv["source"] if dv else "",
             )
         return
     if p.cuda_graph_max_bs is not None and p.cuda_graph_max_bs < p.max_running_requests:
         field = "cuda_graph_bs" if srv.cuda_graph_bs else "cuda_graph_max_bs"
+        dv = p.derived.get("cuda_graph_max_bs") if getattr(srv, field) is None else None
+        how = (f" (unset: SGLang {d.sglang.base_version} derives {dv['value']} for {dv['why']})" if dv else "")
         yield _err(
             f"{SRV}.{field}",
             getattr(srv, field),
-            f"batches of {p.cuda_graph_max_bs + 1}..{p.max_running_requests} running requests are not captured and "
-            "would silently run eagerly",
-            f"capture up to max_running_requests ({p.max_running_requests}), lower max_running_requests, "
+            f"batches of {p.cuda_graph_max_bs + 1}..{p.max_running_requests} running requests are not captured{how} "
+            "and would silently run eagerly",
+            f"set cuda_graph_max_bs to max_running_requests ({p.max_running_requests}), lower max_running_requests, "
             "or set cuda_graph: false",
+            dv["source"] if dv else "",
         )
 
 

@@ -69,6 +69,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..config.plandoc_model import PlanDoc, PlanDocError, as_plan_doc
+from ..config.sglang_metrics import common_name
 from ..sglang.client import (
     LOCAL_WORK_S,
     SERVER_INFO_PATHS,
@@ -116,9 +117,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Every metric name the exporter can expose (the keys of :data:`METRICS`).
 METRIC_NAMES = tuple(METRICS)
 
-GEN_TOKENS = "sglang:generation_tokens_total"
-VERIFY_CALLS = "sglang:spec_verify_calls_total"
-SGLANG_ACCEPT = "sglang:spec_accept_length"
+# SGLang's names for these, the same in every release read (ddtree_ops/config/sglang_metrics.py)
+GEN_TOKENS = common_name("generation_tokens_total")
+VERIFY_CALLS = common_name("spec_verify_calls_total")
+SGLANG_ACCEPT = common_name("spec_accept_length")
 
 
 PlanError = PlanDocError

@@ -1,8 +1,9 @@
 """Prometheus alert rules and the Grafana dashboard of a fleet, generated from Python.
 
 The rules read the exporter's contract (:data:`ddtree_ops.ops.exporter.METRIC_NAMES`) and
-SGLang's own metric names (``tests/fixtures/sglang/metric_names-*.txt``, scraped by the
-``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`). The acceptance-length
+SGLang's own metric names as the fleet's pinned releases spell them
+(:func:`ddtree_ops.config.sglang_metrics.promql_selector`, read off each release's wheel),
+scraped by the ``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`. The acceptance-length
 floor is per deployment: each exporter exports its ``ddtree_ops.accept_length_floor`` as
 ``ddtree_accept_length_floor``, and the collapse rule compares the two series of the same
 target, so one rules file serves deployments with different floors. Durations and the
@@ -19,6 +20,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import yaml
+
+from ..config.sglang_metrics import promql_selector
 
 if TYPE_CHECKING:
     from ..config.load import Validated
@@ -38,6 +41,11 @@ PROMETHEUS_CONFIG_DIR = "/etc/prometheus"
 DASHBOARD_UID = "ddtree-ops"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 _BY = "host, host_class, model"
+
+
+def _releases(validated: Sequence[Validated]) -> list[str]:
+    """The SGLang releases the fleet's deployments pin (their base release); empty: every release read."""
+    return sorted({v.deployment.sglang.base_version for v in validated})
 
 
 def monitoring_paths(config_dir: str, rules_path: str = "", dashboard_path: str = "") -> dict[str, str]:
@@ -162,6 +170,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
     also their :func:`absent_rules`."""
     s = settings
     sg = f'job="{SGLANG_JOB}"'
+    rel = _releases(validated)
     return [
         {
             "alert": "DDTreeAcceptLengthCollapse",
@@ -258,7 +267,7 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
         },
         {
             "alert": "DDTreeQueueBuildup",
-            "expr": f"max by ({_BY}) (sglang:num_queue_reqs{{{sg}}}) > {s.queue_reqs:g}",
+            "expr": f"max by ({_BY}) ({promql_selector('num_queue_reqs', rel, sg)}) > {s.queue_reqs:g}",
             "for": s.queue_for,
             "labels": {"severity": "warning"},
             "annotations": {
@@ -271,7 +280,8 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
             "alert": "DDTreeTTFTHigh",
             "expr": (
                 f"histogram_quantile(0.99, sum by ({_BY}, le) "
-                f"(rate(sglang:time_to_first_token_seconds_bucket{{{sg}}}[{s.rate_window}]))) > {s.ttft_p99_s:g}"
+                f"(rate({promql_selector('time_to_first_token_seconds', rel, sg, '_bucket')}[{s.rate_window}]))) "
+                f"> {s.ttft_p99_s:g}"
             ),
             "for": s.ttft_for,
             "labels": {"severity": "warning"},
@@ -311,11 +321,18 @@ def _panel(pid: int, title: str, targets: list[tuple[str, str]], unit: str, x: i
     }
 
 
-def dashboard_panels() -> list[dict]:
-    """Dashboard panels (Grafana schema ``timeseries``), one query per series kind, per host."""
+def dashboard_panels(validated: Sequence[Validated] = ()) -> list[dict]:
+    """Dashboard panels (Grafana schema ``timeseries``), one query per series kind, per host;
+    SGLang's own series by the names of the fleet's pinned releases (every release read when
+    ``validated`` is empty)."""
     h = 'host=~"$host"'
     sg = f'job="{SGLANG_JOB}", {h}'
-    q = "histogram_quantile({q}, sum by (host, le) (rate({m}_bucket{{{sel}}}[$__rate_interval])))"
+    rel = _releases(validated)
+
+    def m(key: str, suffix: str = "") -> str:
+        return promql_selector(key, rel, sg, suffix)
+
+    q = "histogram_quantile({q}, sum by (host, le) (rate({sel}[$__rate_interval])))"
     rows = [
         ("Acceptance length (tokens per verify pass)",
          [(f"ddtree_accept_length{{{h}}}", "{{host}} window"),
@@ -323,16 +340,16 @@ def dashboard_panels() -> list[dict]:
           (f"ddtree_accept_length_floor{{{h}}}", "{{host}} floor")], "none"),
         ("Generation tokens per second",
          [(f"ddtree_generation_tokens_per_second{{{h}}}", "{{host}}"),
-          (f"sum by (host) (sglang:gen_throughput{{{sg}}})", "{{host}} SGLang gauge")], "none"),
+          (f"sum by (host) ({m('gen_throughput')})", "{{host}} SGLang gauge")], "none"),
         ("Time to first token",
-         [(q.format(q="0.5", m="sglang:time_to_first_token_seconds", sel=sg), "{{host}} p50"),
-          (q.format(q="0.99", m="sglang:time_to_first_token_seconds", sel=sg), "{{host}} p99")], "s"),
+         [(q.format(q="0.5", sel=m("time_to_first_token_seconds", "_bucket")), "{{host}} p50"),
+          (q.format(q="0.99", sel=m("time_to_first_token_seconds", "_bucket")), "{{host}} p99")], "s"),
         ("Inter-token latency",
-         [(q.format(q="0.5", m="sglang:inter_token_latency_seconds", sel=sg), "{{host}} p50"),
-          (q.format(q="0.99", m="sglang:inter_token_latency_seconds", sel=sg), "{{host}} p99")], "s"),
+         [(q.format(q="0.5", sel=m("inter_token_latency_seconds", "_bucket")), "{{host}} p50"),
+          (q.format(q="0.99", sel=m("inter_token_latency_seconds", "_bucket")), "{{host}} p99")], "s"),
         ("Requests: queued and running",
-         [(f"max by (host) (sglang:num_queue_reqs{{{sg}}})", "{{host}} queued"),
-          (f"max by (host) (sglang:num_running_reqs{{{sg}}})", "{{host}} running")], "none"),
+         [(f"max by (host) ({m('num_queue_reqs')})", "{{host}} queued"),
+          (f"max by (host) ({m('num_running_reqs')})", "{{host}} running")], "none"),
         ("Up, ready, config drift",
          [(f"ddtree_up{{{h}}}", "{{host}} up"), (f"ddtree_ready{{{h}}}", "{{host}} ready"),
           (f"ddtree_config_drift{{{h}}}", "{{host}} drift"),
@@ -342,8 +359,9 @@ def dashboard_panels() -> list[dict]:
             for i, (title, targets, unit) in enumerate(rows)]
 
 
-def render_dashboard() -> str:
-    """Grafana dashboard JSON (importable; ``datasource`` and ``host`` template variables)."""
+def render_dashboard(validated: Sequence[Validated] = ()) -> str:
+    """Grafana dashboard JSON (importable; ``datasource`` and ``host`` template variables) for
+    the fleet's deployments ``validated`` (:func:`dashboard_panels`)."""
     doc = {
         "uid": DASHBOARD_UID,
         "title": "ddtree-ops: speculative decoding",
@@ -362,6 +380,6 @@ def render_dashboard() -> str:
              "query": "label_values(ddtree_deployment_info, host)", "refresh": 2},
         ]},
         "annotations": {"list": []},
-        "panels": dashboard_panels(),
+        "panels": dashboard_panels(validated),
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"

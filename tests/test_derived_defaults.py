@@ -1,0 +1,141 @@
+"""Settings left unset are checked at the value the pinned release derives for them
+(``ddtree_ops/config/derived.py``), not only when given explicitly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import FIXTURES
+
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config.derived import RELEASE_DEFAULTS, bucket_for, derive
+from ddtree_ops.config.hosts import HOST_CLASSES
+
+H200_0517 = FIXTURES / "gpu" / "sglang-0.5.17-h200-2026-12-01"
+
+
+def h200(version: str = "0.5.17", **server) -> dict:
+    """An H200 (141 GB) EAGLE3 deployment of a PyPI release."""
+    return {
+        "ddtree_host_class": "h200x1",
+        "ddtree_sglang": {"source": "pypi", "version": version},
+        "ddtree_model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "ddtree_speculative": {"algorithm": "EAGLE3", "draft_model_path": "jamesliu1/sglang-EAGLE3-Llama-3.1-8B",
+                               "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        "ddtree_server": {"tp_size": 1, **server},
+    }
+
+
+def errors(hv: dict) -> list:
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    return [f for f in exc.value.findings if f.level == "error"]
+
+
+def test_chunked_prefill_matches_a_real_h200_run():
+    """SGLang 0.5.17 on a real H200 (tp 1, chunked prefill unset) ran with 8192: the plan says so,
+    naming the release's function."""
+    info = json.loads((H200_0517 / "eagle3" / "get_server_info.body").read_text())
+    assert info["chunked_prefill_size"] == 8192 and info["tp_size"] == 1
+    p = validate_hostvars("h1", h200(max_running_requests=16, cuda_graph_max_bs=16)).plan
+    dv = p.derived["chunked_prefill_size"]
+    assert dv["value"] == info["chunked_prefill_size"]
+    assert "0.5.17" in dv["source"] and "_handle_gpu_memory_settings" in dv["source"]
+    assert "cuda_graph_max_bs" not in p.derived  # explicit: nothing derived
+
+
+@pytest.mark.parametrize("version", sorted(RELEASE_DEFAULTS))
+def test_derived_capture_max_below_max_running_is_refused(version):
+    """An explicit cuda_graph_max_bs below max_running_requests was refused, but leaving it
+    unset passed: on an H200 at tp 1 every release derives 256, so 257..300 ran eagerly."""
+    [f] = [f for f in errors(h200(version, max_running_requests=300)) if f.field.endswith("cuda_graph_max_bs")]
+    assert f.value is None and "257..300" in f.rule and f"SGLang {version} derives 256" in f.rule
+    assert version in f.source and "gpu_memory_settings" in f.source
+    assert "cuda_graph_max_bs" in f.fix
+    # the explicit form of the same fault is still refused
+    [g] = [f for f in errors(h200(version, max_running_requests=300, cuda_graph_max_bs=256))
+           if f.field.endswith("cuda_graph_max_bs")]
+    assert g.value == 256 and "257..300" in g.rule
+
+
+def test_tp_size_moves_the_bucket_value():
+    """tp_size >= 4 on an H200 derives 512: 300 running requests are then captured."""
+    hv = h200("0.5.13.post1", max_running_requests=300)
+    hv["ddtree_host_class"] = "h200x8"
+    hv["ddtree_server"]["tp_size"] = 4
+    p = validate_hostvars("h1", hv).plan
+    assert p.derived["cuda_graph_max_bs"]["value"] == 512
+    assert p.cuda_graph_max_bs == 300 and p.capture_bs[-1] == 300  # trimmed to the request pool
+
+
+def test_b300_bucket_and_h100_bucket():
+    b300, h100 = HOST_CLASSES["b300"], HOST_CLASSES["h100x8"]
+    for v, rd in RELEASE_DEFAULTS.items():
+        assert bucket_for(rd, b300.min_memory_mib).chunked_prefill_size == 16384, v
+        assert bucket_for(rd, h100.gpu_memory_gib * 1024).max_bs(1) == 256, v
+
+
+def test_small_gpu_bucket_changed_in_0_5_23():
+    """The 20-35 GiB bucket (RTX 5090): 0.5.17 derives chunked 2048 / max_bs 24, 0.5.23 4096 / 48."""
+    mib = 32 * 1024 - 500
+    assert (bucket_for(RELEASE_DEFAULTS["0.5.17"], mib).chunked_prefill_size,
+            bucket_for(RELEASE_DEFAULTS["0.5.17"], mib).max_bs(1)) == (2048, 24)
+    assert (bucket_for(RELEASE_DEFAULTS["0.5.23"], mib).chunked_prefill_size,
+            bucket_for(RELEASE_DEFAULTS["0.5.23"], mib).max_bs(1)) == (4096, 48)
+
+
+def test_0_5_23_lowers_derived_max_to_explicit_running():
+    """0.5.23's memory hook lowers a derived decode max to an explicit max_running_requests;
+    0.5.17 keeps 256 (the runtime then trims the capture list to the pool)."""
+    new = validate_hostvars("h1", h200("0.5.23", max_running_requests=100)).plan
+    old = validate_hostvars("h1", h200("0.5.17", max_running_requests=100)).plan
+    assert new.derived["cuda_graph_max_bs"]["value"] == 100 and "lowered" in new.derived["cuda_graph_max_bs"]["why"]
+    assert old.derived["cuda_graph_max_bs"]["value"] == 256
+    assert new.capture_bs == old.capture_bs and new.capture_bs[-1] == 100
+
+
+def test_speculation_derives_48_running_with_source():
+    p = validate_hostvars("h1", h200("0.5.23")).plan
+    dv = p.derived["max_running_requests"]
+    assert dv["value"] == 48 == p.max_running_requests and "speculative_hook.py" in dv["source"]
+    # the resolved 0.5.23 fixture (SGLang's own resolution) says 48 too
+    resolved = json.loads((FIXTURES / "sglang/resolved_server_args-0.5.23-eagle-tp8.json").read_text())
+    assert resolved["max_running_requests"] == dv["value"]
+
+
+def test_mem_fraction_derived_is_an_upper_bound_with_source():
+    """Unset mem_fraction_static: SGLang 0.5.13.post1 on an H200 (tp 1, EAGLE3) reserves at least
+    512 + 8192 x 1.5 + 256 x 2 + 128 + 4096 (draft) MiB."""
+    p = validate_hostvars("h1", h200("0.5.13.post1", max_running_requests=48)).plan
+    dv = p.derived["mem_fraction_static"]
+    gpu = 141 * 1024
+    assert dv["value"] == round((gpu - (512 + 8192 * 1.5 + 256 * 2 + 128 + 4096)) / gpu, 3)
+    assert "at most" in dv["why"]
+    # 0.5.17 reserves nothing extra for the draft: a higher bound
+    assert validate_hostvars("h1", h200("0.5.17", max_running_requests=48)).plan.derived[
+        "mem_fraction_static"]["value"] > dv["value"]
+
+
+def test_unread_release_derives_nothing():
+    """A release whose derivation was never read off its wheel gets no derived value (the
+    plan keeps SGLang's speculative cap of 48 as before)."""
+    v = validate_hostvars("h1", h200("0.5.14"))
+    assert derive(v.deployment) == {} and v.plan.derived == {} and v.plan.max_running_requests == 48
+
+
+def test_plan_json_carries_derived_values_with_source():
+    p = validate_hostvars("h1", h200("0.5.23", max_running_requests=48)).plan
+    assert p.as_dict()["derived"]["chunked_prefill_size"]["source"].startswith("SGLang 0.5.23 ")
+
+
+def test_plan_command_shows_each_derived_value_with_its_source(capsys, monkeypatch):
+    from helpers import REPO
+
+    from ddtree_ops.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", "-i", str(REPO / "inventory" / "example"), "--limit", "ct200-01"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "chunked_prefill_size (derived)" in line)
+    assert "8192 (derived by SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings" in row
