@@ -197,3 +197,30 @@ def test_router_unit_scores_within_budget_and_verifies(fleet, tmp_path):
         res = subprocess.run([ANALYZE, "verify", "--man=no", f"--root={root}",
                               str(root / "etc/systemd/system" / UNIT_NAME)], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and not res.stderr.strip(), res.stderr
+
+
+@pytest.mark.parametrize("flag", ["--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr",
+                                  "--nnode", "--node-r", "--dist-init", "--nccl-init", "--nnodes=2",
+                                  "--node-rank=1", "--dist-init-addr=10.0.0.5:25000"])
+def test_multi_node_flags_in_extra_args_are_refused(flag):
+    from ddtree_ops.config import ConfigError
+
+    hv = copy.deepcopy(base_hostvars())
+    hv["ddtree_server"] = {**hv.get("ddtree_server", {}), "extra_args": {flag: 2}}
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars("h1", hv)
+    (f,) = [f for f in exc.value.findings if f.level == "error"]
+    assert f.field == "ddtree_server.extra_args"
+    assert "multi-node deployments are not modelled: the instance would be accounted as single-node (GPUs, ports, " \
+           "health)" in f.rule and flag in f.rule and "router" in f.fix
+
+
+def test_other_flags_sharing_a_start_are_not_multi_node():
+    """Real options of the pinned parsers that share a start with a multi-node flag pass; a
+    prefix argparse would find ambiguous (--n, --nccl-) is refused with the rule too."""
+    from ddtree_ops.config.multinode import multinode_flag
+
+    for other in ("--nccl-port", "--dist-timeout", "--numa-node", "--num-continuous-decode-steps",
+                  "--nsa-decode-backend"):
+        assert multinode_flag(other) is None, other
+    assert multinode_flag("--n") == "--nnodes" and multinode_flag("--nccl-i=x") == "--nccl-init-addr"
