@@ -415,15 +415,18 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
         render_rules,
     )
 
+    routers: list = []
     if not limit:  # the routers' files (config/router.py); an inventory without group routers has none
         from .config.router import load_router_vars, validate_routers
         from .render.router import render_router
 
-        for r in validate_routers(load_router_vars(inventory, vault or ()), validated)[0]:
+        routers = validate_routers(load_router_vars(inventory, vault or ()), validated)[0]
+        for r in routers:
             writes += [(f"{r.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
                        for f in render_router(r)]
     rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
-    writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path]), 0o644, False))
+    writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path], routers=routers),
+                   0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(), 0o644, False))
     try:

@@ -166,6 +166,14 @@ def test_render_writes_the_router_unit_and_validate_refuses_a_clash(tmp_path, ca
     assert main(["render", "--out", str(out), "-i", str(inv)]) == 0
     unit = (out / "gw-01/etc/systemd/system" / UNIT_NAME).read_text()
     assert "--worker-urls http://ct200-01.example.internal:30000 --policy cache_aware" in unit
+    prom = yaml.safe_load((out / "prometheus/prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "smg"]
+    assert job["static_configs"] == [{"targets": ["10.0.0.9:29000"], "labels": {"host": "gw-01", "service": "router"}}]
+    plain = tmp_path / "plain"
+    assert main(["render", "--out", str(plain), "-i", str(REPO / "inventory" / "multi-example")]) == 0
+    assert "smg" not in [j["job_name"] for j in yaml.safe_load((plain / "prometheus/prometheus.yml").read_text())[
+        "scrape_configs"]]
+    assert not list(plain.glob(f"*/etc/systemd/system/{UNIT_NAME}"))
     bad = _router_inventory(tmp_path / "bad", {"instances": ["ct200-01-qwen8b"], "port": 30001})
     (bad / "hosts.yml").write_text((bad / "hosts.yml").read_text().replace("10.0.0.9", "ct200-01.example.internal"))
     capsys.readouterr()

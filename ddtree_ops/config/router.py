@@ -382,7 +382,7 @@ def load_router_vars(inventory: str, vault_password_files: Iterable[str] = ()) -
             templar = Templar(loader=loader, variables=all_vars)
             try:
                 with _deadline(TEMPLATE_DEADLINE_S):
-                    out[h.name] = deployment_vars(all_vars, _template_if_marked(templar, memo), h.name, memo)
+                    out[str(h.name)] = deployment_vars(all_vars, _template_if_marked(templar, memo), str(h.name), memo)
             except TemplateTimeout:
                 raise ConfigError([Finding("error", ROUTER_VAR, "…", f"templating took longer than "
                                            f"{TEMPLATE_DEADLINE_S:g} s", "simplify the Jinja of its variables",
