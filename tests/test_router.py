@@ -232,3 +232,24 @@ def test_other_flags_sharing_a_start_are_not_multi_node():
                   "--nsa-decode-backend"):
         assert multinode_flag(other) is None, other
     assert multinode_flag("--n") == "--nnodes" and multinode_flag("--nccl-i=x") == "--nccl-init-addr"
+
+
+def test_deploy_checks_and_scrapes_the_routers_like_render():
+    """The ``ddtree_prometheus`` action (deploy.yml's fleet check, the prometheus_targets role)
+    takes ``routers``: a clash fails before any host changes; a valid router is job smg."""
+    from test_fleet import _hostvars, _prometheus_action
+
+    for task in (yaml.safe_load((REPO / "deploy.yml").read_text())[0]["tasks"],
+                 yaml.safe_load((REPO / "roles/prometheus_targets/tasks/main.yml").read_text())):
+        (t,) = [t for t in task if "ddtree_prometheus" in t]
+        assert t["ddtree_prometheus"]["routers"] == "{{ groups['routers'] | default([]) }}"
+    hv = {"h1": _hostvars("h1", "10.0.0.5"),
+          "gw": {"inventory_hostname": "gw", "ansible_host": "10.0.0.5", "ddtree_router": {"port": 30000}}}
+    result = _prometheus_action({"hostvars": hv}, ["h1"], routers=["gw"], fleet_only=True)
+    assert result["failed"] and "ddtree_router.port 30000 clashes with h1's ddtree_server.port" in result["msg"]
+    hv["gw"]["ddtree_router"] = {}
+    result = _prometheus_action({"hostvars": hv}, ["h1"], routers=["gw"], rules_path="/etc/prometheus/r.yml")
+    assert not result.get("failed"), result.get("msg")
+    assert "job_name: smg" in result["prometheus_yml"] and "10.0.0.5:29000" in result["prometheus_yml"]
+    result = _prometheus_action({"hostvars": hv}, ["h1"], rules_path="/etc/prometheus/r.yml")
+    assert "job_name: smg" not in result["prometheus_yml"]
