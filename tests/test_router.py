@@ -253,3 +253,20 @@ def test_deploy_checks_and_scrapes_the_routers_like_render():
     assert "job_name: smg" in result["prometheus_yml"] and "10.0.0.5:29000" in result["prometheus_yml"]
     result = _prometheus_action({"hostvars": hv}, ["h1"], rules_path="/etc/prometheus/r.yml")
     assert "job_name: smg" not in result["prometheus_yml"]
+
+
+def test_launcher_reads_one_line_credential_and_refuses_argv_keys(tmp_path, monkeypatch):
+    from ddtree_ops import router_launch
+
+    (tmp_path / "api-key").write_text("k3y\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert router_launch.read_credential("api-key") == "k3y"
+    for bad in ("", "two\nlines\n", "x" * 5000):
+        (tmp_path / "api-key").write_text(bad)
+        with pytest.raises(SystemExit):
+            router_launch.read_credential("api-key")
+    with pytest.raises(SystemExit, match="must not be given"):
+        router_launch.main(["api-key", "--api-k", "x"])
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(SystemExit, match="CREDENTIALS_DIRECTORY"):
+        router_launch.read_credential("api-key")
