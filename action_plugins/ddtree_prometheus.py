@@ -14,6 +14,9 @@ Runs on the controller only. Options:
   other (deploy.yml's first play, run once before anything changes); returns ``targets`` and
   ``waves`` (host -> deploy wave: instances of one machine deploy one after the other,
   :func:`ddtree_ops.config.fleet.instance_waves`).
+* ``routers`` (list of inventory host names, optional; usually ``groups['routers']``): router
+  hosts (``ddtree_router``, :mod:`ddtree_ops.config.router`) checked against ``servers`` (ports
+  of one machine, worker list) and scraped as job ``smg``; none: nothing changes.
 * ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
@@ -74,6 +77,21 @@ class ActionModule(ActionBase):
             from ddtree_ops.config.fleet import fleet_findings
 
             findings = fleet_findings(validated)  # two hosts on one machine and port: duplicate targets
+        routers = []
+        router_hosts = args.get("routers") or []
+        if not findings and router_hosts:  # the gateways in front of them (ddtree_ops.config.router)
+            from ddtree_ops.config.router import validate_routers
+
+            if not isinstance(router_hosts, list):
+                result.update(failed=True, msg="ddtree_prometheus: routers must be a list of hosts")
+                return result
+            try:
+                router_vars = {h: deployment_vars(task_vars["hostvars"][h], self._templar.template, h)
+                               for h in sorted(dict.fromkeys(map(str, router_hosts)))}
+            except ConfigError as exc:
+                findings = list(exc.findings)
+            else:
+                routers, findings = validate_routers(router_vars, validated)
         if findings:
             result.update(failed=True, msg="invalid deployment config:\n" + "\n".join(f.message() for f in findings),
                           findings=[f.as_dict() for f in findings])
@@ -95,7 +113,7 @@ class ActionModule(ActionBase):
         kw = {k: str(args[k]) for k in ("scrape_interval", "scrape_timeout", "evaluation_interval") if args.get(k)}
         result.update(
             changed=False,
-            prometheus_yml=render_prometheus(validated, rule_files=[paths["rules_path"]], **kw),
+            prometheus_yml=render_prometheus(validated, rule_files=[paths["rules_path"]], routers=routers, **kw),
             rules=render_rules(settings, validated),
             dashboard=render_dashboard(validated),
             targets=[v.deployment.host for v in validated],

@@ -187,6 +187,10 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
                 except ConfigError:
                     pass  # an invalid host outside --limit is its own run's error
     errors.extend(fleet_findings(ok + peers, focus=set(hostvars) if limit else None))
+    if not limit:  # routers front the whole fleet (config/router.py); none: nothing changes
+        from .config.router import load_router_vars, validate_routers
+
+        errors.extend(validate_routers(load_router_vars(inventory, vault or ()), ok)[1])
     return ok, errors
 
 
@@ -413,8 +417,18 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
         render_rules,
     )
 
+    routers: list = []
+    if not limit:  # the routers' files (config/router.py); an inventory without group routers has none
+        from .config.router import load_router_vars, validate_routers
+        from .render.router import render_router
+
+        routers = validate_routers(load_router_vars(inventory, vault or ()), validated)[0]
+        for r in routers:
+            writes += [(f"{r.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
+                       for f in render_router(r)]
     rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
-    writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path]), 0o644, False))
+    writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path], routers=routers),
+                   0o644, False))
     writes.append((f"prometheus/{RULES_FILE}", render_rules(validated=validated), 0o644, False))
     writes.append((f"prometheus/{DASHBOARD_FILE}", render_dashboard(validated), 0o644, False))
     try:

@@ -362,9 +362,9 @@ def test_extra_args_secret_flag_refused_and_not_echoed():
 @pytest.mark.parametrize("extra, needle", [
     ({"--disaggregation-bootstrap-port": "-1"}, "starts with -"),
     ({"--disaggregation-bootstrap-port": -1}, "starts with -"),
-    ({"--dist-init-addr": "--port=1"}, "starts with -"),
-    ({"--dist-init-addr": "a\nExecStartPre=/bin/sh"}, "'\\n'"),
-    ({"--dist-init-addr": "a b"}, "' '"),
+    ({"--chat-template": "--port=1"}, "starts with -"),
+    ({"--chat-template": "a\nExecStartPre=/bin/sh"}, "'\\n'"),
+    ({"--chat-template": "a b"}, "' '"),
     ({"--x": ["ok", "-bad"]}, "starts with -"),
     ({"-p": 1}, "long option"),
     ({"--Port": 1}, "long option"),

@@ -605,7 +605,12 @@ class Server(_Model):
     @field_validator("extra_args")
     @classmethod
     def _extra_args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from .multinode import FIX, describe, multinode_flag
+
         for flag, value in v.items():
+            # before the spelling check: --nnodes=2 gets the multi-node rule, not "no =VALUE"
+            if isinstance(flag, str) and (option := multinode_flag(flag)) is not None:
+                raise _fail(describe(flag[:80], option), FIX)
             if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
                 raise _fail(f"flag {str(flag)[:80]!r} is not a long option of lower-case letters, digits and dashes "
                             "(--name, at most 64 characters; no =VALUE, no short options)",

@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import jinja2
+
+    from ..config.router import Router
 
 from ..config.instance import MULTIPROC_ENV, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from .argv import build_argv
 from .monitoring import EXPORTER_JOB, SGLANG_JOB
+
+ROUTER_JOB = "smg"
+"""Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``)."""
 
 MANAGED_BY = "Managed by ddtree-ops: do not edit"
 """The start of the header of every file ddtree-ops writes on a host: the rendered files'
@@ -358,9 +365,11 @@ def scrape_address(v: Validated) -> str:
 
 
 def prometheus_document(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
-                        rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> dict:
+                        rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None,
+                        routers: Sequence[Router] = ()) -> dict:
     """``prometheus.yml`` as data (see :func:`render_prometheus`): one ``static_configs``
-    entry with one target per host and job."""
+    entry with one target per host and job; with ``routers`` (:mod:`..config.router`) a
+    job :data:`ROUTER_JOB` of their ``smg_*`` metrics ports (none: the document is unchanged)."""
     def static(port_of) -> list[dict]:
         return [{"targets": [f"{scrape_address(v)}:{port_of(v)}"],
                  "labels": {"host": v.deployment.host, "host_class": v.deployment.host_class,
@@ -379,11 +388,18 @@ def prometheus_document(validated: list[Validated], scrape_interval: str = "15s"
         {"job_name": EXPORTER_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
          "honor_labels": True, "static_configs": static(lambda v: v.deployment.ops.exporter_port)},
     ]
+    if routers:
+        doc["scrape_configs"].append(
+            {"job_name": ROUTER_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
+             "static_configs": [{"targets": [f"{url_host(r.address or r.host)}:{r.settings.metrics_port}"],
+                                 "labels": {"host": r.host, "service": "router"}}
+                                for r in sorted(routers, key=lambda r: r.host)]})
     return doc
 
 
 def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
-                      rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None) -> str:
+                      rule_files: tuple[str, ...] | list[str] = (), evaluation_interval: str | None = None,
+                      routers: Sequence[Router] = ()) -> str:
     """A ``prometheus.yml`` scraping every SGLang instance's ``/metrics`` (job ``sglang``) and
     its ``ddtree-ops exporter`` (job ``ddtree_exporter``, ``ddtree_ops.exporter_port``).
 
@@ -395,7 +411,7 @@ def render_prometheus(validated: list[Validated], scrape_interval: str = "15s", 
     (:func:`prometheus_document`) and emitted by ``yaml.safe_dump``; the template only adds
     the header comment, so no value (label, address, interval) can add a key or a target.
     """
-    doc = prometheus_document(validated, scrape_interval, scrape_timeout, rule_files, evaluation_interval)
+    doc = prometheus_document(validated, scrape_interval, scrape_timeout, rule_files, evaluation_interval, routers)
     body = yaml.dump(doc, Dumper=YAML_DUMPER, sort_keys=False, default_flow_style=False, allow_unicode=False,
                      width=1 << 16)
     return _env().get_template("prometheus.yml.j2").render(managed=MANAGED, body=body)
