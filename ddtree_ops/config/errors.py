@@ -71,7 +71,7 @@ def scrub(text: str) -> str:
         text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
     lower = text.lower() if text.isascii() else None
     if lower is None or any(w in lower for w in _AUTH_WORDS):
-        text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
+        text = _AUTH_SCHEME.sub(_redact_auth, text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     if any(p in text for p in _TOKEN_PREFIXES):
         text = _TOKEN_SHAPE.sub(REDACTED, text)
@@ -188,7 +188,31 @@ only not echoed)."""
 _AUTH_SCHEME = re.compile(
     r"(?i)\b(?P<scheme>bearer|basic|token|digest|apikey)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})"
 )
-"""An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
+"""An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``); the scheme
+words are also English (``a 1-token generation``, ``paste the token here``), so only a credential-shaped
+word after one is redacted (:func:`credential_shaped`) unless an ``Authorization`` header stands before it."""
+
+_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
+"""The text before a scheme word is an ``Authorization:`` header (or ``authorization=``): what follows is a
+credential whatever it reads like."""
+
+_CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
+
+
+def credential_shaped(word: str) -> bool:
+    """Whether a word reads as a credential rather than prose: a digit, one of ``+/=~_`` (base64,
+    base64url, RFC 6750 ``b64token``), an upper-case letter after its first character, or 24 characters
+    and more (``SEKRITsmi``, ``dXNlcjpwYXNz``, ``abc123def``; not ``generation``, ``here``, ``Hugging``).
+    Random tokens of that length hold one of these all but always; English words hold none."""
+    return len(word) >= 24 or _CREDENTIAL_SIGN.search(word) is not None
+
+
+def _redact_auth(m: re.Match[str]) -> str:
+    """An :data:`_AUTH_SCHEME` match with its credential redacted when it is one (see there)."""
+    header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
+    if not header and not credential_shaped(m["cred"]):
+        return m[0]
+    return f"{m['scheme']}{m['sep']}{REDACTED}"
 _AUTH_WORDS = ("bearer", "basic", "token", "digest", "apikey")
 """The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot
 match it (a non-ASCII text always goes through the regex: Unicode case folding, e.g. ``K``)."""
@@ -206,7 +230,7 @@ def value_secret_reason(value: str) -> str | None:
     world-readable files; :func:`scrub` redacts the same shapes in echoed text."""
     if URL_CREDENTIALS.search(value) or _URL_TOKEN_USER.search(value):
         return "URL credentials (user info before @)"
-    if _AUTH_SCHEME.search(value):
+    if any(_redact_auth(m) != m[0] for m in _AUTH_SCHEME.finditer(value)):
         return "an HTTP authorization credential (Bearer/Basic/Token ...)"
     if _SECRET_QUERY.search(value):
         return "a secret-looking query parameter (token=, key=, sig=, ...)"

@@ -113,8 +113,10 @@ here because the zipapp cannot import that module (it needs pydantic)."""
 _SCRUB_SHAPES = (
     # URL user info (RFC 3986 3.2.1): scheme://user:pass@ or scheme://TOKEN@
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"]+@"), lambda m: f"{m[1]}(redacted)@"),
-    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X
-    (re.compile(r"(?i)\b(bearer|basic|token|digest)(\s+)[A-Za-z0-9._~+/=-]{4,}"), lambda m: f"{m[1]}{m[2]}(redacted)"),
+    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X; the scheme words are
+    # English too ("a 1-token generation"), so only a credential-shaped word goes (see _auth_credential)
+    (re.compile(r"(?i)\b(bearer|basic|token|digest|apikey)(\s+)([A-Za-z0-9._~+/=-]{4,})"),
+     lambda m: _auth_credential(m)),
     # secret-looking query parameters: ?access_token=X, &sig=X
     (re.compile(r"(?i)([?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|credential|session)"
                 r"[A-Za-z0-9_.-]*=)[^&#\s'\"]+"), lambda m: f"{m[1]}(redacted)"),
@@ -127,10 +129,24 @@ _NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ 
 ``--flag=value``: the value is redacted when a word of NAME is secret-looking (``HF_TOKEN = X``,
 ``api_key='X'``, ``export OPENAI_API_KEY="X"``)."""
 _FLAG_VALUE = re.compile(
-    r"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
+    r"(?<![A-Za-z0-9_.-])(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
 )
 """``--flag value`` (argv as printed): the value is redacted when a word of the flag is
-secret-looking (``--api-key X``, ``--hf-token X``)."""
+secret-looking (``--api-key X``, ``--hf-token X``); a flag starts a word (``a 1-token generation`` holds none)."""
+
+
+_CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
+_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
+
+
+def _auth_credential(m: re.Match) -> str:
+    """An authorization scheme word and the word after it, that word redacted when it reads as a credential
+    (a digit, one of ``+/=~_``, an upper-case letter after the first, or 24+ characters) or when an
+    ``Authorization:`` header stands before: the rule of ``ddtree_ops.config.errors.credential_shaped``."""
+    header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
+    if header or len(m[3]) >= 24 or _CREDENTIAL_SIGN.search(m[3]):
+        return f"{m[1]}{m[2]}(redacted)"
+    return m[0]
 
 
 def _secret_name(name: str) -> bool:
