@@ -432,6 +432,9 @@ def plan_fields(plan: dict) -> dict:
                             ("target", "sm_NN[a|f] such as sm_103a", text(_SM, 8)),
                             ("cuda", "a dotted version such as 13.0 (a string)", text(_VERSION, 40)),
                             ("min_driver", "a dotted driver version such as 580.65.06 (a string)", text(_VERSION, 40)),
+                            ("toolkit_min_driver", "a dotted driver version such as 570.26 (a string)",
+                             text(_VERSION, 40)),
+                            ("min_driver_reason", "a string", text(limit=500)),
                             ("ptx_version", "a dotted PTX ISA version such as 8.8 (a string)", text(_VERSION, 40)),
                             ("ptxas", "an absolute path", absolute),
                             ("package", "a string", text(limit=200)),
@@ -750,7 +753,18 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
     if not drv:
         problems.append("no driver version (nvidia-smi unreadable)")
     floor = toolchain.get("min_driver")
-    if drv and floor and not at_least(drv, floor):
+    toolkit_floor = toolchain.get("toolkit_min_driver")
+    # the plan raises the floor above the toolkit's when the SGLang build's wheels need a newer CUDA major
+    # (plan_toolchain: cu13 wheels need a CUDA 13 driver whatever toolkit is pinned); then the build, not the
+    # toolkit, is what the driver is too old for, and pinning another toolkit cannot help
+    build_floor = bool(floor and toolkit_floor and floor != toolkit_floor)
+    too_old = bool(drv and floor and not at_least(drv, floor))
+    if too_old and build_floor:
+        problems.append(f"driver {drv} is older than the SGLang build needs (>= {floor}: "
+                        f"{toolchain.get('min_driver_reason') or 'its wheels need a newer CUDA'}); toolkit "
+                        f"{toolchain.get('cuda')} alone would run on >= {toolkit_floor}, but the wheels bring "
+                        "their own CUDA runtime")
+    elif too_old:
         problems.append(f"driver {drv} is older than CUDA {toolchain.get('cuda')} needs (>= {floor}, NVIDIA CUDA "
                         "release notes)")
     if drv and m is not None and m.version != drv:
@@ -760,16 +774,15 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
         problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
     detail = "; ".join(problems) if problems else (
         f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
-    out.append(
-        _check(
-            "driver",
-            not problems,
-            detail,
-            f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot "
-            f"(a half-done "
-            "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows",
-        )
-    )
+    fix = (f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot "
+           "(a half-done upgrade needs the reboot)")
+    if too_old and build_floor:
+        fix += ("; the floor is the SGLang build's (its wheels' CUDA), so another ddtree_toolchain.cuda cannot lower "
+                f"it: only an SGLang build whose wheels need a CUDA that driver {drv} supports can (ddtree_sglang."
+                "version / source; the build's METADATA Requires-Dist names its CUDA)")
+    else:
+        fix += ", or pin an older toolkit in ddtree_toolchain.cuda if the arch allows"
+    out.append(_check("driver", not problems, detail, fix))
     return out
 
 
