@@ -253,3 +253,51 @@ def test_cuda_visible_devices_in_secret_env_is_refused_without_its_value():
         and "move CUDA_VISIBLE_DEVICES to ddtree_service.env" in e.message()
     )
     assert "4,5,6,7" not in e.message()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TRITON_CACHE_DIR", "/var/cache/shared-triton"), ("SGLANG_DG_CACHE_DIR", "/opt/dg-cache"),
+    ("TORCHINDUCTOR_CACHE_DIR", "/srv/inductor"), ("SGLANG_TORCH_PROFILER_DIR", "/var/log/sglang-prof"),
+    ("HF_HOME", "/var/cache/ddtree-ops/sglang/../shared"), ("SGLANG_JIT_CACHE_DIR", "jit"),
+])
+def test_a_cache_dir_set_through_the_env_outside_the_instances_trees_is_refused(name, value):
+    """The unit runs with ProtectSystem=strict and opens only state_dir and cache_dir: a cache elsewhere is
+    read-only to the server (first JIT compile fails) and shared by whichever instance names it too."""
+    errs = _errors("h1", _hv(service={"env": {name: value}}))
+    assert [e.field for e in errs] == [f"ddtree_service.env.{name}"], [e.message() for e in errs]
+    text = errs[0].message()
+    assert "ProtectSystem=strict" in text or "absolute path" in text
+    assert "/var/cache/ddtree-ops/sglang" in text
+
+
+def test_a_cache_dir_inside_the_instance_is_its_own_and_a_replaced_default_is_said():
+    v = validate_hostvars("h1", _hv(service={"env": {"TRITON_CACHE_DIR": "/var/cache/ddtree-ops/sglang/tri",
+                                                     "SGLANG_DG_CACHE_DIR": "/var/lib/ddtree-ops/sglang/dg"}}))
+    said = [f for f in v.warnings if f.field == "ddtree_service.env.TRITON_CACHE_DIR"]
+    assert [f.level for f in said] == ["info"]
+    assert "replaces the unit's per-instance TRITON_CACHE_DIR=/var/cache/ddtree-ops/sglang/triton" in said[0].message()
+    assert not [f for f in v.warnings if f.field == "ddtree_service.env.SGLANG_DG_CACHE_DIR"]
+    env = next(f for f in render_host(v) if f.path.endswith(".env")).content
+    assert "TRITON_CACHE_DIR=/var/cache/ddtree-ops/sglang/tri\n" in env
+
+
+def test_two_instances_naming_one_cache_dir_through_the_env_clash():
+    """h2 points its Triton cache into h1's cache dir: outside its own trees (refused for h2 alone), and
+    the fleet check names the shared directory."""
+    shared = {"env": {"SGLANG_DG_CACHE_DIR": "/var/cache/ddtree-ops/sglang/dg"}}
+    errs = _errors("h2", _second(service=shared))
+    assert [e.field for e in errs] == ["ddtree_service.env.SGLANG_DG_CACHE_DIR"]
+    from ddtree_ops.config.instance import state_dirs
+
+    one = validate_hostvars("h1", _hv(service=shared))
+    assert ("ddtree_service.env.SGLANG_DG_CACHE_DIR", "/var/cache/ddtree-ops/sglang/dg") in state_dirs(one.deployment)
+
+
+def test_every_cache_dir_the_unit_sets_is_one_the_env_rule_knows():
+    from ddtree_ops.config.instance import WRITTEN_DIR_ENV, cache_env
+
+    d = validate_hostvars("h1", _hv()).deployment
+    assert all(WRITTEN_DIR_ENV.fullmatch(n) for n in cache_env(d))
+    read_only = ("CUDA_HOME", "SGLANG_MOE_CONFIG_DIR", "SGLANG_NCCL_SO_PATH", "SGLANG_DISABLE_OUTLINES_DISK_CACHE",
+                 "PROMETHEUS_MULTIPROC_DIR")
+    assert not any(WRITTEN_DIR_ENV.fullmatch(n) for n in read_only)

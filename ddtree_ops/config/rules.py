@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
+from .env_dirs import rule_env_dirs
 from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .models import NCCL_PORT_OFFSET, Deployment
@@ -587,5 +588,6 @@ RULES: list[Rule] = [
     rule_sglang_pin,
     rule_toolchain,
     rule_sandbox_paths, rule_service_not_root,
+    rule_env_dirs,
     rule_remote_code_pinned,
 ]

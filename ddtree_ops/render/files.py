@@ -19,7 +19,7 @@ import yaml
 if TYPE_CHECKING:
     import jinja2
 
-from ..config.instance import MULTIPROC_ENV, multiproc_dir
+from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from .argv import build_argv
@@ -125,15 +125,9 @@ def service_env(v: Validated) -> dict[str, str]:
     ``TRITON_PTXAS_BLACKWELL_PATH``, see :func:`ddtree_ops.config.toolchain.plan_toolchain`),
     then the operator's ``ddtree_service.env`` (which wins)."""
     d, p = v.deployment, v.plan
-    cache = d.service.cache_path
     env = {
         "PYTHONUNBUFFERED": "1",
-        "HOME": d.service.state_path,
-        "XDG_CACHE_HOME": cache,
-        "HF_HOME": f"{cache}/huggingface",
-        "TRITON_CACHE_DIR": f"{cache}/triton",
-        "DG_JIT_CACHE_DIR": f"{cache}/deepgemm",
-        "FLASHINFER_WORKSPACE_BASE": f"{cache}/flashinfer",
+        **cache_env(d),
         "DDTREE_OPS_ALGORITHM": p.algorithm,
         "DDTREE_OPS_DRAFT_TOKENS_PER_REQ": str(p.draft_tokens_per_req),
         "DDTREE_OPS_VERIFY_TOKENS_PER_REQ": str(p.verify_tokens_per_req),
