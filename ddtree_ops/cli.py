@@ -461,7 +461,7 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
         return doc, doc.url
     if inventory is not None:
         from .config.plandoc_model import PlanDoc
-        from .render.files import plan_document, scrape_address
+        from .render.files import plan_document, scrape_address, sglang_target
 
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
@@ -469,8 +469,11 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
             raise typer.BadParameter(
                 f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host"
             )
-        d = validated[0].deployment
-        return PlanDoc.of(plan_document(validated[0])), f"http://{scrape_address(validated[0])}:{d.server.port}"
+        # where SGLang answers from here: its bound address; bound to loopback on another machine it answers
+        # nowhere from here (validate warned), and the host's address at least never reaches a server of this one
+        v = validated[0]
+        url = f"http://{sglang_target(v) or f'{scrape_address(v)}:{v.deployment.server.port}'}"
+        return PlanDoc.of(plan_document(validated[0])), url
     return None, None
 
 

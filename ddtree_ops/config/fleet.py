@@ -30,39 +30,21 @@ Callers: ``ddtree-ops validate/plan/render`` (:func:`ddtree_ops.cli._validate_al
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Iterator
 
 from .errors import Finding
 from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
+from .scrape import machine_name, scrape_host
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"
-LOOPBACK = "localhost"
-"""Machine name of every loopback address and of ``localhost`` (RFC 6761 §6.3)."""
-
-
-def _norm(address: str) -> str:
-    """A machine name for comparison: IP addresses canonical (``[::1]``, ``0:0::1`` -> ``::1``),
-    names lower-case (DNS names compare case-insensitively, RFC 4343), loopback -> :data:`LOOPBACK`."""
-    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
-    try:
-        ip = ipaddress.ip_address(bare)
-    except ValueError:
-        name = bare.lower().rstrip(".")
-        return LOOPBACK if name == LOOPBACK or name.endswith("." + LOOPBACK) else name
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:10.0.0.5 is 10.0.0.5 (RFC 4291 §2.5.5.2)
-    ip = mapped or ip
-    return LOOPBACK if ip.is_loopback else ip.compressed
 
 
 def machine_names(v: Validated) -> tuple[str, ...]:
     """The names under which ``v``'s machine is reached: the deploy address (``ansible_host``,
-    else the inventory name, as Ansible connects) and the scrape address (:func:`scrape_address`)."""
+    else the inventory name, as Ansible connects) and the scrape address (:func:`~.scrape.scrape_host`)."""
     d = v.deployment
-    from ..render.files import scrape_address  # render (Jinja) only when a fleet check runs: validate's start-up
-
-    return tuple(dict.fromkeys((_norm(d.address or d.host), _norm(scrape_address(v)))))
+    return tuple(dict.fromkeys((machine_name(d.address or d.host), machine_name(scrape_host(d)))))
 
 
 def machines(validated: Iterable[Validated]) -> dict[str, list[str]]:

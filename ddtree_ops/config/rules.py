@@ -16,6 +16,7 @@ from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed,
 from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
+from .scrape import rule_sglang_scrape
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
 from .versions import DDTREE_SOURCES, KNOWN_ISSUES
 
@@ -589,5 +590,6 @@ RULES: list[Rule] = [
     rule_toolchain,
     rule_sandbox_paths, rule_service_not_root,
     rule_env_dirs,
+    rule_sglang_scrape,
     rule_remote_code_pinned,
 ]
