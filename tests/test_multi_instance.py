@@ -301,3 +301,47 @@ def test_every_cache_dir_the_unit_sets_is_one_the_env_rule_knows():
     read_only = ("CUDA_HOME", "SGLANG_MOE_CONFIG_DIR", "SGLANG_NCCL_SO_PATH", "SGLANG_DISABLE_OUTLINES_DISK_CACHE",
                  "PROMETHEUS_MULTIPROC_DIR")
     assert not any(WRITTEN_DIR_ENV.fullmatch(n) for n in read_only)
+
+
+def _clashing_example(tmp_path, port: int) -> Path:
+    """inventory/multi-example with the second instance's port moved to ``port``."""
+    import shutil
+
+    inv = tmp_path / "inv"
+    shutil.copytree(EXAMPLE, inv)
+    hv = inv / "host_vars" / "ct200-01-qwen32b.yml"
+    doc = yaml.safe_load(hv.read_text())
+    doc["ddtree_server"]["port"] = port
+    hv.write_text(yaml.safe_dump(doc))
+    return inv
+
+
+@pytest.mark.parametrize("port", [30100, 30000])  # the first's derived rendezvous port; its own port
+def test_a_host_in_a_fleet_clash_is_one_failed_check_and_its_unset_fields_read_as_unset(tmp_path, capsys, port):
+    """A clash on one machine printed the host 'ok' and then 'error', and --json listed it twice; the
+    rendezvous port the first instance never set was echoed as 'ddtree_server.nccl_port = 30100'."""
+    import json
+
+    inv = _clashing_example(tmp_path, port)
+    assert main(["validate", "-i", str(inv), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    names = [c["name"] for c in doc["checks"]]
+    assert len(names) == len(set(names)) == 2
+    failed = [c for c in doc["checks"] if not c["ok"]]
+    assert len(failed) == 1 and failed[0]["name"] == "config:ct200-01-qwen8b"
+    assert main(["validate", "-i", str(inv)]) == 2
+    out, err = capsys.readouterr()
+    assert "ct200-01-qwen8b" not in out.replace("info ct200-01-qwen8b", "")  # not also "ok"
+    assert "error ct200-01-qwen8b" in err or "ct200-01-qwen8b:" in err
+    if port == 30100:
+        assert "ddtree_server.nccl_port = None" in err and "(not set: derived 30100)" in err
+        assert "nccl_port = 30100" not in err
+    else:  # both write port: 30000 (their value, shown); their rendezvous ports are derived (not set)
+        assert "ddtree_server.port = 30000" in err and "ddtree_server.nccl_port = None" in err
+
+
+def test_a_clash_on_fields_the_inventory_sets_shows_their_values():
+    found = _fleet(_hv(), _second(server={"nccl_port": 19400}))
+    f = next(f for f in found if f.field == "ddtree_server.nccl_port")
+    assert f.value == 19400 and "not set" not in f.message().split("; one machine")[0].split("h2: ")[1][:40]
+    assert "h1: ddtree_ops.exporter_port (not set: derived 19400)" in f.message()
