@@ -346,7 +346,12 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
             ("attention_backend", p.attention_backend or "SGLang default"),
             ("page_size", p.page_size or "SGLang default"),
         ]
-        rows += _checkpoint_rows(p.checkpoint)
+        # a value the checkpoints decide (block_size from the draft's config.json) replaces its row, with its
+        # source, rather than a second row of the same name; a checkpoint not read says why (validate's reason)
+        extra = _checkpoint_rows(p.checkpoint, {w.field: w.rule for w in v.warnings if w.level == "info"})
+        names = {k for k, _ in rows}
+        shown = dict(extra)
+        rows = [(k, shown.get(k, val)) for k, val in rows] + [(k, val) for k, val in extra if k not in names]
         for k, val in rows:
             t.add_row(k, Text("-" if val is None else str(val)))
         for w in p.warnings:
@@ -361,14 +366,23 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         raise typer.Exit(1)
 
 
-def _checkpoint_rows(ck: dict) -> list[tuple[str, Any]]:
+def _checkpoint_rows(ck: dict, info: dict[str, str] | None = None) -> list[tuple[str, Any]]:
     """Plan rows for the checkpoint facts: each derived value with its source, each checkpoint's
-    read status, the memory estimate (GiB per GPU) and its error bound."""
+    read status (why not, from ``info``: the info findings' rules by field, as validate prints them;
+    plan.json keeps no reason, so it stays the same wherever it is rendered), the memory estimate
+    (GiB per GPU) and its error bound."""
+    from .config.checkpoint import CheckpointFacts
+
     rows: list[tuple[str, Any]] = []
     for name, v in ck.get("derived", {}).items():
         rows.append((name.split(".", 1)[1], f"{v['value']} (from {v['source']})"))
     for role, st in ck.get("checkpoints", {}).items():
-        rows.append((f"{role} checkpoint", f"read ({st['read']})" if st.get("read") else f"not read: {st.get('why')}"))
+        if st.get("read"):
+            rows.append((f"{role} checkpoint", f"read ({st['read']})"))
+            continue
+        why = (info or {}).get(CheckpointFacts(role, "").field, "")
+        why = why.removeprefix("checkpoint config not read: ") or "see ddtree-ops validate"
+        rows.append((f"{role} checkpoint", f"not read: {why}"))
     mem = ck.get("memory") or {}
     gib = mem.get("gib", {})
     for key, label in (("weights_per_gpu", "weights/GPU"), ("kv_needed", "KV needed/GPU"),
@@ -639,7 +653,8 @@ def warmup(
         if not as_json:
             bar.console.print(
                 f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
-                f"accept_length={r.accept_length if r.accept_length is not None else '-'}",
+                f"accept_length={r.accept_length if r.accept_length is not None else '-'}"
+                + (f" (mean of these {r.requests} requests)" if r.accept_length is not None else ""),
                 highlight=False,
             )
 

@@ -262,3 +262,32 @@ def test_the_sglang_scrape_target_is_where_sglang_listens(hostvars, server_host,
     assert bool(said) is (not sglang)
     if said:
         assert "cannot scrape its /metrics" in said[0].message() and "scrape_host: 127.0.0.1" in said[0].message()
+
+
+def test_cli_plan_table_says_why_a_checkpoint_was_not_read_and_shows_each_row_once(capsys, monkeypatch):
+    """'model checkpoint │ not read: None' (validate gave the reason) and block_size printed twice."""
+    monkeypatch.delenv("DDTREE_HUB", raising=False)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", "-i", str(REPO / "inventory/example"), "-l", "b300"]) == 0
+    out = capsys.readouterr().out
+    assert "not read: None" not in out
+    assert re.search(r"model checkpoint\s*│\s*not read: offline \(pass --hub", out), out
+    assert re.search(r"draft checkpoint\s*│\s*not read: offline", out)
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") >= 2]
+    named = [r for r in rows if r]
+    assert named.count("block_size") == 1 and named.count("budget") == 1
+    assert re.search(r"block_size\s*│\s*8 \(from inventory\)", out)
+
+
+def test_cli_plan_table_checkpoint_rows_with_a_local_draft(tmp_path, capsys, monkeypatch):
+    """A draft read from disk decides block_size: one row, with its source."""
+    from ddtree_ops.cli import _checkpoint_rows
+
+    ck = {"derived": {"ddtree_speculative.block_size": {"value": 16, "source": "draft config.json (local)"}},
+          "checkpoints": {"model": {"read": None}, "draft": {"read": "local", "ref": "/m"}}}
+    rows = dict(_checkpoint_rows(ck, {"ddtree_model.path": "checkpoint config not read: the path is not on this "
+                                      "controller (x); rules y not checked"}))
+    assert rows["block_size"] == "16 (from draft config.json (local))"
+    assert rows["model checkpoint"].startswith("not read: the path is not on this controller")
+    assert rows["draft checkpoint"] == "read (local)"
+    assert dict(_checkpoint_rows(ck))["model checkpoint"] == "not read: see ddtree-ops validate"
