@@ -45,7 +45,7 @@ from ..sglang.client import (
     preview,
     select_samples,
 )
-from .drift import find_drift
+from .drift import drift_fix, find_drift
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
@@ -223,7 +223,8 @@ def _drift(info: dict[str, Any], plan_doc: PlanDoc) -> Check:
     drifts, missing = find_drift(plan_doc, info)
     if drifts:
         return Check("drift", False, "running server differs from the deployed config: "
-                     + "; ".join(preview(str(d)) for d in drifts) + ". Fix: redeploy, or restart the unit")
+                     + "; ".join(preview(str(d)) for d in drifts)
+                     + f". Fix: {drift_fix(drifts, plan_doc.sglang_base_version)}")
     if "model_path" in missing and "tp_size" in missing:  # every SGLang reports both: nothing was compared
         return Check("drift", False, f"/server_info reports none of the deployed settings ({', '.join(missing)}): "
                      "not an SGLang server_info? Fix: check that the URL is the SGLang server of this deployment")
