@@ -495,14 +495,21 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
      "a JSON Web Token (eyJ...)", "eyJ"),
     (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]{0,8192}(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"),
      "a private key (PEM)", "-----BEGIN"),
+    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 8+ characters
+    # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
+    (re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-)"
+                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{8,}"),
+     "a token-shaped value (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
 Tokens (``hf_`` + 34 letters/digits, huggingface.co/docs/hub/security-tokens), GitHub
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: docs.github.com "About
 authentication", token formats), OpenAI/Anthropic-style ``sk-`` keys, Slack ``xox?-`` and AWS
 access key ids; JSON Web Tokens (``eyJ`` header.payload.signature, RFC 7519) and PEM private
-keys (RFC 7468 ``-----BEGIN ... PRIVATE KEY-----``). One table: :func:`scrub` redacts them,
-:func:`looks_like_token` refuses them where values land in files or argv."""
+keys (RFC 7468 ``-----BEGIN ... PRIVATE KEY-----``); and, by the same prefixes, shorter values with a
+digit or an upper-case letter (``hf_CANARYnewcomer3xyz``: a test or truncated token is still one).
+One table: :func:`scrub` redacts them, :func:`looks_like_token` refuses them where values land in
+files or argv."""
 
 _TOKEN_SHAPE = re.compile("|".join(f"(?:{shape.pattern})" for shape, _, _ in _TOKEN_SHAPES))
 """All of :data:`_TOKEN_SHAPES` in one regex: :func:`scrub` redacts such a token wherever it
