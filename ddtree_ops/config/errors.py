@@ -499,7 +499,7 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
     # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
     (re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-)"
                 r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{8,}"),
-     "a token-shaped value (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
+     "a token-shaped secret (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
 Tokens (``hf_`` + 34 letters/digits, huggingface.co/docs/hub/security-tokens), GitHub
