@@ -213,13 +213,19 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     ok, errors = _validate_all(inventory, limit, vault, hub)
     warnings = [w for v in ok for w in v.warnings if w.level == "warning"]
     infos = [w for v in ok for w in v.warnings if w.level == "info"]
-    checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in ok]
-    checks += [{"name": f"config:{show_host(f.host) or f.field}", "ok": False, "detail": f.message()} for f in errors]
+    # one check per host: a host that passed alone but clashes with another instance of its machine
+    # (config/fleet.py) is not valid, so it is not also reported "ok"
+    failed: dict[str, list[str]] = {}
+    for f in errors:
+        failed.setdefault(f"config:{show_host(f.host) or f.field}", []).append(f.message())
+    passed = [v for v in ok if f"config:{show_host(v.deployment.host)}" not in failed]
+    checks = [{"name": f"config:{v.deployment.host}", "ok": True, "detail": "valid"} for v in passed]
+    checks += [{"name": name, "ok": False, "detail": "; ".join(lines)} for name, lines in failed.items()]
     if as_json:
         print(json.dumps({"ok": not errors, "checks": checks, "warnings": [w.as_dict() for w in warnings],
                           "info": [i.as_dict() for i in infos], "errors": [f.as_dict() for f in errors]}, indent=2))
     else:
-        for v in ok:
+        for v in passed:
             say(out, "ok  ", "green", v.deployment.host)
         from .config.shared import collapsed_lines  # one line per finding many hosts share
 
@@ -348,7 +354,12 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         ]
         rows += [(f"{k} (derived)", f"{v['value']} (derived by {v['source']}; {v['why']})")
                  for k, v in p.derived.items()]
-        rows += _checkpoint_rows(p.checkpoint)
+        # a value the checkpoints decide (block_size from the draft's config.json) replaces its row, with its
+        # source, rather than a second row of the same name; a checkpoint not read says why (validate's reason)
+        extra = _checkpoint_rows(p.checkpoint, {w.field: w.rule for w in v.warnings if w.level == "info"})
+        names = {k for k, _ in rows}
+        shown = dict(extra)
+        rows = [(k, shown.get(k, val)) for k, val in rows] + [(k, val) for k, val in extra if k not in names]
         for k, val in rows:
             t.add_row(k, Text("-" if val is None else str(val)))
         for w in p.warnings:
@@ -363,14 +374,23 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
         raise typer.Exit(1)
 
 
-def _checkpoint_rows(ck: dict) -> list[tuple[str, Any]]:
+def _checkpoint_rows(ck: dict, info: dict[str, str] | None = None) -> list[tuple[str, Any]]:
     """Plan rows for the checkpoint facts: each derived value with its source, each checkpoint's
-    read status, the memory estimate (GiB per GPU) and its error bound."""
+    read status (why not, from ``info``: the info findings' rules by field, as validate prints them;
+    plan.json keeps no reason, so it stays the same wherever it is rendered), the memory estimate
+    (GiB per GPU) and its error bound."""
+    from .config.checkpoint import CheckpointFacts
+
     rows: list[tuple[str, Any]] = []
     for name, v in ck.get("derived", {}).items():
         rows.append((name.split(".", 1)[1], f"{v['value']} (from {v['source']})"))
     for role, st in ck.get("checkpoints", {}).items():
-        rows.append((f"{role} checkpoint", f"read ({st['read']})" if st.get("read") else f"not read: {st.get('why')}"))
+        if st.get("read"):
+            rows.append((f"{role} checkpoint", f"read ({st['read']})"))
+            continue
+        why = (info or {}).get(CheckpointFacts(role, "").field, "")
+        why = why.removeprefix("checkpoint config not read: ") or "see ddtree-ops validate"
+        rows.append((f"{role} checkpoint", f"not read: {why}"))
     mem = ck.get("memory") or {}
     gib = mem.get("gib", {})
     for key, label in (("weights_per_gpu", "weights/GPU"), ("kv_needed", "KV needed/GPU"),
@@ -479,7 +499,7 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
         return doc, doc.url
     if inventory is not None:
         from .config.plandoc_model import PlanDoc
-        from .render.files import plan_document, scrape_address
+        from .render.files import plan_document, scrape_address, sglang_target
 
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
@@ -487,8 +507,11 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
             raise typer.BadParameter(
                 f"--limit {limit!r} selects {len(validated)} hosts ({names}); name exactly one host"
             )
-        d = validated[0].deployment
-        return PlanDoc.of(plan_document(validated[0])), f"http://{scrape_address(validated[0])}:{d.server.port}"
+        # where SGLang answers from here: its bound address; bound to loopback on another machine it answers
+        # nowhere from here (validate warned), and the host's address at least never reaches a server of this one
+        v = validated[0]
+        url = f"http://{sglang_target(v) or f'{scrape_address(v)}:{v.deployment.server.port}'}"
+        return PlanDoc.of(plan_document(validated[0])), url
     return None, None
 
 
@@ -648,7 +671,8 @@ def warmup(
         if not as_json:
             bar.console.print(
                 f"{what:<8} {r.latency_s:7.3f} s  {r.completion_tokens:6d} tokens  "
-                f"accept_length={r.accept_length if r.accept_length is not None else '-'}",
+                f"accept_length={r.accept_length if r.accept_length is not None else '-'}"
+                + (f" (mean of these {r.requests} requests)" if r.accept_length is not None else ""),
                 highlight=False,
             )
 

@@ -673,3 +673,52 @@ def test_memory_is_checked_against_the_derived_fraction_when_unset():
     hv["ddtree_model"]["context_length"] = 2048
     _, _, findings = run(hv)
     assert not [f for f in findings if f.field == "ddtree_server.mem_fraction_static"]
+
+
+@pytest.mark.parametrize("frac", [0.95, 0.97])
+def test_the_memory_warning_never_advises_raising_a_fraction_already_at_sglangs_ceiling(frac):
+    """'raise ... mem_fraction_static' was advised at 0.95, past what SGLang itself would use (the rest holds
+    activations and CUDA graph buffers)."""
+    hv = hostvars(LLAMA31, EAGLE3_HEAD, algorithm="EAGLE3", host_class="ct200",
+                  model={"context_length": 131072}, server={"tp_size": 1, "mem_fraction_static": frac})
+    from ddtree_ops.config import ConfigError
+
+    try:
+        _, _, findings = run(hv)
+    except ConfigError as exc:
+        findings = exc.findings
+    texts = [f.message() for f in findings if f.field == "ddtree_server.mem_fraction_static"]
+    assert texts, "no memory finding"
+    for t in texts:
+        assert "raise tp_size / mem_fraction_static" not in t and "or raise tp_size or mem_fraction_static" not in t
+    assert any("already at or above" in t or "outside the static pool" in t for t in texts)
+
+
+def test_the_memory_warning_still_offers_a_higher_fraction_below_the_ceiling():
+    hv = hostvars(LLAMA31, EAGLE3_HEAD, algorithm="EAGLE3", host_class="ct200",
+                  model={"context_length": 2048}, server={"tp_size": 1, "mem_fraction_static": 0.5,
+                                                          "max_running_requests": 256, "cuda_graph_max_bs": 256})
+    _, _, findings = run(hv)
+    warn = [f.message() for f in findings if f.level == "warning" and "exceed the" in f.message()]
+    assert warn and "raise tp_size / mem_fraction_static (up to 0.8" in warn[0]
+
+
+@pytest.mark.parametrize(("frac", "level"), [(0.99, "error"), (0.985, "error"), (0.97, "warning"), (0.95, None)])
+def test_a_fraction_that_leaves_no_room_for_graph_capture_is_refused(frac, level):
+    """mem_fraction_static 0.99 with a small KV passed: graph capture then runs out of memory
+    (sgl-project/sglang#6875). Graph buffers and activations are counted outside the static pool."""
+    from helpers import base_hostvars
+
+    from ddtree_ops.config import ConfigError, validate_hostvars
+
+    hv = base_hostvars()  # b300: 288 GB GPUs, tp 8
+    hv["ddtree_server"]["mem_fraction_static"] = frac
+    try:
+        found = [f for f in validate_hostvars("h1", hv).warnings if f.field == "ddtree_server.mem_fraction_static"]
+    except ConfigError as exc:
+        found = [f for f in exc.findings if f.field == "ddtree_server.mem_fraction_static"]
+    assert [f.level for f in found] == ([level] if level else [])
+    if level:
+        text = found[0].message()
+        assert "outside the static pool" in text and "lower mem_fraction_static to 0." in text
+        assert "sgl-project/sglang#6875" in text

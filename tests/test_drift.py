@@ -97,3 +97,43 @@ def test_a_server_restarted_without_speculation_is_drift(deployed) -> None:
     assert "algorithm" not in missing
     # ... and the real no-speculation server itself, against the DDTREE plan
     assert "algorithm" in [d.name for d in find_drift(doc, real_none)[0]]
+
+
+@pytest.mark.parametrize(("changes", "field_set"), [
+    # 0.5.23 on b300 turns a Qwen3.5 MoE with page 16 and no backend into triton / page 1
+    ({"attention_backend": "trtllm_mha", "page_size": 16},
+     "ddtree_server.attention_backend: trtllm_mha, ddtree_server.page_size: 16"),
+    ({"max_running_requests": 48}, "ddtree_server.max_running_requests: 48"),
+    ({"disable_cuda_graph": True}, "ddtree_server.cuda_graph: false"),
+])
+def test_drift_that_sglangs_resolution_made_names_the_field_to_set_not_a_restart(deployed, changes, field_set):
+    """The fix said 'redeploy or restart' where SGLang's own resolution made the difference: a restart starts
+    the same server again."""
+    from ddtree_ops.ops.drift import drift_fix
+
+    doc, info = deployed
+    info = {**copy.deepcopy(info), **changes}
+    drifts, _ = find_drift(doc, info)
+    fix = drift_fix(drifts, "0.5.23")
+    assert "SGLang 0.5.23 rewrote these itself" in fix and "a restart or redeploy starts the same" in fix
+    assert f"set {field_set} in the inventory" in fix and "--resolve-with" in fix
+
+
+@pytest.mark.parametrize("changes", [{"tp_size": 4}, {"tp_size": 4, "page_size": 16},
+                                     {"speculative_algorithm": "DFLASH"}])
+def test_drift_of_what_sglang_never_rewrites_is_a_server_not_started_from_the_config(deployed, changes):
+    from ddtree_ops.ops.drift import drift_fix
+
+    doc, info = deployed
+    drifts, _ = find_drift(doc, {**copy.deepcopy(info), **changes})
+    assert drifts and drift_fix(drifts, "0.5.23").startswith("redeploy, or restart the unit")
+
+
+def test_the_health_drift_check_carries_the_fix(deployed):
+    from ddtree_ops.config.plandoc_model import as_plan_doc
+    from ddtree_ops.ops.health import _drift
+
+    doc, info = deployed
+    c = _drift({**copy.deepcopy(info), "page_size": 16}, as_plan_doc(doc))
+    assert not c.ok and "set ddtree_server.page_size: 16 in the inventory" in c.detail
+    assert "Fix: redeploy" not in c.detail

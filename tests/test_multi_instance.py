@@ -253,3 +253,95 @@ def test_cuda_visible_devices_in_secret_env_is_refused_without_its_value():
         and "move CUDA_VISIBLE_DEVICES to ddtree_service.env" in e.message()
     )
     assert "4,5,6,7" not in e.message()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TRITON_CACHE_DIR", "/var/cache/shared-triton"), ("SGLANG_DG_CACHE_DIR", "/opt/dg-cache"),
+    ("TORCHINDUCTOR_CACHE_DIR", "/srv/inductor"), ("SGLANG_TORCH_PROFILER_DIR", "/var/log/sglang-prof"),
+    ("HF_HOME", "/var/cache/ddtree-ops/sglang/../shared"), ("SGLANG_JIT_CACHE_DIR", "jit"),
+])
+def test_a_cache_dir_set_through_the_env_outside_the_instances_trees_is_refused(name, value):
+    """The unit runs with ProtectSystem=strict and opens only state_dir and cache_dir: a cache elsewhere is
+    read-only to the server (first JIT compile fails) and shared by whichever instance names it too."""
+    errs = _errors("h1", _hv(service={"env": {name: value}}))
+    assert [e.field for e in errs] == [f"ddtree_service.env.{name}"], [e.message() for e in errs]
+    text = errs[0].message()
+    assert "ProtectSystem=strict" in text or "absolute path" in text
+    assert "/var/cache/ddtree-ops/sglang" in text
+
+
+def test_a_cache_dir_inside_the_instance_is_its_own_and_a_replaced_default_is_said():
+    v = validate_hostvars("h1", _hv(service={"env": {"TRITON_CACHE_DIR": "/var/cache/ddtree-ops/sglang/tri",
+                                                     "SGLANG_DG_CACHE_DIR": "/var/lib/ddtree-ops/sglang/dg"}}))
+    said = [f for f in v.warnings if f.field == "ddtree_service.env.TRITON_CACHE_DIR"]
+    assert [f.level for f in said] == ["info"]
+    assert "replaces the unit's per-instance TRITON_CACHE_DIR=/var/cache/ddtree-ops/sglang/triton" in said[0].message()
+    assert not [f for f in v.warnings if f.field == "ddtree_service.env.SGLANG_DG_CACHE_DIR"]
+    env = next(f for f in render_host(v) if f.path.endswith(".env")).content
+    assert "TRITON_CACHE_DIR=/var/cache/ddtree-ops/sglang/tri\n" in env
+
+
+def test_two_instances_naming_one_cache_dir_through_the_env_clash():
+    """h2 points its Triton cache into h1's cache dir: outside its own trees (refused for h2 alone), and
+    the fleet check names the shared directory."""
+    shared = {"env": {"SGLANG_DG_CACHE_DIR": "/var/cache/ddtree-ops/sglang/dg"}}
+    errs = _errors("h2", _second(service=shared))
+    assert [e.field for e in errs] == ["ddtree_service.env.SGLANG_DG_CACHE_DIR"]
+    from ddtree_ops.config.instance import state_dirs
+
+    one = validate_hostvars("h1", _hv(service=shared))
+    assert ("ddtree_service.env.SGLANG_DG_CACHE_DIR", "/var/cache/ddtree-ops/sglang/dg") in state_dirs(one.deployment)
+
+
+def test_every_cache_dir_the_unit_sets_is_one_the_env_rule_knows():
+    from ddtree_ops.config.instance import WRITTEN_DIR_ENV, cache_env
+
+    d = validate_hostvars("h1", _hv()).deployment
+    assert all(WRITTEN_DIR_ENV.fullmatch(n) for n in cache_env(d))
+    read_only = ("CUDA_HOME", "SGLANG_MOE_CONFIG_DIR", "SGLANG_NCCL_SO_PATH", "SGLANG_DISABLE_OUTLINES_DISK_CACHE",
+                 "PROMETHEUS_MULTIPROC_DIR")
+    assert not any(WRITTEN_DIR_ENV.fullmatch(n) for n in read_only)
+
+
+def _clashing_example(tmp_path, port: int) -> Path:
+    """inventory/multi-example with the second instance's port moved to ``port``."""
+    import shutil
+
+    inv = tmp_path / "inv"
+    shutil.copytree(EXAMPLE, inv)
+    hv = inv / "host_vars" / "ct200-01-qwen32b.yml"
+    doc = yaml.safe_load(hv.read_text())
+    doc["ddtree_server"]["port"] = port
+    hv.write_text(yaml.safe_dump(doc))
+    return inv
+
+
+@pytest.mark.parametrize("port", [30100, 30000])  # the first's derived rendezvous port; its own port
+def test_a_host_in_a_fleet_clash_is_one_failed_check_and_its_unset_fields_read_as_unset(tmp_path, capsys, port):
+    """A clash on one machine printed the host 'ok' and then 'error', and --json listed it twice; the
+    rendezvous port the first instance never set was echoed as 'ddtree_server.nccl_port = 30100'."""
+    import json
+
+    inv = _clashing_example(tmp_path, port)
+    assert main(["validate", "-i", str(inv), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    names = [c["name"] for c in doc["checks"]]
+    assert len(names) == len(set(names)) == 2
+    failed = [c for c in doc["checks"] if not c["ok"]]
+    assert len(failed) == 1 and failed[0]["name"] == "config:ct200-01-qwen8b"
+    assert main(["validate", "-i", str(inv)]) == 2
+    out, err = capsys.readouterr()
+    assert "ct200-01-qwen8b" not in out.replace("info ct200-01-qwen8b", "")  # not also "ok"
+    assert "error ct200-01-qwen8b" in err or "ct200-01-qwen8b:" in err
+    if port == 30100:
+        assert "ddtree_server.nccl_port = None" in err and "(not set: derived 30100)" in err
+        assert "nccl_port = 30100" not in err
+    else:  # both write port: 30000 (their value, shown); their rendezvous ports are derived (not set)
+        assert "ddtree_server.port = 30000" in err and "ddtree_server.nccl_port = None" in err
+
+
+def test_a_clash_on_fields_the_inventory_sets_shows_their_values():
+    found = _fleet(_hv(), _second(server={"nccl_port": 19400}))
+    f = next(f for f in found if f.field == "ddtree_server.nccl_port")
+    assert f.value == 19400 and "not set" not in f.message().split("; one machine")[0].split("h2: ")[1][:40]
+    assert "h1: ddtree_ops.exporter_port (not set: derived 19400)" in f.message()

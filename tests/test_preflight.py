@@ -797,3 +797,27 @@ def test_gpu_facts_quoted_from_nvidia_smi_are_cleaned(tmp_path):
     r = pf.preflight(pf.expect_from(None, None), smi, root=machine(tmp_path, 8))
     text = json.dumps(r, ensure_ascii=False)
     assert name in text and "SEKRIT" not in text and not re.search("[\x80-\x9f\u202e]", text)
+
+
+@pytest.mark.parametrize("host_class, cuda, drv", [("ct200", "12.8", "575.57.08"), ("b300", "12.9", "576.02.01")])
+def test_a_driver_floor_set_by_the_builds_cuda_wheels_names_the_build_not_the_toolkit(tmp_path, host_class, cuda, drv):
+    """SGLang's CUDA 13 wheels (0.5.23's Requires-Dist: cuda-python>=13.0, flashinfer_python[cu13]) need a CUDA 13
+    driver whatever toolkit is pinned: 'pin an older toolkit' was the fix printed, which cannot help."""
+    from ddtree_ops.config.build_table import BUILD_REQUIRES_CUDA
+    from ddtree_ops.config.toolchain import plan_toolchain
+
+    row = BUILD_REQUIRES_CUDA["0.5.23"]
+    xml = (GPU / "h200x1_nvidia_smi_q.xml").read_text().replace("580.159.04", drv)
+    (tmp_path / "old.xml").write_text(xml)
+    smi = standin_smi(tmp_path, tmp_path / "old.xml", GPU / "h200x1_misc.txt", f"{drv}, 9.0\n")
+    root = machine(tmp_path, 1, (GPU / "h200x1_proc_driver_version.txt").read_text().replace("580.159.04", drv))
+    e = pf.expect_from(host_class, None)
+    e.toolchain = plan_toolchain(HOST_CLASSES[host_class].arch, cuda, None, row.cuda_major,
+                                 f"SGLang {row.version}: {', '.join(row.requires)}")
+    c = _names(pf.preflight(e, smi, root=root))["driver"]
+    assert not c["ok"]
+    assert f"driver {drv} is older than the SGLang build needs (>= 580.65.06" in c["detail"]
+    assert "CUDA 13 wheels" in c["detail"] and f"older than CUDA {cuda} needs" not in c["detail"]
+    assert "install driver >= 580.65.06" in c["remediation"]
+    assert "pin an older toolkit" not in c["remediation"]
+    assert "cannot lower" in c["remediation"] and "ddtree_sglang.version" in c["remediation"]

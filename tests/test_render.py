@@ -232,3 +232,62 @@ def test_cli_markup_and_jinja_in_input_are_plain_errors(tmp_path, capsys):
 def test_cli_bad_ops_arguments_exit_2(args, capsys):
     assert main([*args, "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["checks"][0]["name"] == "usage"
+
+
+def _scrape_targets(v) -> dict[str, list[str]]:
+    from ddtree_ops.render.files import prometheus_document
+
+    return {c["job_name"]: [t for s in c["static_configs"] for t in s["targets"]]
+            for c in prometheus_document([v])["scrape_configs"]}
+
+
+@pytest.mark.parametrize(("server_host", "scrape_host", "sglang", "exporter"), [
+    ("0.0.0.0", None, ["10.0.0.5:30000"], ["10.0.0.5:19400"]),
+    ("10.0.1.5", None, ["10.0.1.5:30000"], ["10.0.0.5:19400"]),  # a second NIC: SGLang answers only there
+    ("fd00::5", None, ["[fd00::5]:30000"], ["10.0.0.5:19400"]),
+    ("127.0.0.1", None, [], ["10.0.0.5:19400"]),  # loopback, Prometheus elsewhere: cannot be scraped
+    ("::1", None, [], ["10.0.0.5:19400"]),
+    ("127.0.0.1", "127.0.0.1", ["127.0.0.1:30000"], ["127.0.0.1:19400"]),  # Prometheus on the machine itself
+])
+def test_the_sglang_scrape_target_is_where_sglang_listens(hostvars, server_host, scrape_host, sglang, exporter):
+    """ddtree_server.host: 127.0.0.1 validated, but the sglang job scraped ansible_host:port, which nothing
+    answers: DDTreeSGLangDown (critical) fired forever."""
+    hostvars["ansible_host"] = "10.0.0.5"
+    hostvars["ddtree_server"] = {**hostvars.get("ddtree_server", {}), "host": server_host}
+    if scrape_host:
+        hostvars["ddtree_ops"] = {**hostvars.get("ddtree_ops", {}), "scrape_host": scrape_host}
+    v = validate_hostvars("h1", hostvars)
+    assert _scrape_targets(v) == {"sglang": sglang, "ddtree_exporter": exporter}
+    said = [w for w in v.warnings if w.field == "ddtree_server.host"]
+    assert bool(said) is (not sglang)
+    if said:
+        assert "cannot scrape its /metrics" in said[0].message() and "scrape_host: 127.0.0.1" in said[0].message()
+
+
+def test_cli_plan_table_says_why_a_checkpoint_was_not_read_and_shows_each_row_once(capsys, monkeypatch):
+    """'model checkpoint │ not read: None' (validate gave the reason) and block_size printed twice."""
+    monkeypatch.delenv("DDTREE_HUB", raising=False)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", "-i", str(REPO / "inventory/example"), "-l", "b300"]) == 0
+    out = capsys.readouterr().out
+    assert "not read: None" not in out
+    assert re.search(r"model checkpoint\s*│\s*not read: offline \(pass --hub", out), out
+    assert re.search(r"draft checkpoint\s*│\s*not read: offline", out)
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") >= 2]
+    named = [r for r in rows if r]
+    assert named.count("block_size") == 1 and named.count("budget") == 1
+    assert re.search(r"block_size\s*│\s*8 \(from inventory\)", out)
+
+
+def test_cli_plan_table_checkpoint_rows_with_a_local_draft(tmp_path, capsys, monkeypatch):
+    """A draft read from disk decides block_size: one row, with its source."""
+    from ddtree_ops.cli import _checkpoint_rows
+
+    ck = {"derived": {"ddtree_speculative.block_size": {"value": 16, "source": "draft config.json (local)"}},
+          "checkpoints": {"model": {"read": None}, "draft": {"read": "local", "ref": "/m"}}}
+    rows = dict(_checkpoint_rows(ck, {"ddtree_model.path": "checkpoint config not read: the path is not on this "
+                                      "controller (x); rules y not checked"}))
+    assert rows["block_size"] == "16 (from draft config.json (local))"
+    assert rows["model checkpoint"].startswith("not read: the path is not on this controller")
+    assert rows["draft checkpoint"] == "read (local)"
+    assert dict(_checkpoint_rows(ck))["model checkpoint"] == "not read: see ddtree-ops validate"

@@ -139,3 +139,48 @@ def test_a_token_shaped_host_name_is_still_redacted():
 
     line = Finding("error", "inventory_hostname", None, "r", "f", host="sk-" + "a1B2c3D4" * 5).message()
     assert "a1B2c3D4" not in line and REDACTED in line
+
+
+# The authorization scheme words are English too: a rule's text ("a 1-token generation", "paste the token
+# alone") lost its next word. Only a credential-shaped word after one goes, or any word after an
+# Authorization header; the preflight zipapp's standard-library scrub follows the same rule.
+_PROSE_AFTER_SCHEME = [
+    "health probes under 3 s flap (SGLang's /health runs a 1-token generation, ~1 s at best)",
+    "paste the token alone, without quotes or a trailing newline",
+    "the token file is read once; a basic check follows; digest mismatch means a broken download",
+    "Bearer tokens are not needed for /health",
+]
+_CREDENTIALS_AFTER_SCHEME = [
+    ("Bearer SEKRITsmi", "SEKRITsmi"), ("Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"), ("token abc123def", "abc123def"),
+    ("curl -H 'Authorization: Token lowercaseonly'", "lowercaseonly"),
+    ("token " + "q" * 30, "q" * 30), ("Bearer abc~def", "abc~def"),
+]
+
+
+@pytest.mark.parametrize("text", _PROSE_AFTER_SCHEME)
+def test_words_after_an_authorization_scheme_word_stay_when_they_are_prose(text):
+    from ddtree_ops.ops.preflight import scrub_text
+
+    assert scrub(text) == text
+    assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize("text, secret", _CREDENTIALS_AFTER_SCHEME)
+def test_credentials_after_an_authorization_scheme_word_are_still_redacted(text, secret):
+    from ddtree_ops.config.errors import value_secret_reason
+    from ddtree_ops.ops.preflight import scrub_text
+
+    assert secret not in scrub(text) and REDACTED in scrub(text)
+    assert secret not in scrub_text(text) and REDACTED in scrub_text(text)
+    assert value_secret_reason(text) is not None
+
+
+def test_a_rule_that_says_token_prints_whole():
+    """The finding for a 1 s health timeout printed "a 1-token (redacted), ~1 s at best"."""
+    from ddtree_ops.config.errors import Finding
+
+    f = Finding("warning", "ddtree_ops.health_timeout_s", 1,
+                "health probes under 3 s flap (SGLang's /health runs a 1-token generation, ~1 s at best)",
+                "paste the token alone")
+    assert "1-token generation, ~1 s" in f.message() and "paste the token alone" in f.message()
+    assert REDACTED not in f.message()

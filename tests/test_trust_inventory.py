@@ -1027,3 +1027,78 @@ def test_looks_like_token_shapes_and_ordinary_values():
     for ordinary in ("main", "a" * 40, "hf_transfer", "HF_HUB_ENABLE_HF_TRANSFER", "/opt/hf_cache/models--x",
                      "flashinfer", "1", "sk-learn", 5):
         assert looks_like_token(ordinary) is None, ordinary
+
+
+def _short_vault_inventory(tmp_path: Path, plaintext: str, host_vars: str, extra_vars: str = "") -> tuple[Path, Path]:
+    """An inventory whose group_vars carry ``vault_s`` (``ansible-vault encrypt_string`` of ``plaintext``)."""
+    pw = tmp_path / "vault-pw"
+    pw.write_text("vpass-for-tests\n")
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt_string", "--vault-password-file",
+                        str(pw), "--name", "vault_s", plaintext], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    (inv / "group_vars" / "all.yml").write_text(r.stdout + "\n" + extra_vars)
+    (inv / "host_vars" / "h1.yml").write_text(host_vars)
+    return inv, pw
+
+
+@pytest.mark.parametrize(("plaintext", "host_vars"), [
+    # a vaulted 5-7 character value reused as served_model_name, literally and through Jinja
+    ("qw3nX7", "ddtree_hf_token: '{{ vault_s }}'\n"
+               "ddtree_model: {path: moonshotai/Kimi-K2.6, served_model_name: qw3nX7}\n"),
+    ("Zk9pq", "ddtree_secret_env: {X_API_KEY: '{{ vault_s }}'}\n"
+              "ddtree_model: {path: moonshotai/Kimi-K2.6, served_model_name: 'kimi-Zk9pq'}\n"),
+    ("s3cr3t", "ddtree_model: {path: moonshotai/Kimi-K2.6, served_model_name: '{{ vault_s }}'}\n"),
+])
+def test_a_short_vaulted_value_in_a_plain_field_is_refused(tmp_path, capsys, plaintext, host_vars):
+    """Short vault plaintexts were only looked for by Jinja name, so one reused as served_model_name reached
+    the 0644 plan.json, the unit and prometheus.yml labels: a vaulted value is a secret wherever it is."""
+    inv, pw = _short_vault_inventory(tmp_path, plaintext, host_vars)
+    out = tmp_path / "OUT"
+    assert main(["render", "-i", str(inv), "--out", str(out), "--vault-password-file", str(pw)]) == 2
+    cap = capsys.readouterr()
+    assert "ddtree_model.served_model_name" in cap.err and "holds a secret" in cap.err
+    assert plaintext not in cap.out + cap.err and not out.exists()
+
+
+def test_a_short_vaulted_word_does_not_flag_words_that_merely_contain_it(tmp_path, capsys):
+    inv, pw = _short_vault_inventory(tmp_path, "kimi", "ddtree_model: {path: moonshotai/Kimi-K2.6, "
+                                     "served_model_name: kimiserve}\n")
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra_vars", "host_vars", "field"), [
+    ("my_api_key: abcDEF123plain\n", "ddtree_service: {env: {MY_SETTING: '{{ my_api_key }}'}}\n",
+     "ddtree_service.env.MY_SETTING"),
+    ("db_password: hunter22\n",
+     "ddtree_model: {path: moonshotai/Kimi-K2.6, served_model_name: 'm-{{ db_password }}'}\n",
+     "ddtree_model.served_model_name"),
+])
+def test_a_plain_variable_with_a_secret_name_used_through_jinja_is_refused(tmp_path, capsys, extra_vars, host_vars,
+                                                                          field):
+    inv, pw = _short_vault_inventory(tmp_path, "unusedVault1", host_vars, extra_vars)
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "holds a secret" in err
+    assert "abcDEF123plain" not in err and "hunter22" not in err
+
+
+@pytest.mark.parametrize("expr", ["{{ (vault_s | upper) | int }}", "{{ (vault_s ~ '-x') | int }}"])
+def test_a_secret_built_by_jinja_never_reaches_ansibles_error_text(tmp_path, capsys, expr):
+    inv, pw = _short_vault_inventory(tmp_path, "VCANARYbuilt9", f"ddtree_server: {{tp_size: \"{expr}\"}}\n")
+    main(["validate", "-i", str(inv), "--vault-password-file", str(pw)])
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "VCANARYBUILT9" not in text and "VCANARYbuilt9" not in text and "vcanary" not in text.lower()
+
+
+@pytest.mark.parametrize("value", ["hf_CANARYnewcomer3xyz", "sk-Short1234", "ghp_abc123XYZ"])
+def test_a_short_token_shaped_value_under_a_harmless_name_is_refused(tmp_path, capsys, value):
+    """'MY_SETTING: hf_CANARYnewcomer3xyz' (shorter than a real Hugging Face token) reached the 0644 env file
+    and plan.json."""
+    inv = write_inventory(tmp_path, Case("ok", "ok", "", group_vars=_base()))
+    (inv / "host_vars" / "h1.yml").write_text(yaml.safe_dump({"ddtree_service": {"env": {"MY_SETTING": value}}}))
+    out = tmp_path / "OUT"
+    assert main(["render", "-i", str(inv), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "MY_SETTING" in err and value not in err and not out.exists()

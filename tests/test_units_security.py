@@ -387,7 +387,8 @@ def test_option_like_argv_value_refused(hostvars, section, key):
 
 def test_env_value_may_start_with_a_dash(hostvars):
     """Environment values never reach argv: ``-1`` stays allowed there."""
-    hostvars["ddtree_service"] = {"env": {"SGLANG_TORCH_PROFILER_DIR": "/x", "NCCL_NVLS_ENABLE": "-1"}}
+    hostvars["ddtree_service"] = {"env": {"SGLANG_TORCH_PROFILER_DIR": "/var/lib/ddtree-ops/sglang/prof",
+                                          "NCCL_NVLS_ENABLE": "-1"}}
     env = {f.path: f.content for f in render_host(validate_hostvars("h1", hostvars))}[
         "/etc/ddtree-ops/sglang/sglang.env"
     ]

@@ -537,3 +537,24 @@ def test_extra_args_value_holding_a_token_is_refused_and_not_echoed(extra):
         validate_hostvars("h1", ct200("0.5.23", attention_backend="triton", extra_args=extra))
     text = "\n".join(f.message() for f in exc.value.findings)
     assert "Hugging Face token" in text and "hf_AbCd" not in text
+
+
+def test_the_docs_and_shipped_comments_say_what_the_arch_rules_do():
+    """docs/configuration.md and the ct200 inventories said trtllm_mha / trtllm_mla / fa4 are refused on
+    sm_120 after the rules became version-aware: every rule of the table is named in the docs with its
+    backend and first version, and no shipped comment says a backend 0.5.23 accepts there has no kernels."""
+    import re
+    from pathlib import Path
+
+    from ddtree_ops.config.build_table import ARCH_RULES, arch_rules
+
+    repo = Path(__file__).resolve().parents[1]
+    docs = (repo / "docs" / "configuration.md").read_text()
+    for rule in ARCH_RULES:
+        assert f"`{rule.rule}`" in docs and f"`{rule.backend}`" in docs, rule.rule
+    for backend in ("trtllm_mla", "fa4"):  # accepted on sm_120 by 0.5.23 in every phase
+        assert not any(arch_rules("0.5.23", "sm_120", backend, ph) for ph in ("prefill", "decode", "draft"))
+    assert not arch_rules("0.5.23", "sm_120", "trtllm_mha", "decode")
+    for inv in ("example", "multi-example", "dflash-example"):
+        text = (repo / "inventory" / inv / "group_vars" / "ct200.yml").read_text()
+        assert not re.search(r"no trtllm|trtllm_\* ?/|fa4 (attention )?kernels", text), inv

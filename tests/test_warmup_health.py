@@ -198,6 +198,10 @@ def test_health_passes_with_the_deep_check(deployed, sim, capsys):
     assert names == ["reachable", "ready", "drift", "progress", "accept_length"]
     assert set(names) <= set(CHECK_NAMES) and all(c["ok"] for c in out["checks"])
     assert "match the deployed config" in out["checks"][2]["detail"]
+    # the figure says which verify passes it covers: warmup's (its own requests) differs and that is expected
+    acc = out["checks"][4]["detail"]
+    assert "tokens per verify pass" in acc, acc
+    assert "since the server started" in acc and "warmup and bench give their own requests' mean" in acc
 
 
 def test_single_503_is_not_unhealthy(deployed, sim):

@@ -916,16 +916,26 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
     budget, weights = est.get("budget"), est.get("weights_per_gpu")
     if not budget or weights is None:
         return
+    from .memory_reserve import reserve
+
     src = "sglang/srt/model_executor/model_runner.py init_memory_pool"
     if "budget_from" in est:
         src += "; " + est["budget_from"]
     g = est["gib"]
     what = "mem_fraction_static" if "budget_from" not in est else "derived mem_fraction_static (an upper bound)"
+    # raising the fraction helps only up to what SGLang needs outside the static pool (activations, graphs)
+    r = reserve(d, p)
+    frac = d.server.mem_fraction_static
+    raisable = r is not None and frac < r.max_fraction
+    raise_frac = f"mem_fraction_static (up to {r.max_fraction})" if raisable and r is not None else ""
+    ceiling = "" if raisable or r is None else (
+        f"; mem_fraction_static {frac} is already at or above the {r.max_fraction} SGLang itself would use here "
+        "(the rest holds activations and CUDA graph buffers)")
     if weights >= budget:
         yield _err(f"{SRV}.mem_fraction_static", d.server.mem_fraction_static,
                    f"weights alone need ~{g['weights_per_gpu']} GiB per GPU (tp {d.server.tp_size}) but "
-                   f"{what} leaves {g['budget']} GiB ({est['error_bound']})",
-                   "raise tp_size or mem_fraction_static, or use a smaller model", src)
+                   f"{what} leaves {g['budget']} GiB ({est['error_bound']}){ceiling}",
+                   f"raise tp_size{' or ' + raise_frac if raise_frac else ''}, or use a smaller model", src)
         return
     need = weights + est.get("kv_needed", 0)
     if "kv_needed" in est and need > budget:
@@ -934,8 +944,8 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
             d.server.mem_fraction_static,
             f"weights ~{g['weights_per_gpu']} GiB + KV for {est['kv_for']} ~{g['kv_needed']} GiB per GPU exceed "
             f"the {g['budget']} GiB {what} leaves: SGLang will admit fewer concurrent full-length "
-            f"requests ({est['error_bound']})",
-            "lower max_running_requests or context_length, or raise tp_size / mem_fraction_static",
+            f"requests ({est['error_bound']}){ceiling}",
+            f"lower max_running_requests or context_length, or raise tp_size{' / ' + raise_frac if raise_frac else ''}",
             src,
         )
 

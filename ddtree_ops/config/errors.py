@@ -71,7 +71,7 @@ def scrub(text: str) -> str:
         text = _URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{REDACTED}@", text)  # the whole user info
     lower = text.lower() if text.isascii() else None
     if lower is None or any(w in lower for w in _AUTH_WORDS):
-        text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{REDACTED}", text)
+        text = _AUTH_SCHEME.sub(_redact_auth, text)
     text = _SECRET_QUERY.sub(lambda m: f"{m['pre']}{REDACTED}", text)
     if any(p in text for p in _TOKEN_PREFIXES):
         text = _TOKEN_SHAPE.sub(REDACTED, text)
@@ -189,7 +189,31 @@ only not echoed)."""
 _AUTH_SCHEME = re.compile(
     r"(?i)\b(?P<scheme>bearer|basic|token|digest|apikey)(?P<sep>\s+)(?P<cred>[A-Za-z0-9._~+/=-]{4,})"
 )
-"""An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``)."""
+"""An HTTP ``Authorization`` credential (RFC 9110 §11.4: ``Bearer TOKEN``, ``Basic B64``); the scheme
+words are also English (``a 1-token generation``, ``paste the token here``), so only a credential-shaped
+word after one is redacted (:func:`credential_shaped`) unless an ``Authorization`` header stands before it."""
+
+_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
+"""The text before a scheme word is an ``Authorization:`` header (or ``authorization=``): what follows is a
+credential whatever it reads like."""
+
+_CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
+
+
+def credential_shaped(word: str) -> bool:
+    """Whether a word reads as a credential rather than prose: a digit, one of ``+/=~_`` (base64,
+    base64url, RFC 6750 ``b64token``), an upper-case letter after its first character, or 24 characters
+    and more (``SEKRITsmi``, ``dXNlcjpwYXNz``, ``abc123def``; not ``generation``, ``here``, ``Hugging``).
+    Random tokens of that length hold one of these all but always; English words hold none."""
+    return len(word) >= 24 or _CREDENTIAL_SIGN.search(word) is not None
+
+
+def _redact_auth(m: re.Match[str]) -> str:
+    """An :data:`_AUTH_SCHEME` match with its credential redacted when it is one (see there)."""
+    header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
+    if not header and not credential_shaped(m["cred"]):
+        return m[0]
+    return f"{m['scheme']}{m['sep']}{REDACTED}"
 _AUTH_WORDS = ("bearer", "basic", "token", "digest", "apikey")
 """The scheme words of :data:`_AUTH_SCHEME`: an ASCII text holding none of them (any case) cannot
 match it (a non-ASCII text always goes through the regex: Unicode case folding, e.g. ``K``)."""
@@ -207,7 +231,7 @@ def value_secret_reason(value: str) -> str | None:
     world-readable files; :func:`scrub` redacts the same shapes in echoed text."""
     if URL_CREDENTIALS.search(value) or _URL_TOKEN_USER.search(value):
         return "URL credentials (user info before @)"
-    if _AUTH_SCHEME.search(value):
+    if any(_redact_auth(m) != m[0] for m in _AUTH_SCHEME.finditer(value)):
         return "an HTTP authorization credential (Bearer/Basic/Token ...)"
     if _SECRET_QUERY.search(value):
         return "a secret-looking query parameter (token=, key=, sig=, ...)"
@@ -473,14 +497,21 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
      "a JSON Web Token (eyJ...)", "eyJ"),
     (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]{0,8192}(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"),
      "a private key (PEM)", "-----BEGIN"),
+    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 8+ characters
+    # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
+    (re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-)"
+                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{8,}"),
+     "a token-shaped secret (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
 Tokens (``hf_`` + 34 letters/digits, huggingface.co/docs/hub/security-tokens), GitHub
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``: docs.github.com "About
 authentication", token formats), OpenAI/Anthropic-style ``sk-`` keys, Slack ``xox?-`` and AWS
 access key ids; JSON Web Tokens (``eyJ`` header.payload.signature, RFC 7519) and PEM private
-keys (RFC 7468 ``-----BEGIN ... PRIVATE KEY-----``). One table: :func:`scrub` redacts them,
-:func:`looks_like_token` refuses them where values land in files or argv."""
+keys (RFC 7468 ``-----BEGIN ... PRIVATE KEY-----``); and, by the same prefixes, shorter values with a
+digit or an upper-case letter (``hf_CANARYnewcomer3xyz``: a test or truncated token is still one).
+One table: :func:`scrub` redacts them, :func:`looks_like_token` refuses them where values land in
+files or argv."""
 
 _TOKEN_SHAPE = re.compile("|".join(f"(?:{shape.pattern})" for shape, _, _ in _TOKEN_SHAPES))
 """All of :data:`_TOKEN_SHAPES` in one regex: :func:`scrub` redacts such a token wherever it

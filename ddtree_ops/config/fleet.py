@@ -30,39 +30,21 @@ Callers: ``ddtree-ops validate/plan/render`` (:func:`ddtree_ops.cli._validate_al
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Iterator
 
 from .errors import Finding
 from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
+from .scrape import machine_name, scrape_host
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"
-LOOPBACK = "localhost"
-"""Machine name of every loopback address and of ``localhost`` (RFC 6761 §6.3)."""
-
-
-def _norm(address: str) -> str:
-    """A machine name for comparison: IP addresses canonical (``[::1]``, ``0:0::1`` -> ``::1``),
-    names lower-case (DNS names compare case-insensitively, RFC 4343), loopback -> :data:`LOOPBACK`."""
-    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
-    try:
-        ip = ipaddress.ip_address(bare)
-    except ValueError:
-        name = bare.lower().rstrip(".")
-        return LOOPBACK if name == LOOPBACK or name.endswith("." + LOOPBACK) else name
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:10.0.0.5 is 10.0.0.5 (RFC 4291 §2.5.5.2)
-    ip = mapped or ip
-    return LOOPBACK if ip.is_loopback else ip.compressed
 
 
 def machine_names(v: Validated) -> tuple[str, ...]:
     """The names under which ``v``'s machine is reached: the deploy address (``ansible_host``,
-    else the inventory name, as Ansible connects) and the scrape address (:func:`scrape_address`)."""
+    else the inventory name, as Ansible connects) and the scrape address (:func:`~.scrape.scrape_host`)."""
     d = v.deployment
-    from ..render.files import scrape_address  # render (Jinja) only when a fleet check runs: validate's start-up
-
-    return tuple(dict.fromkeys((_norm(d.address or d.host), _norm(scrape_address(v)))))
+    return tuple(dict.fromkeys((machine_name(d.address or d.host), machine_name(scrape_host(d)))))
 
 
 def machines(validated: Iterable[Validated]) -> dict[str, list[str]]:
@@ -138,6 +120,25 @@ def _clashes(a: Validated, b: Validated) -> Iterator[tuple[str, object, str, str
                "replaces the first's build)", "ddtree_service.sglang_venv")
 
 
+def _as_set(d, field: str, value: object) -> tuple[object, str]:
+    """``(value as the inventory sets it, how it came about)`` of a clashing ``field``: the value and
+    ``""`` when the inventory sets it; ``None`` and ``" (not set: derived VALUE)"`` when the value is a
+    default or derived from other fields (the rendezvous port from ``ddtree_server.port``, the directories
+    from ``ddtree_service.name``), so no message shows a value the operator never wrote as theirs."""
+    parts = field.split(" ", 1)[0].split(".")
+    sections = {"ddtree_server": d.server, "ddtree_ops": d.ops, "ddtree_service": d.service}
+    section = sections.get(parts[0])
+    if section is None or len(parts) < 2:
+        return value, ""
+    if parts[1] == "env" and len(parts) > 2:
+        written = parts[2] in section.env
+    else:
+        written = parts[1] in section.model_fields_set and getattr(section, parts[1], None) is not None
+    if written and " " not in field:
+        return value, ""
+    return None, f" (not set: derived {value})"
+
+
 def _gpu_text(d) -> str:
     env = d.service.env.get(VISIBLE_ENV)
     return (f"tp {d.server.tp_size} x dp {d.server.dp_size} from base_gpu_id {d.server.base_gpu_id or 0}"
@@ -187,11 +188,14 @@ def fleet_findings(validated: Iterable[Validated], focus: set[str] | None = None
             fix = _FIX.get(field_r) or (
                 f"give {host_r} its own ansible_host / ddtree_ops.scrape_host, or (several instances on one machine) "
                 "its own ddtree_server.port, ddtree_ops.exporter_port, ddtree_server.nccl_port and directories")
+            shown, how = _as_set(unique[host_r].deployment, field_r, value)
+            other_how = _as_set(unique[other_r].deployment, other_field_r, value)[1]
             out.append(Finding(
-                "error", field_r, value,
-                f"{host_r} and {other_r} both reach machine {name} and both claim {what} ({host_r}: {field_r}, "
-                f"{other_r}: {other_field_r}); one machine cannot serve both (the second start fails or replaces "
-                "the first, and Prometheus would scrape one target for two hosts)", fix, SOURCE, host=host_r))
+                "error", field_r, shown,
+                f"{host_r} and {other_r} both reach machine {name} and both claim {what} ({host_r}: {field_r}{how}, "
+                f"{other_r}: {other_field_r}{other_how}); one machine cannot serve both (the second start fails or "
+                "replaces the first, and Prometheus would scrape one target for two hosts)", fix, SOURCE,
+                host=host_r))
     out += _class_clashes(unique, focus)
     return out
 

@@ -129,13 +129,51 @@ def multiproc_dir(d: Deployment) -> str:
     return d.service.env.get(MULTIPROC_ENV) or d.service.runtime_path
 
 
+def cache_env(d: Deployment) -> dict[str, str]:
+    """The per-instance directories the unit's environment points the server's caches at, inside
+    ``ddtree_service.cache_dir`` (the unit's ``ReadWritePaths=``), before ``ddtree_service.env``:
+    ``HOME`` (the state dir), the XDG and Hugging Face caches, Triton's kernel cache, DeepGEMM's JIT
+    cache and FlashInfer's workspace (the names these libraries read: Triton ``TRITON_CACHE_DIR``,
+    DeepGEMM ``DG_JIT_CACHE_DIR``, FlashInfer ``FLASHINFER_WORKSPACE_BASE``, huggingface_hub ``HF_HOME``)."""
+    cache = d.service.cache_path
+    return {
+        "HOME": d.service.state_path,
+        "XDG_CACHE_HOME": cache,
+        "HF_HOME": f"{cache}/huggingface",
+        "TRITON_CACHE_DIR": f"{cache}/triton",
+        "DG_JIT_CACHE_DIR": f"{cache}/deepgemm",
+        "FLASHINFER_WORKSPACE_BASE": f"{cache}/flashinfer",
+    }
+
+
+WRITTEN_DIR_ENV = re.compile(
+    r"HOME|XDG_(?:CACHE|DATA|STATE|RUNTIME)_HOME|HF_HOME|TORCH_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|HF_XET_CACHE"
+    r"|HUGGINGFACE_HUB_CACHE|TRANSFORMERS_CACHE|TORCH_EXTENSIONS_DIR|FLASHINFER_WORKSPACE_BASE|DG_JIT_CACHE_DIR"
+    r"|[A-Z0-9_]*CACHE_(?:DIR|PATH|HOME|ROOT)"
+    r"|SGLANG_[A-Z0-9_]*(?:COREDUMP|PROFILER|DUMP|DUMPER|RECORDER|STORAGE)_DIR")
+"""``ddtree_service.env`` names whose value is a directory the server writes: the unit's own cache
+variables (:func:`cache_env`), every ``*CACHE_DIR`` / ``*CACHE_PATH`` / ``*CACHE_HOME`` / ``*CACHE_ROOT``
+(``SGLANG_DG_CACHE_DIR``, ``SGLANG_JIT_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR``,
+``CUDA_CACHE_PATH``), the Hugging Face and torch caches, and SGLang's output directories
+(``SGLANG_CUDA_COREDUMP_DIR``, ``SGLANG_TORCH_PROFILER_DIR``, ``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR``,
+``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``: names in 0.5.23 ``sglang/srt/environ.py``).
+:data:`MULTIPROC_ENV` is not one of them: it has its own rule (:func:`multiproc_dir`)."""
+
+
+def written_dirs_from_env(d: Deployment) -> list[tuple[str, str]]:
+    """``(field, path)`` of each :data:`WRITTEN_DIR_ENV` variable ``ddtree_service.env`` sets."""
+    return [(f"ddtree_service.env.{n}", v) for n, v in d.service.env.items()
+            if n != MULTIPROC_ENV and WRITTEN_DIR_ENV.fullmatch(n) and isinstance(v, str)]
+
+
 def state_dirs(d: Deployment) -> list[tuple[str, str]]:
     """``(field, path)`` of every directory the instance writes or owns alone: config, state,
-    cache, runtime and the Prometheus multiprocess directory."""
+    cache, runtime, the Prometheus multiprocess directory and the cache / output directories
+    ``ddtree_service.env`` names (:func:`written_dirs_from_env`)."""
     svc = d.service
     return [("ddtree_service.config_dir", svc.config_path), ("ddtree_service.state_dir", svc.state_path),
             ("ddtree_service.cache_dir", svc.cache_path), ("ddtree_service.name (RuntimeDirectory)", svc.runtime_path),
-            (f"ddtree_service.env.{MULTIPROC_ENV}", multiproc_dir(d))]
+            (f"ddtree_service.env.{MULTIPROC_ENV}", multiproc_dir(d))] + written_dirs_from_env(d)
 
 
 def paths_overlap(a: str, b: str) -> bool:

@@ -1352,19 +1352,25 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     from .errors import _is_vaulted
 
     own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str)}
-    # containment only for secrets of >= 8 characters: a short vaulted word (a become password
-    # "sglang") would flag ordinary values; Jinja naming a vaulted variable is caught by name below
+    # a secret is one by provenance, whatever its length: secrets of >= 8 characters anywhere in a value,
+    # shorter ones (>= 4, as register_secret keeps) as a whole word of it (a vaulted "qw3n7" reused as
+    # served_model_name); Jinja naming a vaulted variable is caught by name below
     secrets = [s for s in plain | own if len(s) >= 8]
+    short = [s for s in plain | own if 4 <= len(s) < 8]
+    word = (re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, sorted(short))) + r")(?![A-Za-z0-9])")
+            if short else None)
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b") if holders else None
     found: list[Finding] = []
     for k, v in out.items():
         if k in SECRET_VARS:
             continue
-        hits = None if secrets else _memo_get(memo, "vaulted-paths", v)
+        hits = None if secrets or short else _memo_get(memo, "vaulted-paths", v)
         if hits is None:
             hits = [path for path, leaf in _strings(v)
-                    if _is_vaulted(leaf) or (isinstance(leaf, str) and any(s in leaf for s in secrets))]
-            if not secrets:
+                    if _is_vaulted(leaf) or (isinstance(leaf, str) and (any(s in leaf for s in secrets)
+                                                                       or (word is not None and word.search(leaf))
+                                                                       or looks_like_token(leaf)))]
+            if not secrets and not short:
                 _memo_put(memo, "vaulted-paths", v, tuple(hits))
         hits = list(hits)
         if pattern is not None:  # Jinja naming a vault-holding variable (a filter may have changed the text)
@@ -1381,14 +1387,33 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
         raise ConfigError(found)
 
 
-def template_error(name: str, raw: Any, exc: BaseException, host: str = "") -> Finding:
+def _secret_named_vars(all_vars: dict[str, Any]) -> set[str]:
+    """Names of the host's variables (not :data:`SKIP_VARS`, not :data:`SECRET_VARS`) whose name looks
+    secret (:func:`~.errors.is_secret_name`) and whose value is text or holds text."""
+    return {str(n) for n, v in all_vars.items()
+            if n not in SKIP_VARS and n not in SECRET_VARS and isinstance(n, str) and len(n) <= 128
+            and isinstance(v, (str, dict, list, tuple)) and _secret_key(n)}
+
+
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+
+
+def template_error(name: str, raw: Any, exc: BaseException, host: str = "",
+                   holders: set[str] | None = None) -> Finding:
     """A finding for a variable whose Jinja failed: Ansible's first line, with every quoted
     literal of the template source (and the source itself) replaced by ``…`` (a literal may be
-    a secret: ``mandatory('<s>')``, ``lookup('file', '<s>')``)."""
+    a secret: ``mandatory('<s>')``, ``lookup('file', '<s>')``). When the Jinja names a variable
+    that holds a secret (``holders``: vaulted, or under a secret-looking name), every quoted value
+    of Ansible's text goes too: a value the expression computed from the secret (``vault_x | upper``,
+    ``vault_x ~ '!'``) is no registered string, and Ansible quotes the value it could not use."""
     from .errors import shorten
 
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
+    if holders:
+        names = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
+        if any(names.search(e) for _, src in _strings(raw) if isinstance(src, str) for e in _JINJA.findall(src)):
+            text = _QUOTED.sub("…", text)
     sources = [x for _, x in _strings(raw) if isinstance(x, str)]
     literals = {m[0] or m[1] for src in sources for expr in _JINJA.findall(src) + [src]
                 for m in _LITERAL.findall(expr)}
@@ -1430,12 +1455,15 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     raw = {k: all_vars[k] for k in names}
     _check_size(host, raw, memo)
     plain, holders = _vault_plaintexts(all_vars, template, memo)
+    # a plain variable under a secret-looking name (my_api_key, db_password) is a secret by its name: Jinja
+    # that names it in a plain field writes it out, as Jinja naming a vaulted variable would
+    holders = holders | _secret_named_vars(all_vars)
     out = {}
     for k, v in raw.items():
         try:
             out[k] = template(v)
         except Exception as exc:  # noqa: BLE001 - Ansible raises many types; each is one finding
-            raise ConfigError([template_error(k, v, exc, host)]) from None
+            raise ConfigError([template_error(k, v, exc, host, holders)]) from None
         except BaseException as exc:  # a deadline (inventory.TemplateTimeout): say which variable
             exc.__dict__.setdefault("variable", k)
             raise

@@ -10,11 +10,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
+from .env_dirs import rule_env_dirs
 from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
+from .memory_reserve import rule_memory_reserve
 from .models import NCCL_PORT_OFFSET, Deployment
 from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
+from .scrape import rule_sglang_scrape
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
 from .versions import DDTREE_SOURCES, KNOWN_ISSUES
 
@@ -595,5 +598,8 @@ RULES: list[Rule] = [
     rule_sglang_pin,
     rule_toolchain,
     rule_sandbox_paths, rule_service_not_root,
+    rule_env_dirs,
+    rule_sglang_scrape,
+    rule_memory_reserve,
     rule_remote_code_pinned,
 ]

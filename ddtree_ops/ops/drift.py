@@ -103,6 +103,46 @@ _SETTINGS: tuple[_Setting, ...] = (
 )
 
 
+RESOLVED_BY_SGLANG: dict[str, str] = {
+    "attention_backend": "ddtree_server.attention_backend",
+    "page_size": "ddtree_server.page_size",
+    "capture_bs": "ddtree_server.cuda_graph_bs",
+    "max_running_requests": "ddtree_server.max_running_requests",
+    "cuda_graphs": "ddtree_server.cuda_graph",
+    "block_size": "ddtree_speculative.block_size",
+    "budget": "ddtree_speculative.budget",
+}
+"""Compared settings SGLang's own argument resolution may rewrite from what the argv says, and the
+inventory field that sets each: 0.5.23 ``ServerArgs`` resolution (``resolve_once``,
+``arg_groups/overrides.py``, ``model_overrides/qwen3_5.py``: attention backend and page size per
+model and arch; the decode capture list and ``max_running_requests`` sized from memory and
+speculation; CUDA graphs turned off for combinations that cannot capture; the DFlash block size from
+the draft's ``config.json``), the rewrites ``ddtree-ops plan --resolve-with`` lists. The model and
+``tp_size`` are never rewritten: when they match, the server was started from the deployed argv."""
+
+
+def drift_fix(drifts: list[Drift], version: str | None = None) -> str:
+    """What to do about ``drifts``: when the server runs the deployed model and ``tp_size`` and only
+    settings of :data:`RESOLVED_BY_SGLANG` differ, SGLang's resolution made the difference and a
+    restart reproduces it, so the fix names the inventory field to set to the value that runs; any
+    other drift is a server not started from the deployed config (redeploy or restart)."""
+    if not drifts or any(d.name not in RESOLVED_BY_SGLANG for d in drifts):
+        return "redeploy, or restart the unit (the server was not started from the deployed config)"
+    build = f"SGLang {version}" if version else "SGLang"
+    sets = ", ".join(f"{RESOLVED_BY_SGLANG[d.name]}: {_yaml(d.running)}" for d in drifts)
+    return (f"{build} rewrote these itself while resolving the deployed arguments, so a restart or redeploy "
+            f"starts the same; set {sets} in the inventory so the plan says what runs (or choose values the "
+            "build keeps: ddtree-ops plan --resolve-with PYTHON lists each rewrite), then redeploy")
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
 def compared_settings() -> list[str]:
     """Stable names of every setting :func:`find_drift` compares."""
     return [s.name for s in _SETTINGS]

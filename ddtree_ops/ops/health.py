@@ -9,7 +9,8 @@ Check names are stable (``--json`` consumers rely on them), in this order:
 ``drift``          (with a deployed plan) ``/server_info`` matches the deployed config
                    (:func:`ddtree_ops.ops.drift.find_drift`); any drift fails
 ``progress``       requests running or queued -> generation counters move within the window
-``accept_length``  informational: ``avg_spec_accept_length`` from ``/server_info``
+``accept_length``  informational: ``avg_spec_accept_length`` from ``/server_info`` (since the server
+                   started: :data:`ACCEPT_WINDOW`)
 =================  ==========================================================================
 
 A check that cannot run because an earlier one failed (no ``ready`` when not reachable;
@@ -44,7 +45,7 @@ from ..sglang.client import (
     preview,
     select_samples,
 )
-from .drift import find_drift
+from .drift import drift_fix, find_drift
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
@@ -222,7 +223,8 @@ def _drift(info: dict[str, Any], plan_doc: PlanDoc) -> Check:
     drifts, missing = find_drift(plan_doc, info)
     if drifts:
         return Check("drift", False, "running server differs from the deployed config: "
-                     + "; ".join(preview(str(d)) for d in drifts) + ". Fix: redeploy, or restart the unit")
+                     + "; ".join(preview(str(d)) for d in drifts)
+                     + f". Fix: {drift_fix(drifts, plan_doc.sglang_base_version)}")
     if "model_path" in missing and "tp_size" in missing:  # every SGLang reports both: nothing was compared
         return Check("drift", False, f"/server_info reports none of the deployed settings ({', '.join(missing)}): "
                      "not an SGLang server_info? Fix: check that the URL is the SGLang server of this deployment")
@@ -308,9 +310,20 @@ def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given:
     checks.append(
         Check("accept_length", True,
               "no speculative decoding (speculative_algorithm none)" if no_spec and al is None
-              else "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass")
+              else "no verify pass yet" if al is None else f"{al:.2f} tokens per verify pass ({ACCEPT_WINDOW})")
     )
     return checks
+
+
+ACCEPT_WINDOW = ("SGLang's total since the server started, /server_info avg_spec_accept_length, counted at each "
+                 "decode log; warmup and bench give their own requests' mean, sglang:spec_accept_length the last "
+                 "decode-log interval, so the figures differ")
+"""Which verify passes the health figure covers, said next to it: 0.5.23
+``scheduler_components/internal_state.py`` divides the reporter's lifetime counters
+(``spec_total_num_accept_tokens / spec_total_num_forward_ct``, added to at each decode log,
+``metrics_reporter.py``), while the ``sglang:spec_accept_length`` gauge holds the last
+``decode_log_interval`` only and ``meta_info.spec_accept_length`` one request
+(``tokenizer_manager.py``: ``completion_tokens / spec_verify_ct``)."""
 
 
 def check_health(url: str, timeout: float = 5.0, options: HealthOptions | None = None) -> list[Check]:

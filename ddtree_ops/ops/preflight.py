@@ -114,8 +114,10 @@ here because the zipapp cannot import that module (it needs pydantic)."""
 _SCRUB_SHAPES = (
     # URL user info (RFC 3986 3.2.1): scheme://user:pass@ or scheme://TOKEN@
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"]+@"), lambda m: f"{m[1]}(redacted)@"),
-    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X
-    (re.compile(r"(?i)\b(bearer|basic|token|digest)(\s+)[A-Za-z0-9._~+/=-]{4,}"), lambda m: f"{m[1]}{m[2]}(redacted)"),
+    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X; the scheme words are
+    # English too ("a 1-token generation"), so only a credential-shaped word goes (see _auth_credential)
+    (re.compile(r"(?i)\b(bearer|basic|token|digest|apikey)(\s+)([A-Za-z0-9._~+/=-]{4,})"),
+     lambda m: _auth_credential(m)),
     # secret-looking query parameters: ?access_token=X, &sig=X
     (re.compile(r"(?i)([?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|credential|session)"
                 r"[A-Za-z0-9_.-]*=)[^&#\s'\"]+"), lambda m: f"{m[1]}(redacted)"),
@@ -128,10 +130,24 @@ _NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ 
 ``--flag=value``: the value is redacted when a word of NAME is secret-looking (``HF_TOKEN = X``,
 ``api_key='X'``, ``export OPENAI_API_KEY="X"``)."""
 _FLAG_VALUE = re.compile(
-    r"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
+    r"(?<![A-Za-z0-9_.-])(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
 )
 """``--flag value`` (argv as printed): the value is redacted when a word of the flag is
-secret-looking (``--api-key X``, ``--hf-token X``)."""
+secret-looking (``--api-key X``, ``--hf-token X``); a flag starts a word (``a 1-token generation`` holds none)."""
+
+
+_CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
+_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
+
+
+def _auth_credential(m: re.Match) -> str:
+    """An authorization scheme word and the word after it, that word redacted when it reads as a credential
+    (a digit, one of ``+/=~_``, an upper-case letter after the first, or 24+ characters) or when an
+    ``Authorization:`` header stands before: the rule of ``ddtree_ops.config.errors.credential_shaped``."""
+    header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
+    if header or len(m[3]) >= 24 or _CREDENTIAL_SIGN.search(m[3]):
+        return f"{m[1]}{m[2]}(redacted)"
+    return m[0]
 
 
 def _secret_name(name: str) -> bool:
@@ -417,6 +433,9 @@ def plan_fields(plan: dict) -> dict:
                             ("target", "sm_NN[a|f] such as sm_103a", text(_SM, 8)),
                             ("cuda", "a dotted version such as 13.0 (a string)", text(_VERSION, 40)),
                             ("min_driver", "a dotted driver version such as 580.65.06 (a string)", text(_VERSION, 40)),
+                            ("toolkit_min_driver", "a dotted driver version such as 570.26 (a string)",
+                             text(_VERSION, 40)),
+                            ("min_driver_reason", "a string", text(limit=500)),
                             ("ptx_version", "a dotted PTX ISA version such as 8.8 (a string)", text(_VERSION, 40)),
                             ("ptxas", "an absolute path", absolute),
                             ("package", "a string", text(limit=200)),
@@ -805,7 +824,18 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
     if not drv:
         problems.append("no driver version (nvidia-smi unreadable)")
     floor = toolchain.get("min_driver")
-    if drv and floor and not at_least(drv, floor):
+    toolkit_floor = toolchain.get("toolkit_min_driver")
+    # the plan raises the floor above the toolkit's when the SGLang build's wheels need a newer CUDA major
+    # (plan_toolchain: cu13 wheels need a CUDA 13 driver whatever toolkit is pinned); then the build, not the
+    # toolkit, is what the driver is too old for, and pinning another toolkit cannot help
+    build_floor = bool(floor and toolkit_floor and floor != toolkit_floor)
+    too_old = bool(drv and floor and not at_least(drv, floor))
+    if too_old and build_floor:
+        problems.append(f"driver {drv} is older than the SGLang build needs (>= {floor}: "
+                        f"{toolchain.get('min_driver_reason') or 'its wheels need a newer CUDA'}); toolkit "
+                        f"{toolchain.get('cuda')} alone would run on >= {toolkit_floor}, but the wheels bring "
+                        "their own CUDA runtime")
+    elif too_old:
         problems.append(f"driver {drv} is older than CUDA {toolchain.get('cuda')} needs (>= {floor}, NVIDIA CUDA "
                         "release notes)")
     if drv and m is not None and m.version != drv:
@@ -815,16 +845,15 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
         problems.append(f"the driver supports CUDA {smi.cuda_version}, older than the pinned toolkit {cuda}")
     detail = "; ".join(problems) if problems else (
         f"driver {drv} (CUDA {smi.cuda_version or '?'})" + (f" >= {floor} for CUDA {cuda}" if floor else ""))
-    out.append(
-        _check(
-            "driver",
-            not problems,
-            detail,
-            f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot "
-            f"(a half-done "
-            "upgrade needs the reboot), or pin an older toolkit in ddtree_toolchain.cuda if the arch allows",
-        )
-    )
+    fix = (f"install driver >= {floor or CUDA_TOOLKITS[max(CUDA_TOOLKITS, key=version_key)].min_driver} and reboot "
+           "(a half-done upgrade needs the reboot)")
+    if too_old and build_floor:
+        fix += ("; the floor is the SGLang build's (its wheels' CUDA), so another ddtree_toolchain.cuda cannot lower "
+                f"it: only an SGLang build whose wheels need a CUDA that driver {drv} supports can (ddtree_sglang."
+                "version / source; the build's METADATA Requires-Dist names its CUDA)")
+    else:
+        fix += ", or pin an older toolkit in ddtree_toolchain.cuda if the arch allows"
+    out.append(_check("driver", not problems, detail, fix))
     return out
 
 

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
     from ..config.router import Router
 
-from ..config.instance import MULTIPROC_ENV, multiproc_dir
+from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
+from ..config.scrape import scrape_host, sglang_scrape_host
 from .argv import build_argv
 from .monitoring import EXPORTER_JOB, SGLANG_JOB
 
@@ -132,15 +133,9 @@ def service_env(v: Validated) -> dict[str, str]:
     ``TRITON_PTXAS_BLACKWELL_PATH``, see :func:`ddtree_ops.config.toolchain.plan_toolchain`),
     then the operator's ``ddtree_service.env`` (which wins)."""
     d, p = v.deployment, v.plan
-    cache = d.service.cache_path
     env = {
         "PYTHONUNBUFFERED": "1",
-        "HOME": d.service.state_path,
-        "XDG_CACHE_HOME": cache,
-        "HF_HOME": f"{cache}/huggingface",
-        "TRITON_CACHE_DIR": f"{cache}/triton",
-        "DG_JIT_CACHE_DIR": f"{cache}/deepgemm",
-        "FLASHINFER_WORKSPACE_BASE": f"{cache}/flashinfer",
+        **cache_env(d),
         "DDTREE_OPS_ALGORITHM": p.algorithm,
         "DDTREE_OPS_DRAFT_TOKENS_PER_REQ": str(p.draft_tokens_per_req),
         "DDTREE_OPS_VERIFY_TOKENS_PER_REQ": str(p.verify_tokens_per_req),
@@ -357,11 +352,16 @@ def url_host(host: str) -> str:
 
 
 def scrape_address(v: Validated) -> str:
-    """Address Prometheus (and ``ddtree-ops`` run from the controller) uses for a host:
-    ``ddtree_ops.scrape_host``, else ``ansible_host``, else the inventory name (each already
-    validated as an IP address or RFC 1123 host name)."""
-    d = v.deployment
-    return url_host(d.ops.scrape_host or d.address or d.host)
+    """Address Prometheus (and ``ddtree-ops`` run from the controller) uses for a host's exporter:
+    :func:`ddtree_ops.config.scrape.scrape_host`, IPv6 bracketed (SGLang's own: :func:`sglang_target`)."""
+    return url_host(scrape_host(v.deployment))
+
+
+def sglang_target(v: Validated) -> str | None:
+    """``host:port`` of SGLang's ``/metrics`` for Prometheus, or None when it cannot be scraped from
+    elsewhere (bound to loopback: :func:`ddtree_ops.config.scrape.sglang_scrape_host`)."""
+    host = sglang_scrape_host(v.deployment)
+    return None if host is None else f"{url_host(host)}:{v.deployment.server.port}"
 
 
 def prometheus_document(validated: list[Validated], scrape_interval: str = "15s", scrape_timeout: str = "5s",
@@ -370,12 +370,12 @@ def prometheus_document(validated: list[Validated], scrape_interval: str = "15s"
     """``prometheus.yml`` as data (see :func:`render_prometheus`): one ``static_configs``
     entry with one target per host and job; with ``routers`` (:mod:`..config.router`) a
     job :data:`ROUTER_JOB` of their ``smg_*`` metrics ports (none: the document is unchanged)."""
-    def static(port_of) -> list[dict]:
-        return [{"targets": [f"{scrape_address(v)}:{port_of(v)}"],
+    def static(target_of) -> list[dict]:
+        return [{"targets": [target],
                  "labels": {"host": v.deployment.host, "host_class": v.deployment.host_class,
                             "model": v.deployment.model.served_model_name or v.deployment.model.path,
                             "algorithm": v.plan.algorithm, "service": v.deployment.service.name}}
-                for v in sorted(validated, key=lambda v: v.deployment.host)]
+                for v in sorted(validated, key=lambda v: v.deployment.host) if (target := target_of(v)) is not None]
 
     doc: dict = {"global": {"scrape_interval": str(scrape_interval),
                             "evaluation_interval": str(evaluation_interval or scrape_interval)}}
@@ -383,10 +383,11 @@ def prometheus_document(validated: list[Validated], scrape_interval: str = "15s"
         doc["rule_files"] = [str(f) for f in rule_files]
     doc["scrape_configs"] = [
         {"job_name": SGLANG_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
-         "static_configs": static(lambda v: v.deployment.server.port)},
+         "static_configs": static(sglang_target)},
         # the exporter sets host/host_class/model itself; keep its values
         {"job_name": EXPORTER_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
-         "honor_labels": True, "static_configs": static(lambda v: v.deployment.ops.exporter_port)},
+         "honor_labels": True,
+         "static_configs": static(lambda v: f"{scrape_address(v)}:{v.deployment.ops.exporter_port}")},
     ]
     if routers:
         doc["scrape_configs"].append(
