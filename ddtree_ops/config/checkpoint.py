@@ -926,7 +926,8 @@ def rule_ckpt_memory(d: Any, p: Any, f: Facts) -> Iterator[Finding]:
     # raising the fraction helps only up to what SGLang needs outside the static pool (activations, graphs)
     r = reserve(d, p)
     frac = d.server.mem_fraction_static
-    raisable = r is not None and frac < r.max_fraction
+    # unset: the budget is the release's derived bound, and a stated fraction up to the ceiling is the fix
+    raisable = r is not None and (frac is None or frac < r.max_fraction)
     raise_frac = f"mem_fraction_static (up to {r.max_fraction})" if raisable and r is not None else ""
     ceiling = "" if raisable or r is None else (
         f"; mem_fraction_static {frac} is already at or above the {r.max_fraction} SGLang itself would use here "

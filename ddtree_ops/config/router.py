@@ -168,7 +168,7 @@ def _finding(host: str, field: str, value: Any, rule: str, fix: str, source: str
 def worker_url(v: Validated) -> str:
     """The URL a router reaches instance ``v`` at: ``http://<ansible_host or name>:<port>``
     (SGLang serves plain HTTP; IPv6 bracketed)."""
-    from ..render.files import url_host
+    from .scrape import url_host
 
     d = v.deployment
     return f"http://{url_host(d.address or d.host)}:{d.server.port}"
@@ -179,9 +179,9 @@ def _dp_attention(v: Validated) -> bool:
 
 
 def _machine(address: str) -> str:
-    from .fleet import _norm
+    from .scrape import machine_name
 
-    return _norm(address)
+    return machine_name(address)
 
 
 def _instance_ports(v: Validated) -> list[tuple[str, int]]:

@@ -35,6 +35,14 @@ def machine_name(address: str) -> str:
     return LOOPBACK if ip.is_loopback else ip.compressed
 
 
+def url_host(host: str) -> str:
+    """``host`` as the host part of a URL or ``host:port`` target: IPv6 addresses bracketed."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
 def scrape_host(d: Deployment) -> str:
     """The host's address for Prometheus: ``ddtree_ops.scrape_host``, else ``ansible_host``, else the
     inventory name (each already validated as an IP address or RFC 1123 host name)."""

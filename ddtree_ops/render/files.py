@@ -8,7 +8,6 @@ so their output is byte-identical.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
-from ..config.scrape import scrape_host, sglang_scrape_host
+from ..config.scrape import scrape_host, sglang_scrape_host, url_host
 from .argv import build_argv
 from .monitoring import EXPORTER_JOB, SGLANG_JOB
 
@@ -341,14 +340,6 @@ def devices_unit(v: Validated) -> RenderedFile:
            "exec_start": [("-" if c[1] == "-f" else "") + systemd_exec(c) for c in devices_commands(v)]}
     return RenderedFile(f"/etc/systemd/system/{DEVICES_UNIT}",
                         _env().get_template("nvidia-devices.service.j2").render(ctx), component="devices")
-
-
-def url_host(host: str) -> str:
-    """``host`` as the host part of a URL or ``host:port`` target: IPv6 addresses bracketed."""
-    try:
-        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
-    except ValueError:
-        return host
 
 
 def scrape_address(v: Validated) -> str:
