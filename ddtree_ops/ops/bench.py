@@ -848,22 +848,22 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
 def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """Write ``bench.json`` (everything), ``levels.csv`` and ``requests.csv`` into ``out_dir``
-    (created), each atomically (a temporary file renamed). Returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (created), each through :func:`ddtree_ops.ops.write.write_file`: ``out_dir`` must be ours and
+    not writable by others, and a symlink planted at a result or temporary name is never followed.
+    Returns the paths written.
+
+    Raises:
+        UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
+    """
+    from ddtree_ops.ops.write import write_file
+
     doc = result.as_dict()
     files = {
         "bench.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
         "levels.csv": _csv([level_row(lv) for lv in result.levels], LEVEL_COLUMNS),
         "requests.csv": _csv(doc["requests"], REQUEST_COLUMNS),
     }
-    written = []
-    for name, text in files.items():
-        path = out_dir / name
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        written.append(path)
-    return written
+    return [write_file(out_dir / name, text) for name, text in files.items()]
 
 
 def load_result(path: Path) -> dict[str, Any]:
@@ -874,7 +874,10 @@ def load_result(path: Path) -> dict[str, Any]:
         OSError: cannot be read.
     """
     p = path / "bench.json" if path.is_dir() else path
-    if p.stat().st_size > 256 * MIB:
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+        raise BenchInputError(f"{preview(str(p))}: not a regular file; give the bench.json ddtree-ops bench wrote")
+    if st.st_size > 256 * MIB:
         raise BenchInputError(f"{preview(str(p))}: over 256 MiB; not a bench.json of ddtree-ops bench")
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -882,9 +885,50 @@ def load_result(path: Path) -> dict[str, Any]:
         raise BenchInputError(f"{preview(str(p))}: malformed JSON ({preview(str(exc), 120)})") from None
     if not isinstance(doc, dict) or doc.get("kind") != "ddtree-ops-bench" or not isinstance(doc.get("levels"), list):
         raise BenchInputError(f"{preview(str(p))}: not a bench.json written by ddtree-ops bench (kind, levels)")
-    for lv in doc["levels"]:
-        if not isinstance(lv, dict) or type(lv.get("concurrency")) is not int or not _finite(lv.get("output_tok_s")):
-            raise BenchInputError(
-                f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench"
-            )
+    for key in ("options", "server"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise BenchInputError(f"{preview(str(p))}: {key} is a {type(doc[key]).__name__}, not an object; "
+                                  "re-run ddtree-ops bench")
+    seen: set[int] = set()
+    for i, lv in enumerate(doc["levels"]):
+        problem = level_problem(lv)
+        if problem is None and lv["concurrency"] in seen:
+            problem = f"concurrency {lv['concurrency']} appears twice"
+        if problem:
+            raise BenchInputError(f"{preview(str(p))}: levels[{i}]: {problem}; re-run ddtree-ops bench")
+        seen.add(lv["concurrency"])
     return doc
+
+
+LEVEL_STATS = ("ttft_s", "itl_s", "e2e_s", "request_output_tok_s")
+"""The per-level statistics (``{mean, p50, p99}``) the comparison and its report read."""
+
+
+def level_problem(lv: Any) -> str | None:
+    """What is wrong with one level of a ``bench.json`` as the report reads it (None: nothing):
+    every field the comparison, the markdown and the plots use is checked for its type here, so
+    a crafted or truncated file is one line, never a traceback half-way through the report."""
+    if not isinstance(lv, dict):
+        return f"a {type(lv).__name__}, not an object"
+    c = lv.get("concurrency")
+    if type(c) is not int or not 1 <= c <= 1 << 20:
+        return f"concurrency {preview(repr(c), 40)} is not an integer 1..{1 << 20}"
+    for key in ("ok", "failed"):
+        if type(lv.get(key)) is not int or lv[key] < 0:
+            return f"{key} {preview(repr(lv.get(key)), 40)} is not a count (an integer >= 0)"
+    if not _finite(lv.get("output_tok_s")) or lv["output_tok_s"] < 0:
+        return f"output_tok_s {preview(repr(lv.get('output_tok_s')), 40)} is not a finite number >= 0"
+    for key in LEVEL_STATS:
+        st = lv.get(key)
+        if not isinstance(st, dict):
+            return f"{key} {preview(repr(st), 40)} is not an object of mean/p50/p99"
+        for k in ("mean", "p50", "p99"):
+            if st.get(k) is not None and not _finite(st[k]):
+                return f"{key}.{k} {preview(repr(st[k]), 40)} is not a finite number or null"
+    for key in ("accept_length", "accept_length_server"):
+        if lv.get(key) is not None and not _finite(lv[key]):
+            return f"{key} {preview(repr(lv[key]), 40)} is not a finite number or null"
+    samples = lv.get("itl_samples_s")
+    if samples is not None and (not isinstance(samples, list) or not all(_finite(x) and x > 0 for x in samples)):
+        return "itl_samples_s is not a list of finite numbers > 0"
+    return None

@@ -34,7 +34,7 @@ whose files do not match its manifest, no previous release, a failed gate), 2 us
 Safety (every path stays inside ``R``):
 
 * ``R`` must be a real directory (not a symlink), owned by the caller, not writable by group
-  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.render.write`);
+  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.ops.write`);
   every operation goes through a descriptor of ``R`` (``dir_fd``), never a path re-resolved later;
 * an id must match :data:`ID_RE` (12 lower-case hex digits) before it names anything;
 * ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
@@ -109,7 +109,7 @@ def compute_id(entries: list[dict], ident: dict) -> str:
     The one definition of the id: ``ddtree-ops render`` and the ``ddtree_render`` action
     (:func:`ddtree_ops.render.release.build_release`) compute it from the rendered bytes, the
     commands here recompute it from a manifest and the files on disk."""
-    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"))
+    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canon.encode()).hexdigest()[:ID_LENGTH]
 
 
@@ -691,7 +691,7 @@ def _write_record(builds_fd: int, root: Path, names: list[str]) -> None:
     rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
     try:
         name = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
-        data = json.dumps({"root": str(root), "builds": names}, indent=1).encode()
+        data = json.dumps({"root": str(root), "builds": names}, indent=1, allow_nan=False).encode()
         tmp = f".{name}.{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rfd)
         try:
@@ -901,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"ok": False, "checks": [{"name": "release-prune-builds", "ok": False, "detail": detail}],
                "root": str(args.root), "builds": str(args.builds)}
         rc = 1
-    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     return rc
 
 

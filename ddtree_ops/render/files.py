@@ -274,7 +274,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
-        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
+        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True,
+            allow_nan=False) + "\n"),
     ]
     files.append(exporter_unit(v))
     files.append(devices_unit(v))
