@@ -19,6 +19,7 @@ import yaml
 if TYPE_CHECKING:
     import jinja2
 
+from ..config.envchars import env_char_problem
 from ..config.instance import MULTIPROC_ENV, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
@@ -69,10 +70,13 @@ def env_value(value: str) -> str:
     """Quote a value for an ``EnvironmentFile=`` line (systemd.exec(5)).
 
     Raises:
-        ValueError: newline or control character.
+        ValueError: a character :func:`ddtree_ops.config.envchars.env_char_problem` refuses
+            (control, format, line/paragraph separator): the last check before any env file,
+            whatever produced the value.
     """
-    if _CONTROL.search(value):
-        raise ValueError("environment values may not hold newlines or control characters")
+    problem = env_char_problem(value)
+    if problem:
+        raise ValueError(problem)
     if _PLAIN.match(value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
