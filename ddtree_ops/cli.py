@@ -728,7 +728,7 @@ def bench(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ops.bench import BenchInputError, BenchOptions, load_prompts, write_results
+    from .ops.bench import BenchInputError, BenchOptions, bound_s, load_prompts, write_results
     from .ops.bench import run as run_bench
     from .ops.write import UnsafeOutput, check_out_dir
 
@@ -771,7 +771,10 @@ def bench(
     if baseline is not None:
         runs = [("requests", target, out_dir / "spec", recorded),
                 ("baseline requests", _url(baseline), out_dir / "baseline", None)]
-    checks, extra = [], {"url": target}
+    bound = round(len(runs) * bound_s(opts), 3)  # each run within bound_s, whatever the servers do
+    if not as_json:
+        say(err, "bench", "bold", f"at most {bound:g} s (every request and side request has its deadline)")
+    checks, extra = [], {"url": target, "bound_s": bound}
     for name, url_, dest, plan_doc in runs:
         o = BenchOptions(**{**opts.__dict__, "url": url_})
         if name != "requests":

@@ -57,7 +57,10 @@ from typing import Any
 import httpx
 
 from ddtree_ops.sglang.client import (
+    LOCAL_WORK_S,
     MIB,
+    SERVER_INFO_PATHS,
+    SERVER_INFO_REQUESTS,
     SGLangError,
     async_client,
     fetch,
@@ -486,15 +489,19 @@ def _no_constant(name: str) -> Any:
 
 
 async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, res: RequestResult,
-               headers: dict[str, str]) -> None:
-    """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError)."""
+               headers: dict[str, str], end: float | None = None) -> None:
+    """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError).
+    ``end`` (event-loop time): the run's bound, which cuts the request's own deadline short."""
     n = prompt.output_len or opts.max_new_tokens
     path = APIS[opts.api]
     t0 = time.perf_counter()
     tok = _Tokens(res, t0)
     done = False
     try:
-        async with asyncio.timeout(opts.request_timeout_s):
+        limit = opts.request_timeout_s
+        if end is not None:
+            limit = min(limit, max(0.0, end - asyncio.get_running_loop().time()))
+        async with asyncio.timeout(limit):
             async with client.stream("POST", path, json=request_body(opts, prompt), headers=headers) as r:
                 if r.status_code != 200:
                     body = b""
@@ -586,7 +593,7 @@ async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DE
     (``/get_server_info`` on older builds), both tries within ``deadline_s`` in total. Values are
     server-controlled text, shortened."""
     end = time.monotonic() + deadline_s
-    for path in ("/server_info", "/get_server_info"):
+    for path in SERVER_INFO_PATHS:  # counted in bound_s as SERVER_INFO_REQUESTS
         left = end - time.monotonic()
         if left <= 0:
             break
@@ -604,6 +611,31 @@ async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DE
             return {k: (preview(str(info[k]), 200) if isinstance(info[k], str) else info[k])
                     for k in keep if k in info and isinstance(info[k], str | int | float | bool | type(None))}
     return {}
+
+
+def bound_s(opts: BenchOptions) -> float:
+    """Upper bound (seconds) of one :func:`run`, whatever the server does (a server that stalls
+    every answer costs exactly this): each await of a run has a total deadline, so the bound
+    counts them.
+
+    * the server's identity: :data:`SERVER_INFO_REQUESTS` tries sharing one side deadline
+      (``min(SIDE_DEADLINE_S, request_timeout_s)``), each answer parsed in
+      :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S`;
+    * per level, one ``/metrics`` sample before and one after (a side deadline each);
+    * the warmup and each level with ``requests``: ``c`` workers take the requests one after the
+      other, and every worker finishes one within ``request_timeout_s`` (+ local work), so the
+      level ends within ``ceil(requests / c)`` of them; with ``duration_s`` new requests start
+      until it ends, and the last started one has ``request_timeout_s`` after it.
+    """
+    side = min(SIDE_DEADLINE_S, opts.request_timeout_s)
+    one = opts.request_timeout_s + LOCAL_WORK_S
+    total = side + SERVER_INFO_REQUESTS * LOCAL_WORK_S
+    if opts.warmup_requests:
+        total += math.ceil(opts.warmup_requests / opts.concurrency[0]) * one
+    for c in opts.concurrency:
+        total += 2 * (side + LOCAL_WORK_S)
+        total += math.ceil(opts.requests / c) * one if opts.requests is not None else (opts.duration_s or 0) + one
+    return total
 
 
 # ------------------------------------------------------------------ a level
@@ -671,19 +703,21 @@ def summarize(level: int, results: list[RequestResult], wall_s: float,
 
 async def _level(client: httpx.AsyncClient, opts: BenchOptions, prompts: list[Prompt], level: int, start_index: int,
                  headers: dict[str, str], on_request: Callable[[RequestResult], None] | None,
-                 requests: int | None, duration_s: float | None) -> tuple[list[RequestResult], float]:
+                 requests: int | None, duration_s: float | None,
+                 end: float | None = None) -> tuple[list[RequestResult], float]:
     results: list[RequestResult] = []
+    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     counter = iter(range(requests if requests is not None else 1 << 62))
     stop_at = None if duration_s is None else t0 + duration_s
 
     async def worker() -> None:
         for i in counter:
-            if stop_at is not None and time.perf_counter() >= stop_at:
+            if stop_at is not None and time.perf_counter() >= stop_at or end is not None and loop.time() >= end:
                 return
             res = RequestResult(level=level, index=i, start_s=time.perf_counter() - t0)
             results.append(res)
-            await _one(client, opts, prompts[(start_index + i) % len(prompts)], res, headers)
+            await _one(client, opts, prompts[(start_index + i) % len(prompts)], res, headers, end)
             if on_request:
                 on_request(res)
 
@@ -731,19 +765,25 @@ async def run_async(opts: BenchOptions, prompts: list[Prompt], plan: dict[str, A
     t0 = time.perf_counter()
     levels: list[LevelResult] = []
     all_requests: list[RequestResult] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + bound_s(opts)  # structurally never reached; also enforced, so it holds on a slow client
+
+    def side() -> float:
+        return max(0.0, min(SIDE_DEADLINE_S, opts.request_timeout_s, end - loop.time()))
+
     async with async_client(opts.url, max_connections=max(opts.concurrency) + 4) as client:
         if opts.api_key:
             client.headers["Authorization"] = f"Bearer {opts.api_key}"
-        side = min(SIDE_DEADLINE_S, opts.request_timeout_s)
-        server = await server_identity(client, side)
+        server = await server_identity(client, side())
         if opts.warmup_requests:
-            await _level(client, opts, prompts, opts.concurrency[0], 0, headers, None, opts.warmup_requests, None)
+            await _level(client, opts, prompts, opts.concurrency[0], 0, headers, None, opts.warmup_requests, None,
+                         end)
         index = 0
         for level in opts.concurrency:
-            before = await _server_counters(client, side)
+            before = await _server_counters(client, side()) if side() > 0 else None
             results, wall = await _level(client, opts, prompts, level, index, headers, on_request,
-                                         opts.requests, opts.duration_s)
-            after = await _server_counters(client, side)
+                                         opts.requests, opts.duration_s, end)
+            after = await _server_counters(client, side()) if side() > 0 else None
             index += len(results)
             lv = summarize(level, results, wall, (before, after))
             levels.append(lv)
