@@ -522,6 +522,18 @@ def rollback(root: Path, keep: int = 3) -> dict:
 
 GATE_DEADLINE_MAX_S = 3600.0
 """Longest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds."""
+GATE_HEALTH_SHARE = 0.5
+"""Share of the gate's deadline its health checks may take when their configured timeouts would
+not fit (:func:`gate_health_options`); the synthetic load gets the rest."""
+GATE_MIN_TIMEOUT_S = 0.2
+"""Shortest per-request timeout the gate's health checks are cut to: below it no real server
+answers ``/health`` (which generates a token)."""
+GATE_DEADLINE_MIN_S = 6.0
+"""Shortest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds: the one where
+:func:`gate_health_options` still gives every health request :data:`GATE_MIN_TIMEOUT_S` in its
+share (health's ``bound_s``: 5 requests of timeout + 0.25 s local work and one progress window of
+a tenth of the deadline, i.e. 5.6 s; a test recomputes it). A shorter deadline cannot be honoured,
+so it is refused before anything runs instead of being overrun."""
 ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
                                     "rolling_gate_deadline_s": 120}
 """``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
@@ -595,9 +607,10 @@ def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
         raise _rolling_value("rolling_max_fail_percentage", v["rolling_max_fail_percentage"],
                              "must be a number 0..100 (percent of a batch that may fail before the rollout stops)")
     deadline = _plain_number(v["rolling_gate_deadline_s"])
-    if deadline is None or not 0 < deadline <= GATE_DEADLINE_MAX_S:
+    if deadline is None or not GATE_DEADLINE_MIN_S <= deadline <= GATE_DEADLINE_MAX_S:
         raise _rolling_value("rolling_gate_deadline_s", v["rolling_gate_deadline_s"],
-                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline)")
+                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline), and "
+                             f"at least {GATE_DEADLINE_MIN_S:g} (the health checks and one request must fit)")
     return {"rolling_batches": batches, "rolling_max_fail_percentage": fail,
             "rolling_gate_deadline_s": deadline}
 
@@ -794,6 +807,27 @@ def floor_check(acc: float, floor: float) -> dict:
                       f"{floor:g} (ddtree_ops.accept_length_floor)"}
 
 
+def gate_health_options(base: Any, deadline_s: float) -> Any:
+    """``base`` (:class:`~ddtree_ops.ops.health.HealthOptions`) when its ``bound_s`` fits in
+    :data:`GATE_HEALTH_SHARE` of ``deadline_s``, else the same checks with the progress window cut
+    to a tenth of the deadline (at most its own) and the per-request timeout solved from
+    ``bound_s`` (linear in the timeout) so the bound is exactly the share. No floor that would
+    overrun the deadline: the timeout is what fits (>= :data:`GATE_MIN_TIMEOUT_S` from
+    :data:`GATE_DEADLINE_MIN_S` on)."""
+    from dataclasses import replace
+
+    from .health import bound_s
+
+    share = deadline_s * GATE_HEALTH_SHARE
+    if bound_s(base) <= share:
+        return base
+    window = min(base.progress_window_s, deadline_s / 10)
+    b1 = bound_s(replace(base, timeout=1.0, progress_window_s=window))
+    per = bound_s(replace(base, timeout=2.0, progress_window_s=window)) - b1
+    timeout = (share - (b1 - per)) / per
+    return replace(base, timeout=max(timeout, 0.01), progress_window_s=window)
+
+
 def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:
     """The rolling upgrade's per-host gate, all within ``o.deadline_s``:
 
@@ -815,7 +849,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 
     from ..config.plandoc_model import as_plan_doc
     from .bench import BenchOptions, load_prompts, run_async
-    from .health import HealthOptions, bound_s, check_health
+    from .health import HealthOptions, check_health
 
     t0 = time.monotonic()
     plan_doc = as_plan_doc(plan_doc)  # the typed contract (PlanDocError for a document that breaks it)
@@ -827,19 +861,22 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
         marker = None
     ho = HealthOptions(timeout=float(ops.health_timeout_s), failures=1, interval_s=0.5,
                        progress_window_s=1.0, plan_doc=plan_doc, warm_marker=Path(marker) if marker else None)
-    if bound_s(ho) >= o.deadline_s:
-        ho = HealthOptions(timeout=max(1.0, o.deadline_s / 8), failures=1, interval_s=0.5, progress_window_s=1.0,
-                           plan_doc=plan_doc, warm_marker=ho.warm_marker)
+    ho = gate_health_options(ho, o.deadline_s)
     checks = [c.as_dict() for c in check_health(url, options=ho)]
     extra: dict[str, Any] = {"accept_length": None, "floor": floor if speculative else None}
     if not all(c["ok"] for c in checks):
         extra["elapsed_s"] = round(time.monotonic() - t0, 3)
         return checks, extra
     left = o.deadline_s - (time.monotonic() - t0)
-    bo = BenchOptions(url=url, concurrency=(o.concurrency,), requests=o.requests, max_new_tokens=o.max_new_tokens,
-                      warmup_requests=0, request_timeout_s=max(1.0, left))
     try:
-        result = asyncio.run(asyncio.wait_for(run_async(bo, load_prompts(None)), timeout=max(0.1, left)))
+        if left <= 0:
+            raise TimeoutError
+        bo = BenchOptions(url=url, concurrency=(o.concurrency,), requests=o.requests,
+                          max_new_tokens=o.max_new_tokens, warmup_requests=0, request_timeout_s=left)
+        # run_async cuts every request and side deadline to the time left (deadline_s); wait_for is
+        # the guard for the teardown
+        result = asyncio.run(asyncio.wait_for(run_async(bo, load_prompts(None), deadline_s=left),
+                                              timeout=left + 0.25))
     except TimeoutError:
         checks.append({"name": "load", "ok": False, "detail": f"the synthetic load ({o.requests} requests at "
                        f"concurrency {o.concurrency}) did not finish within the gate's {o.deadline_s:g} s"})
