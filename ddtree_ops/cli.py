@@ -935,7 +935,9 @@ def sweep(
         {"name": f"point {p.name}", "ok": p.status != "failed" and not nothing_valid,
          "detail": f"{p.status}: {p.detail}"} for p in done
     ]
-    _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})
+    from .ops.sweep import REPORT_FILE
+
+    _print_checks(checks, as_json, {"report": str(out_dir / REPORT_FILE)})
 
 
 @app.command("probe-sglang")

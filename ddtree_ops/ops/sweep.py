@@ -244,12 +244,22 @@ def _points_of(doc: dict[str, Any], where: str) -> tuple[list[Point], dict[Any, 
     return points, urls
 
 
+STATE_FILE, REPORT_FILE, RESTORE_LOG = "sweep.json", "sweep.md", "restore.log"
+OWN_FILES = frozenset({STATE_FILE, REPORT_FILE, RESTORE_LOG})
+"""The files a sweep writes beside its points' directories in OUT: a point named like one would
+make its result directory collide with them (a point ``sweep.json`` made the state file a
+directory: the sweep aborted and lost its state)."""
+
+
 def _check_point(p: Point, i: int, seen: set[str], where: str) -> None:
     """Point ``i``: a unique directory-safe name, ``set`` keys that are non-secret inventory
     paths, an optional http(s) URL. Raises :class:`SweepError` naming the point."""
     if not isinstance(p.name, str) or not NAME.match(p.name):
         raise SweepError(f"{where}: point {i} name = {preview(repr(p.name), 80)}; must match {NAME.pattern} "
                          "(it names the result directory)")
+    if p.name.lower() in OWN_FILES:  # lower: a case-insensitive file system collides as well
+        raise SweepError(f"{where}: point {i} name = {p.name!r}: the sweep writes its own {p.name.lower()} there "
+                         f"(its files: {', '.join(sorted(OWN_FILES))}); rename the point")
     if p.name in seen:
         raise SweepError(f"{where}: point name {p.name!r} twice; names must be unique")
     if not isinstance(p.set, dict):
@@ -416,7 +426,7 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
 
     make_out_dir(out_dir)
     check_out_dir(out_dir)  # refused before the first point, not after its benchmark
-    state_path = out_dir / "sweep.json"
+    state_path = out_dir / STATE_FILE
     previous = _previous(state_path)
     last_vars: dict[str, Any] | None = None  # what the last deploy sent; {}: the inventory's own settings
     deployed_any = False
@@ -459,11 +469,11 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
     if deployed_any and last_vars == {}:
         restore = {"ok": True, "detail": "the last deployed point had the inventory's own settings"}
     elif deployed_any:
-        why = deployer.deploy(host, None, out_dir / "restore.log")
+        why = deployer.deploy(host, None, out_dir / RESTORE_LOG)
         restore = {"ok": why is None, "detail": why or "deployed with the inventory's own settings"}
     if restore is not None:
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
-    write_file(out_dir / "sweep.md", ranking(points, out_dir))
+    write_file(out_dir / REPORT_FILE, ranking(points, out_dir))
     return points
 
 
