@@ -407,8 +407,14 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
 
     loader = DataLoader()
     _vault_secrets(loader, list(vault_password_files or []))
+    from ansible.vars.hostvars import HostVars
+
     inv = InventoryManager(loader=loader, sources=[str(path)])
     vm = VariableManager(loader=loader, inventory=inv)
+    # ``hostvars`` as ansible-playbook gives it (ansible-core 2.19 executor/task_queue_manager.py
+    # builds the same HostVars, which registers itself with the variable manager): a read-only,
+    # lazy view of the other hosts' variables, each templated with that host's own variables.
+    HostVars(inventory=inv, variable_manager=vm, loader=loader)
     pattern = SERVER_GROUP if not limit else f"{SERVER_GROUP}:&{limit}"
     hosts = inv.get_hosts(pattern)
     if not hosts:
@@ -424,7 +430,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
     memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (models._memo_get)
     for host in hosts:
-        all_vars = vm.get_vars(host=host, include_hostvars=False)
+        all_vars = vm.get_vars(host=host, include_hostvars=True)
         templar = Templar(loader=loader, variables=all_vars)
         try:
             with _deadline(TEMPLATE_DEADLINE_S):
