@@ -223,7 +223,8 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     checks += [{"name": name, "ok": False, "detail": "; ".join(lines)} for name, lines in failed.items()]
     if as_json:
         print(json.dumps({"ok": not errors, "checks": checks, "warnings": [w.as_dict() for w in warnings],
-                          "info": [i.as_dict() for i in infos], "errors": [f.as_dict() for f in errors]}, indent=2))
+                          "info": [i.as_dict() for i in infos], "errors": [f.as_dict() for f in errors]}, indent=2,
+                              allow_nan=False))
     else:
         for v in passed:
             say(out, "ok  ", "green", v.deployment.host)
@@ -322,7 +323,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
                           "hosts": {v.deployment.host: {"host_class": v.deployment.host_class, **v.plan.as_dict(),
                                                         **({"sglang_resolution": resolutions[v.deployment.host]}
                                                            if v.deployment.host in resolutions else {})}
-                                    for v in validated}}, indent=2))
+                                    for v in validated}}, indent=2, allow_nan=False))
         if refused:
             raise typer.Exit(1)
         return
@@ -411,12 +412,12 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     alert rules, Grafana dashboard).
 
     Nothing is written unless every host validates. Files are written only under OUT, each
-    atomically with its final mode and never through a symlink (:mod:`ddtree_ops.render.write`);
+    atomically with its final mode and never through a symlink (:mod:`ddtree_ops.ops.write`);
     a directory on the way (OUT and each level below it) that is not ours or is writable by
     group/others is refused before the first write, and created directories are 0755.
     """
+    from .ops.write import OpenDirs, UnsafeOutput, check_out_dir, check_targets, write_under
     from .render import render_host, render_prometheus
-    from .render.write import OpenDirs, UnsafeOutput, check_out_dir, check_targets, write_under
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
@@ -769,8 +770,14 @@ def bench(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ops.bench import BenchInputError, BenchOptions, load_prompts, write_results
+    from .ops.bench import BenchInputError, BenchOptions, bound_s, load_prompts, write_results
     from .ops.bench import run as run_bench
+    from .ops.write import UnsafeOutput, check_out_dir
+
+    try:  # a --out that cannot be written safely is refused before the benchmark, not after it
+        check_out_dir(out_dir)
+    except UnsafeOutput as exc:
+        raise typer.BadParameter(str(exc)) from None
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
@@ -806,7 +813,10 @@ def bench(
     if baseline is not None:
         runs = [("requests", target, out_dir / "spec", recorded),
                 ("baseline requests", _url(baseline), out_dir / "baseline", None)]
-    checks, extra = [], {"url": target}
+    bound = round(len(runs) * bound_s(opts), 3)  # each run within bound_s, whatever the servers do
+    if not as_json:
+        say(err, "bench", "bold", f"at most {bound:g} s (every request and side request has its deadline)")
+    checks, extra = [], {"url": target, "bound_s": bound}
     for name, url_, dest, plan_doc in runs:
         o = BenchOptions(**{**opts.__dict__, "url": url_})
         if name != "requests":
@@ -817,9 +827,10 @@ def bench(
             result = run_bench(o, prompt_list, plan_doc, on_request, on_level)
         try:
             files = write_results(dest, result)
-        except OSError as exc:
+        except (OSError, UnsafeOutput) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             _print_checks([{"name": "bench", "ok": False, "detail": f"ran, but cannot write --out {dest}: "
-                            f"{exc.strerror or exc}"}], as_json, {"url": url_})
+                            f"{why}"}], as_json, {"url": url_})
             return
         failed = result.failed
         total_n = sum(lv.requests for lv in result.levels)
@@ -835,7 +846,14 @@ def bench(
         from .ops.bench import load_result
         from .ops.bench_report import write_report
 
-        path, rows = write_report(out_dir / "report", load_result(out_dir / "spec"), load_result(out_dir / "baseline"))
+        try:
+            path, rows = write_report(out_dir / "report", load_result(out_dir / "spec"),
+                                      load_result(out_dir / "baseline"))
+        except (OSError, UnsafeOutput) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            _print_checks([*checks, {"name": "compare", "ok": False, "detail": f"cannot write the report in "
+                                     f"{out_dir / 'report'}: {why}"}], as_json, extra)
+            return
         extra["rows"] = rows
         checks.append({"name": "compare", "ok": True, "detail": "speedup " + ", ".join(
             f"c={r['concurrency']} {r['speedup']:.2f}x" if r["speedup"] is not None else f"c={r['concurrency']} -"
@@ -856,12 +874,15 @@ def bench_compare(
     PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
     from .ops.bench import BenchInputError, load_result
     from .ops.bench_report import write_report
+    from .ops.write import UnsafeOutput
 
     try:
         s, b = load_result(spec), load_result(baseline)
-    except BenchInputError as exc:
+        path, rows = write_report(out_dir, s, b)
+    except (BenchInputError, UnsafeOutput) as exc:
         raise typer.BadParameter(str(exc)) from None
-    path, rows = write_report(out_dir, s, b)
+    except OSError as exc:
+        raise typer.BadParameter(f"{exc.filename or spec}: {exc.strerror or exc}") from None
     if not rows:
         _print_checks([{"name": "compare", "ok": False, "detail": "no concurrency level is in both runs; run both "
                         "with the same --concurrency"}], as_json)
@@ -945,13 +966,20 @@ def sweep(
         if not as_json:
             say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
 
-    done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point, deployer)
+    from .ops.write import UnsafeOutput
+
+    try:
+        done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point, deployer)
+    except UnsafeOutput as exc:
+        raise typer.BadParameter(f"--out: {exc}") from None
     nothing_valid = all(p.status == "invalid" for p in done)  # a sweep that can measure nothing fails
     checks = [
         {"name": f"point {p.name}", "ok": p.status != "failed" and not nothing_valid,
          "detail": f"{p.status}: {p.detail}"} for p in done
     ]
-    _print_checks(checks, as_json, {"report": str(out_dir / "sweep.md")})
+    from .ops.sweep import REPORT_FILE
+
+    _print_checks(checks, as_json, {"report": str(out_dir / REPORT_FILE)})
 
 
 @app.command("probe-sglang")
@@ -991,7 +1019,7 @@ def probe_sglang(
     rc, result = run_probe(interpreter, probe_request(v), timeout)
     if rc == 2:
         if as_json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result, indent=2, allow_nan=False))
         else:
             for c in result["checks"]:
                 say(err, "error:", "red", f"{c['name']}: {c['detail']}")
@@ -1185,7 +1213,7 @@ def diagnose_cmd(
             f"; journalctl had no entries of {unit} in this boot (unit name? run as root or in group systemd-journal)"
         )
     if as_json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2, allow_nan=False))
     elif findings:
         for f in findings:
             say(out, "FAIL", "red", f.message())
@@ -1281,7 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
                         ],
                         "errors": [f.as_dict() for f in exc.findings],
                     },
-                    indent=2,
+                    indent=2, allow_nan=False
                 )
             )
         for f in exc.findings:
@@ -1350,7 +1378,8 @@ def _unexpected(argv: list[str] | None, exc: Exception) -> int:
     msg = scrub(f"internal error: {type(exc).__name__}: {exc}"[:400])
     hint = " (a bug in ddtree-ops: please report it with the output of DDTREE_DEBUG=1 and the same arguments)"
     if _wants_json(argv):
-        print(json.dumps({"ok": False, "checks": [{"name": "internal-error", "ok": False, "detail": msg}]}, indent=2))
+        print(json.dumps({"ok": False, "checks": [{"name": "internal-error", "ok": False, "detail": msg}]}, indent=2,
+            allow_nan=False))
     say(err, "error:", "red", msg + hint)
     return EXIT_INTERNAL
 
@@ -1374,7 +1403,8 @@ def _wants_json(argv: list[str] | None) -> bool:
 def _usage(argv: list[str] | None, msg: str) -> int:
     if msg:
         if _wants_json(argv):
-            print(json.dumps({"ok": False, "checks": [{"name": "usage", "ok": False, "detail": msg}]}, indent=2))
+            print(json.dumps({"ok": False, "checks": [{"name": "usage", "ok": False, "detail": msg}]}, indent=2,
+                allow_nan=False))
         say(err, "error:", "red", msg)
     return 2
 

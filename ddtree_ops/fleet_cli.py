@@ -208,7 +208,7 @@ def logs_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Vaul
     if as_json:
         print(json.dumps({"ok": ok, "hosts": [g.__dict__ for g in got],
                           "checks": [{"name": g.host, "ok": g.ok, "detail": g.error or f"{len(g.lines)} lines"}
-                                     for g in got]}, indent=2))
+                                     for g in got]}, indent=2, allow_nan=False))
     else:
         from .cli import err, out, say
 
@@ -253,7 +253,8 @@ def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: li
     ok = all(r.ok for r in done)
     if as_json:
         print(json.dumps({"ok": ok, "hosts": [r.as_dict() for r in done],
-                          "checks": [{"name": r.host, "ok": r.ok, "detail": r.detail} for r in done]}, indent=2))
+                          "checks": [{"name": r.host, "ok": r.ok, "detail": r.detail} for r in done]}, indent=2,
+                              allow_nan=False))
     else:
         for r in done:
             if r.step == "skipped":

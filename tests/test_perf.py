@@ -19,10 +19,10 @@ from rich.text import Text
 from ddtree_ops.cli import main, say
 from ddtree_ops.config import inventory as inventory_mod
 from ddtree_ops.config import validate_hostvars
+from ddtree_ops.ops.write import OpenDirs, UnsafeOutput, write_under
 from ddtree_ops.render import files as files_mod
 from ddtree_ops.render import render_host, render_prometheus
 from ddtree_ops.render.monitoring import render_rules
-from ddtree_ops.render.write import OpenDirs, UnsafeOutput, write_under
 
 SHIPPED = ["inventory/example", "inventory/dflash-example", "inventory/test"]
 
@@ -412,7 +412,7 @@ def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch)
     not once per file path, and still finds a bad one anywhere in it."""
     import os
 
-    from ddtree_ops.render import write as write_mod
+    from ddtree_ops.ops import write as write_mod
 
     out = tmp_path / "out"
     rels = [f"h{h}/etc/{d}/f{i}" for h in range(3) for d in ("systemd/system", "ddtree-ops/x") for i in range(2)]

@@ -720,10 +720,10 @@ def test_gate_on_a_dead_server_fails_within_its_deadline(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_document(validate_hostvars("h1", hv))))
     rc = main(["release", "gate", "--plan", str(plan), "--url", f"http://127.0.0.1:{free_port()}",
-               "--deadline", "5", "--json"])
+               "--deadline", "6", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and doc["checks"][0]["name"] == "reachable" and not doc["checks"][0]["ok"]
-    assert doc["elapsed_s"] < 5
+    assert doc["elapsed_s"] < 6
 
 
 def test_health_wait_ends_when_the_units_main_process_is_gone(monkeypatch, capsys):

@@ -534,7 +534,7 @@ def test_render_under_umask_000_creates_0755_directories(tmp_path, capsys):
 
 
 def test_write_under_checks_every_level(tmp_path):
-    from ddtree_ops.render.write import UnsafeOutput, check_targets, write_under
+    from ddtree_ops.ops.write import UnsafeOutput, check_targets, write_under
 
     out = tmp_path / "OUT"
     write_under(out, "a/b/c.txt", "x", 0o644)
@@ -547,7 +547,7 @@ def test_write_under_checks_every_level(tmp_path):
 
 
 def test_write_under_refuses_escapes(tmp_path):
-    from ddtree_ops.render.write import UnsafeOutput, write_under
+    from ddtree_ops.ops.write import UnsafeOutput, write_under
 
     for rel in ("../x", "a/../../x", "", "/", "a/./b"):
         with pytest.raises(UnsafeOutput):

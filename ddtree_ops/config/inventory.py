@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -163,47 +164,100 @@ ones a few times that)."""
 
 
 def _check_vars_files(path: Path) -> None:
-    """Refuse a dangling symlink, an unreadable file or directory under the inventory's
-    group_vars/host_vars, a file there that is not a regular file or is over
-    :data:`MAX_VARS_FILE_BYTES`, linked directories followed (Ansible reads them too; each directory
-    once, so a link loop ends), at most :data:`MAX_VARS_ENTRIES` entries."""
-    base = path if path.is_dir() else path.parent
+    """Check every file the load reads before Ansible reads it: the inventory file given (``-i
+    FILE``) or every file under the inventory directory (``-i DIR``: Ansible parses each as a
+    source and reads group_vars/host_vars in it), and the group_vars/host_vars next to an
+    inventory file.
 
-    def refuse(f: str | Path, why: str) -> None:
-        raise ConfigError([Finding("error", "inventory", str(f), why,
-                                   "fix or remove the file (its variables would be missing)")])
-
-    def unlistable(exc: OSError) -> None:
-        refuse(exc.filename or top, "cannot be listed by this user; Ansible would skip its variables")
-
+    Refused: a dangling symlink (Ansible's ``host_group_vars`` plugin skips one silently, which
+    would read as "ddtree_host_class = None"), an unreadable file or directory, a file that is
+    not a regular file (a FIFO blocks the read forever, a link to ``/dev/zero`` never ends and
+    fills memory) or is over :data:`MAX_VARS_FILE_BYTES`; linked directories are followed (Ansible
+    reads them too; each directory once, so a link loop ends), at most :data:`MAX_VARS_ENTRIES`
+    entries in each tree."""
+    if path.is_dir():
+        _check_sources(path, set(), [0])
+        return
+    _check_one(path, is_file_entry=True)
     for sub in ("group_vars", "host_vars"):
-        top = base / sub
-        if not top.is_dir():
+        if (path.parent / sub).is_dir():
+            _check_tree(path.parent / sub, path.parent / sub)
+
+
+def _refuse(f: str | Path, why: str) -> None:
+    raise ConfigError([Finding("error", "inventory", str(f), why,
+                               "fix or remove the file (its variables would be missing, or the load would hang)")])
+
+
+def _check_one(f: Path, is_file_entry: bool) -> None:
+    """The checks of one entry (see :func:`_check_vars_files`); ``os.stat`` follows a link, so a
+    link to a device is judged by what it points at."""
+    if f.is_symlink() and not f.exists():
+        _refuse(f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently")
+    if not is_file_entry:
+        return
+    try:
+        st = f.stat()
+    except OSError as exc:
+        _refuse(f, f"cannot be read: {exc.strerror or exc}")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO, socket or device blocks or never ends
+        _refuse(f, "is not a regular file (a FIFO, socket or device: reading it would block or never end)")
+    if not os.access(f, os.R_OK):
+        _refuse(f, "is not readable by this user; Ansible would skip its variables")
+    if st.st_size > MAX_VARS_FILE_BYTES:
+        _refuse(f, f"is larger than {MAX_VARS_FILE_BYTES >> 20} MiB (not an inventory or variables file?)")
+
+
+def _check_sources(d: Path, seen: set[tuple[int, int]], entries: list[int]) -> None:
+    """Check the inventory directory ``d`` as Ansible reads it (``InventoryManager`` of
+    ansible-core 2.19, ``ansible/inventory/manager.py``): every entry its ``IGNORED`` pattern
+    does not skip (hidden names, ``.md``, ``.txt``, ``~`` ... are never opened) is a source, a
+    directory recursively; group_vars/host_vars at any level wholly (the vars plugin reads them)."""
+    from ansible.inventory.manager import IGNORED
+
+    try:
+        st = os.stat(d)
+        names = sorted(os.listdir(d))
+    except OSError as exc:
+        _refuse(d, f"cannot be listed by this user: {exc.strerror or exc}")
+    if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or one directory linked twice
+        return
+    seen.add((st.st_dev, st.st_ino))
+    entries[0] += len(names)
+    if entries[0] > MAX_VARS_ENTRIES:
+        _refuse(d, f"holds more than {MAX_VARS_ENTRIES} files and directories (a link to a large tree?)")
+    for name in names:
+        f = d / name
+        if name in ("group_vars", "host_vars") and f.is_dir():
+            _check_tree(f, f)
+        elif IGNORED.search(os.fsencode(name)):
             continue
-        seen: set[tuple[int, int]] = set()
-        entries = 0
-        for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=True):
-            st = os.stat(dirpath)
-            if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or one directory linked twice
-                dirnames[:] = []
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            entries += len(dirnames) + len(filenames)
-            if entries > MAX_VARS_ENTRIES:
-                refuse(top, f"holds more than {MAX_VARS_ENTRIES} files and directories (a link to a large tree?)")
-            for name in dirnames + filenames:
-                f = Path(dirpath) / name
-                if f.is_symlink() and not f.exists():
-                    refuse(
-                        f, f"is a dangling symlink (to {shorten(os.readlink(f), 200)}); Ansible would skip it silently"
-                    )
-                elif f.is_file() and not os.access(f, os.R_OK):
-                    refuse(f, "is not readable by this user; Ansible would skip its variables")
-                elif name in filenames and not f.is_file():  # a FIFO or device blocks or never ends
-                    refuse(f, "is not a regular file (a FIFO, socket or device: reading it would block "
-                              "or never end)")
-                elif name in filenames and f.stat().st_size > MAX_VARS_FILE_BYTES:
-                    refuse(f, f"is larger than {MAX_VARS_FILE_BYTES >> 20} MiB (not a variables file?)")
+        elif f.is_dir():
+            _check_one(f, is_file_entry=False)
+            _check_sources(f, seen, entries)
+        else:
+            _check_one(f, is_file_entry=True)
+
+
+def _check_tree(top: Path, shown: Path) -> None:
+    def unlistable(exc: OSError) -> None:
+        _refuse(exc.filename or shown, "cannot be listed by this user; Ansible would skip its variables")
+
+    seen: set[tuple[int, int]] = set()
+    entries = 0
+    for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or one directory linked twice
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        entries += len(dirnames) + len(filenames)
+        if entries > MAX_VARS_ENTRIES:
+            _refuse(shown, f"holds more than {MAX_VARS_ENTRIES} files and directories (a link to a large tree?)")
+        for name in dirnames:
+            _check_one(Path(dirpath) / name, is_file_entry=False)
+        for name in filenames:
+            _check_one(Path(dirpath) / name, is_file_entry=True)
 
 
 def _yaml_causes(path: Path, loader: Any) -> list[str]:
@@ -353,8 +407,14 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
 
     loader = DataLoader()
     _vault_secrets(loader, list(vault_password_files or []))
+    from ansible.vars.hostvars import HostVars
+
     inv = InventoryManager(loader=loader, sources=[str(path)])
     vm = VariableManager(loader=loader, inventory=inv)
+    # ``hostvars`` as ansible-playbook gives it (ansible-core 2.19 executor/task_queue_manager.py
+    # builds the same HostVars, which registers itself with the variable manager): a read-only,
+    # lazy view of the other hosts' variables, each templated with that host's own variables.
+    HostVars(inventory=inv, variable_manager=vm, loader=loader)
     pattern = SERVER_GROUP if not limit else f"{SERVER_GROUP}:&{limit}"
     hosts = inv.get_hosts(pattern)
     if not hosts:
@@ -370,7 +430,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
     memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (models._memo_get)
     for host in hosts:
-        all_vars = vm.get_vars(host=host, include_hostvars=False)
+        all_vars = vm.get_vars(host=host, include_hostvars=True)
         templar = Templar(loader=loader, variables=all_vars)
         try:
             with _deadline(TEMPLATE_DEADLINE_S):

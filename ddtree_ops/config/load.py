@@ -53,6 +53,10 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
     unknown = sorted(k for k in hostvars if is_deployment_var(k) and k not in known)
     if unknown:
         raise ConfigError([_unknown_var(host, k, known) for k in unknown])
+    non_finite = [f for var in INVENTORY_VARS.values() if var in hostvars
+                  for f in non_finite_findings(host, var, hostvars[var])]
+    if non_finite:
+        raise ConfigError(non_finite)
     data: dict[str, Any] = {"host": host}
     for field, var in INVENTORY_VARS.items():
         if var in hostvars and hostvars[var] is not None:
@@ -76,6 +80,33 @@ def deployment_from_hostvars(host: str, hostvars: dict[str, Any]) -> Deployment:
         return Deployment.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(findings_from_validation_error(exc, host, INVENTORY_VARS)) from None
+
+
+def non_finite_findings(host: str, name: str, value: Any) -> list[Finding]:
+    """A finding for every NaN or infinity anywhere in ``value`` (variable ``name``; nested keys
+    and list indexes named in the field, e.g. ``ddtree_server.mem_fraction_static``).
+
+    YAML's ``.nan`` / ``.inf`` load as floats that no field means (a size, rate, time or
+    fraction) and that strict JSON cannot carry: ``validate --json`` / ``plan --json`` and
+    plan.json would print ``NaN`` / ``Infinity``, which every strict parser (jq, Go, JavaScript's
+    JSON.parse) refuses. So they are refused where they enter, naming the field; a range check
+    alone would let ``inf`` pass a lower bound and would echo ``NaN`` in its own finding. The
+    value is shown as text so the finding itself stays strict JSON."""
+    import math
+
+    found: list[Finding] = []
+    stack: list[tuple[str, Any, int]] = [(name, value, 0)]
+    while stack:
+        path, v, depth = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            found.append(Finding("error", path, str(v), "not a finite number (YAML .nan/.inf): no setting means it, "
+                                 "and strict JSON (plan.json, --json) cannot carry it",
+                                 "give a finite number, or remove the key for the default", host=host))
+        elif depth < 64 and isinstance(v, dict):
+            stack.extend((f"{path}.{k}", x, depth + 1) for k, x in reversed(list(v.items())))
+        elif depth < 64 and isinstance(v, (list, tuple)):
+            stack.extend((f"{path}[{i}]", x, depth + 1) for i, x in reversed(list(enumerate(v))))
+    return found
 
 
 def _check_groups(host: str, hostvars: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ from pydantic import (
     field_validator,
 )
 
+from .envchars import env_char_problem
 from .errors import (
     REDACTED,
     RULE_FIX_SEP,
@@ -1007,9 +1008,12 @@ class Deployment(_Model):
                 raise _fail(f"{key} is set by ddtree-ops (DDTREE_OPS_* from the plan, HF_TOKEN from ddtree_hf_token)",
                             "remove it (set ddtree_hf_token for the HF token)")
             secret = value.get_secret_value()
-            if len(secret) > MAX_PATH or any(ord(c) < 0x20 or ord(c) == 0x7F for c in secret):
-                raise _fail(f"the value of {key} must be at most {MAX_PATH} characters without newline or control "
-                            "characters (systemd EnvironmentFile= lines)", "store the secret alone, without a newline")
+            if len(secret) > MAX_PATH:
+                raise _fail(f"the value of {key} must be at most {MAX_PATH} characters", "store the secret alone")
+            problem = env_char_problem(secret)  # names the code point, never the secret
+            if problem:
+                raise _fail(f"the value of {key} {problem} (systemd EnvironmentFile= lines)",
+                            "store the secret alone, without a newline or invisible characters")
         return v
 
     @field_validator("hf_token")

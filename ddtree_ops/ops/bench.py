@@ -57,7 +57,10 @@ from typing import Any
 import httpx
 
 from ddtree_ops.sglang.client import (
+    LOCAL_WORK_S,
     MIB,
+    SERVER_INFO_PATHS,
+    SERVER_INFO_REQUESTS,
     SGLangError,
     async_client,
     fetch,
@@ -486,15 +489,19 @@ def _no_constant(name: str) -> Any:
 
 
 async def _one(client: httpx.AsyncClient, opts: BenchOptions, prompt: Prompt, res: RequestResult,
-               headers: dict[str, str]) -> None:
-    """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError)."""
+               headers: dict[str, str], end: float | None = None) -> None:
+    """Send one streaming request and fill ``res`` (``ok`` or ``error``); never raises (but CancelledError).
+    ``end`` (event-loop time): the run's bound, which cuts the request's own deadline short."""
     n = prompt.output_len or opts.max_new_tokens
     path = APIS[opts.api]
     t0 = time.perf_counter()
     tok = _Tokens(res, t0)
     done = False
     try:
-        async with asyncio.timeout(opts.request_timeout_s):
+        limit = opts.request_timeout_s
+        if end is not None:
+            limit = min(limit, max(0.0, end - asyncio.get_running_loop().time()))
+        async with asyncio.timeout(limit):
             async with client.stream("POST", path, json=request_body(opts, prompt), headers=headers) as r:
                 if r.status_code != 200:
                     body = b""
@@ -586,7 +593,7 @@ async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DE
     (``/get_server_info`` on older builds), both tries within ``deadline_s`` in total. Values are
     server-controlled text, shortened."""
     end = time.monotonic() + deadline_s
-    for path in ("/server_info", "/get_server_info"):
+    for path in SERVER_INFO_PATHS:  # counted in bound_s as SERVER_INFO_REQUESTS
         left = end - time.monotonic()
         if left <= 0:
             break
@@ -604,6 +611,31 @@ async def server_identity(client: httpx.AsyncClient, deadline_s: float = SIDE_DE
             return {k: (preview(str(info[k]), 200) if isinstance(info[k], str) else info[k])
                     for k in keep if k in info and isinstance(info[k], str | int | float | bool | type(None))}
     return {}
+
+
+def bound_s(opts: BenchOptions) -> float:
+    """Upper bound (seconds) of one :func:`run`, whatever the server does (a server that stalls
+    every answer costs exactly this): each await of a run has a total deadline, so the bound
+    counts them.
+
+    * the server's identity: :data:`SERVER_INFO_REQUESTS` tries sharing one side deadline
+      (``min(SIDE_DEADLINE_S, request_timeout_s)``), each answer parsed in
+      :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S`;
+    * per level, one ``/metrics`` sample before and one after (a side deadline each);
+    * the warmup and each level with ``requests``: ``c`` workers take the requests one after the
+      other, and every worker finishes one within ``request_timeout_s`` (+ local work), so the
+      level ends within ``ceil(requests / c)`` of them; with ``duration_s`` new requests start
+      until it ends, and the last started one has ``request_timeout_s`` after it.
+    """
+    side = min(SIDE_DEADLINE_S, opts.request_timeout_s)
+    one = opts.request_timeout_s + LOCAL_WORK_S
+    total = side + SERVER_INFO_REQUESTS * LOCAL_WORK_S
+    if opts.warmup_requests:
+        total += math.ceil(opts.warmup_requests / opts.concurrency[0]) * one
+    for c in opts.concurrency:
+        total += 2 * (side + LOCAL_WORK_S)
+        total += math.ceil(opts.requests / c) * one if opts.requests is not None else (opts.duration_s or 0) + one
+    return total
 
 
 # ------------------------------------------------------------------ a level
@@ -671,19 +703,21 @@ def summarize(level: int, results: list[RequestResult], wall_s: float,
 
 async def _level(client: httpx.AsyncClient, opts: BenchOptions, prompts: list[Prompt], level: int, start_index: int,
                  headers: dict[str, str], on_request: Callable[[RequestResult], None] | None,
-                 requests: int | None, duration_s: float | None) -> tuple[list[RequestResult], float]:
+                 requests: int | None, duration_s: float | None,
+                 end: float | None = None) -> tuple[list[RequestResult], float]:
     results: list[RequestResult] = []
+    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     counter = iter(range(requests if requests is not None else 1 << 62))
     stop_at = None if duration_s is None else t0 + duration_s
 
     async def worker() -> None:
         for i in counter:
-            if stop_at is not None and time.perf_counter() >= stop_at:
+            if stop_at is not None and time.perf_counter() >= stop_at or end is not None and loop.time() >= end:
                 return
             res = RequestResult(level=level, index=i, start_s=time.perf_counter() - t0)
             results.append(res)
-            await _one(client, opts, prompts[(start_index + i) % len(prompts)], res, headers)
+            await _one(client, opts, prompts[(start_index + i) % len(prompts)], res, headers, end)
             if on_request:
                 on_request(res)
 
@@ -723,27 +757,36 @@ class BenchResult:
 
 async def run_async(opts: BenchOptions, prompts: list[Prompt], plan: dict[str, Any] | None = None,
                     on_request: Callable[[RequestResult], None] | None = None,
-                    on_level: Callable[[LevelResult], None] | None = None) -> BenchResult:
-    """Run every level of ``opts`` (see :func:`run`)."""
+                    on_level: Callable[[LevelResult], None] | None = None,
+                    deadline_s: float | None = None) -> BenchResult:
+    """Run every level of ``opts`` (see :func:`run`), within :func:`bound_s` or ``deadline_s``
+    when that is shorter (a caller's own budget: the release gate's load)."""
     opts.check()
     headers: dict[str, str] = {}
     started = time.time()
     t0 = time.perf_counter()
     levels: list[LevelResult] = []
     all_requests: list[RequestResult] = []
+    loop = asyncio.get_running_loop()
+    # bound_s is structurally never reached; it is also enforced, so it holds on a slow client
+    end = loop.time() + (bound_s(opts) if deadline_s is None else min(bound_s(opts), deadline_s))
+
+    def side() -> float:
+        return max(0.0, min(SIDE_DEADLINE_S, opts.request_timeout_s, end - loop.time()))
+
     async with async_client(opts.url, max_connections=max(opts.concurrency) + 4) as client:
         if opts.api_key:
             client.headers["Authorization"] = f"Bearer {opts.api_key}"
-        side = min(SIDE_DEADLINE_S, opts.request_timeout_s)
-        server = await server_identity(client, side)
+        server = await server_identity(client, side())
         if opts.warmup_requests:
-            await _level(client, opts, prompts, opts.concurrency[0], 0, headers, None, opts.warmup_requests, None)
+            await _level(client, opts, prompts, opts.concurrency[0], 0, headers, None, opts.warmup_requests, None,
+                         end)
         index = 0
         for level in opts.concurrency:
-            before = await _server_counters(client, side)
+            before = await _server_counters(client, side()) if side() > 0 else None
             results, wall = await _level(client, opts, prompts, level, index, headers, on_request,
-                                         opts.requests, opts.duration_s)
-            after = await _server_counters(client, side)
+                                         opts.requests, opts.duration_s, end)
+            after = await _server_counters(client, side()) if side() > 0 else None
             index += len(results)
             lv = summarize(level, results, wall, (before, after))
             levels.append(lv)
@@ -848,22 +891,22 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
 def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """Write ``bench.json`` (everything), ``levels.csv`` and ``requests.csv`` into ``out_dir``
-    (created), each atomically (a temporary file renamed). Returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (created), each through :func:`ddtree_ops.ops.write.write_file`: ``out_dir`` must be ours and
+    not writable by others, and a symlink planted at a result or temporary name is never followed.
+    Returns the paths written.
+
+    Raises:
+        UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
+    """
+    from ddtree_ops.ops.write import write_file
+
     doc = result.as_dict()
     files = {
         "bench.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
         "levels.csv": _csv([level_row(lv) for lv in result.levels], LEVEL_COLUMNS),
         "requests.csv": _csv(doc["requests"], REQUEST_COLUMNS),
     }
-    written = []
-    for name, text in files.items():
-        path = out_dir / name
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        written.append(path)
-    return written
+    return [write_file(out_dir / name, text) for name, text in files.items()]
 
 
 def load_result(path: Path) -> dict[str, Any]:
@@ -874,7 +917,10 @@ def load_result(path: Path) -> dict[str, Any]:
         OSError: cannot be read.
     """
     p = path / "bench.json" if path.is_dir() else path
-    if p.stat().st_size > 256 * MIB:
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+        raise BenchInputError(f"{preview(str(p))}: not a regular file; give the bench.json ddtree-ops bench wrote")
+    if st.st_size > 256 * MIB:
         raise BenchInputError(f"{preview(str(p))}: over 256 MiB; not a bench.json of ddtree-ops bench")
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -882,9 +928,50 @@ def load_result(path: Path) -> dict[str, Any]:
         raise BenchInputError(f"{preview(str(p))}: malformed JSON ({preview(str(exc), 120)})") from None
     if not isinstance(doc, dict) or doc.get("kind") != "ddtree-ops-bench" or not isinstance(doc.get("levels"), list):
         raise BenchInputError(f"{preview(str(p))}: not a bench.json written by ddtree-ops bench (kind, levels)")
-    for lv in doc["levels"]:
-        if not isinstance(lv, dict) or type(lv.get("concurrency")) is not int or not _finite(lv.get("output_tok_s")):
-            raise BenchInputError(
-                f"{preview(str(p))}: a level without concurrency/output_tok_s; re-run ddtree-ops bench"
-            )
+    for key in ("options", "server"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise BenchInputError(f"{preview(str(p))}: {key} is a {type(doc[key]).__name__}, not an object; "
+                                  "re-run ddtree-ops bench")
+    seen: set[int] = set()
+    for i, lv in enumerate(doc["levels"]):
+        problem = level_problem(lv)
+        if problem is None and lv["concurrency"] in seen:
+            problem = f"concurrency {lv['concurrency']} appears twice"
+        if problem:
+            raise BenchInputError(f"{preview(str(p))}: levels[{i}]: {problem}; re-run ddtree-ops bench")
+        seen.add(lv["concurrency"])
     return doc
+
+
+LEVEL_STATS = ("ttft_s", "itl_s", "e2e_s", "request_output_tok_s")
+"""The per-level statistics (``{mean, p50, p99}``) the comparison and its report read."""
+
+
+def level_problem(lv: Any) -> str | None:
+    """What is wrong with one level of a ``bench.json`` as the report reads it (None: nothing):
+    every field the comparison, the markdown and the plots use is checked for its type here, so
+    a crafted or truncated file is one line, never a traceback half-way through the report."""
+    if not isinstance(lv, dict):
+        return f"a {type(lv).__name__}, not an object"
+    c = lv.get("concurrency")
+    if type(c) is not int or not 1 <= c <= 1 << 20:
+        return f"concurrency {preview(repr(c), 40)} is not an integer 1..{1 << 20}"
+    for key in ("ok", "failed"):
+        if type(lv.get(key)) is not int or lv[key] < 0:
+            return f"{key} {preview(repr(lv.get(key)), 40)} is not a count (an integer >= 0)"
+    if not _finite(lv.get("output_tok_s")) or lv["output_tok_s"] < 0:
+        return f"output_tok_s {preview(repr(lv.get('output_tok_s')), 40)} is not a finite number >= 0"
+    for key in LEVEL_STATS:
+        st = lv.get(key)
+        if not isinstance(st, dict):
+            return f"{key} {preview(repr(st), 40)} is not an object of mean/p50/p99"
+        for k in ("mean", "p50", "p99"):
+            if st.get(k) is not None and not _finite(st[k]):
+                return f"{key}.{k} {preview(repr(st[k]), 40)} is not a finite number or null"
+    for key in ("accept_length", "accept_length_server"):
+        if lv.get(key) is not None and not _finite(lv[key]):
+            return f"{key} {preview(repr(lv[key]), 40)} is not a finite number or null"
+    samples = lv.get("itl_samples_s")
+    if samples is not None and (not isinstance(samples, list) or not all(_finite(x) and x > 0 for x in samples)):
+        return "itl_samples_s is not a list of finite numbers > 0"
+    return None

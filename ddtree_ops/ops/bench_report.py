@@ -10,7 +10,6 @@ distribution per level, as empirical CDFs).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -171,25 +170,34 @@ def plot(out_dir: Path, spec: dict[str, Any], base: dict[str, Any]) -> list[str]
 
 
 def _save(fig: Any, out_dir: Path, name: str) -> str:
+    import io
+
     import matplotlib.pyplot as plt
 
-    tmp = out_dir / f".{name}.tmp"
+    from ddtree_ops.ops.write import write_file
+
+    buf = io.BytesIO()  # rendered in memory, then written by the one safe writer
     fig.tight_layout()
-    fig.savefig(tmp, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, out_dir / name)
+    write_file(out_dir / name, buf.getvalue())
     return name
 
 
 def write_report(
     out_dir: Path, spec: dict[str, Any], base: dict[str, Any], plots: bool = True
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """Write ``report.md`` (and the plots) into ``out_dir``; returns its path and the rows of :func:`compare`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``report.md`` (and the plots) into ``out_dir`` through
+    :func:`ddtree_ops.ops.write.write_file` (``out_dir`` ours, never through a symlink); returns its
+    path and the rows of :func:`compare`.
+
+    Raises:
+        UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
+    """
+    from ddtree_ops.ops.write import check_out_dir, write_file
+
+    check_out_dir(out_dir)  # before the plots: a refused --out is refused before any work
     rows = compare(spec, base)
     names = plot(out_dir, spec, base) if plots else []
-    path = out_dir / "report.md"
-    tmp = out_dir / ".report.md.tmp"
-    tmp.write_text(markdown(spec, base, rows, names), encoding="utf-8")
-    os.replace(tmp, path)
+    path = write_file(out_dir / "report.md", markdown(spec, base, rows, names))
     return path, rows

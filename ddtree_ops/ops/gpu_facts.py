@@ -164,21 +164,43 @@ class Topology:
         return {"NV" if v.startswith("NV") else v for v in self.links.values()}
 
 
+MAX_TOPO_GPUS = 256
+"""Most GPUs a ``topo -m`` matrix may name: one host shows its own GPUs (8 on the largest HGX/DGX
+boards, 4 a node of GB200 NVL72); the links are every ordered pair, so this bounds them to 65280."""
+MAX_TOPO_BYTES = 1 << 20
+"""Largest ``topo -m`` output parsed, bytes (an 8-GPU, 8-NIC host prints ~3 KB; a 256-GPU matrix
+with as many NIC columns fits as well)."""
+
+
 def parse_topo(text: str) -> Topology:
-    """Parse the GPU-to-GPU part of ``nvidia-smi topo -m`` (NIC rows and columns ignored).
+    """Parse the GPU-to-GPU part of ``nvidia-smi topo -m`` (NIC rows and columns ignored), in
+    time linear in the text: each header column's position is looked up once (a ``list.index``
+    per cell made a crafted 3.9 MB matrix take 29 s of CPU), the GPUs are at most
+    :data:`MAX_TOPO_GPUS` and the text at most :data:`MAX_TOPO_BYTES`.
 
     Raises:
-        FactsError: no header with ``GPU0``, a GPU named twice in it, a GPU row missing or
-            shorter than the header's GPU columns, or a cell that is not a link value of the legend.
+        FactsError: the text is over :data:`MAX_TOPO_BYTES`, no header with ``GPU0``, a GPU named
+            twice in it or more than :data:`MAX_TOPO_GPUS`, a GPU row missing or shorter than the
+            header's GPU columns, or a cell that is not a link value of the legend.
     """
+    if len(text) > MAX_TOPO_BYTES:
+        raise FactsError(f"nvidia-smi topo -m printed {len(text)} characters, over {MAX_TOPO_BYTES}: not the "
+                         "matrix of one host")
     lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
     head_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s*GPU0(\s|$)", ln)), None)
     if head_i is None:
         raise FactsError("nvidia-smi topo -m output has no matrix header naming GPU0")
     header = [c.strip() for c in lines[head_i].strip().split("\t")]
     gpus = [c for c in header if re.fullmatch(r"GPU\d{1,4}", c)]
+    if len(gpus) > MAX_TOPO_GPUS:
+        raise FactsError(f"nvidia-smi topo -m: the header names {len(gpus)} GPUs, over {MAX_TOPO_GPUS}: not the "
+                         "matrix of one host")
     if len(set(gpus)) != len(gpus):
         raise FactsError(f"nvidia-smi topo -m: the header names a GPU twice ({' '.join(gpus)[:200]})")
+    gpu_set = set(gpus)
+    column = {c: k for k, c in enumerate(header) if c in gpu_set}  # the header's column of each GPU
+    cols = [column[g] for g in gpus]
+    last_col = max(cols, default=0)
     rows: dict[str, list[str]] = {}
     for ln in lines[head_i + 1:]:
         if not ln.strip() or ln.startswith("Legend"):
@@ -188,12 +210,12 @@ def parse_topo(text: str) -> Topology:
     links: dict[tuple[int, int], str] = {}
     for i, gi in enumerate(gpus):
         row = rows.get(gi)
-        if row is None or len(row) <= max(header.index(g) for g in gpus):
+        if row is None or len(row) <= last_col:
             raise FactsError(
                 f"nvidia-smi topo -m: no complete row for {gi} (fewer cells than the header's GPU columns)"
             )
         for j, _gj in enumerate(gpus):
-            cell = row[header.index(_gj)]
+            cell = row[cols[j]]
             if not _LINK.match(cell):
                 raise FactsError(f"nvidia-smi topo -m: {gi}-{_gj} is {cell[:40]!r}, not a link of the legend "
                                  "(X, NV#, PIX, PXB, PHB, NODE, SYS)")

@@ -236,6 +236,15 @@ class _NoMetrics(Exception):
     """``/metrics`` is not served (metrics disabled): progress is not measured."""
 
 
+PROMETHEUS_TEXT_TYPES = ("text/plain", "application/openmetrics-text")
+"""Media types of a Prometheus exposition (the part before ``;``). SGLang serves ``/metrics``
+through prometheus_client's ASGI app (``make_asgi_app``, sglang/srt/entrypoints/http_server.py),
+whose ``CONTENT_TYPE_LATEST`` is ``text/plain; version=0.0.4`` (prometheus_client < 0.22) or
+``text/plain; version=1.0.0`` (0.26, prometheus_client/exposition.py), and
+``application/openmetrics-text`` only when asked for it; a page served as ``text/html`` (a proxy's
+login or error page that happens to hold the gauge names) is not the server's metrics."""
+
+
 def _sample_load(c: SGLangClient, timeout: float | None = None) -> Load:
     """One ``/metrics`` sample as a :class:`Load`.
 
@@ -248,6 +257,10 @@ def _sample_load(c: SGLangClient, timeout: float | None = None) -> Load:
     r = c.get("/metrics", timeout)
     if r.status != 200:
         raise _NoMetrics(f"HTTP {r.status}")
+    ctype = r.content_type.split(";", 1)[0].strip().lower()
+    if ctype not in PROMETHEUS_TEXT_TYPES:
+        raise SGLangError(f"/metrics answered 200 as {preview(ctype or '(no Content-Type)', 60)!r}, not Prometheus "
+                          f"text ({' or '.join(PROMETHEUS_TEXT_TYPES)}): not SGLang's metrics")
     text = r.text()
     load = load_of(select_samples(text, LOAD_GAUGES + PROGRESS_COUNTERS))
     if load is None:

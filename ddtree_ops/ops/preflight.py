@@ -341,7 +341,7 @@ _SM = re.compile(r"sm_\d{2,3}[af]?")
 
 def _shown(v: object) -> str:
     try:
-        t = json.dumps(v)
+        t = json.dumps(v, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         t = repr(v)
     return t if len(t) <= 200 else t[:200] + "…"
@@ -1303,7 +1303,8 @@ def main(argv: list[str] | None = None) -> int:
         detail = clean(f"internal error: {type(exc).__name__}: {exc}", 400)
         if args.as_json:
             print(json.dumps({"ok": False, "checks": [{"name": "internal", "ok": False, "detail": detail,
-                                                       "remediation": "report this as a ddtree-ops bug"}]}, indent=2))
+                                                       "remediation": "report this as a ddtree-ops bug"}]}, indent=2,
+                                                           allow_nan=False))
         else:
             print(f"FAIL internal: {detail}", file=sys.stderr)
         return 70
@@ -1322,7 +1323,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         rc = 0 if result["ok"] else 1
     if args.as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
     else:
         for c in result["checks"]:
             print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}"

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rc = 0 if result["ok"] else 1
     if args.as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
     else:
         for c in result["checks"]:
             print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}")

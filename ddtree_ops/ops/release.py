@@ -34,7 +34,7 @@ whose files do not match its manifest, no previous release, a failed gate), 2 us
 Safety (every path stays inside ``R``):
 
 * ``R`` must be a real directory (not a symlink), owned by the caller, not writable by group
-  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.render.write`);
+  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.ops.write`);
   every operation goes through a descriptor of ``R`` (``dir_fd``), never a path re-resolved later;
 * an id must match :data:`ID_RE` (12 lower-case hex digits) before it names anything;
 * ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
@@ -109,7 +109,7 @@ def compute_id(entries: list[dict], ident: dict) -> str:
     The one definition of the id: ``ddtree-ops render`` and the ``ddtree_render`` action
     (:func:`ddtree_ops.render.release.build_release`) compute it from the rendered bytes, the
     commands here recompute it from a manifest and the files on disk."""
-    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"))
+    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canon.encode()).hexdigest()[:ID_LENGTH]
 
 
@@ -522,6 +522,18 @@ def rollback(root: Path, keep: int = 3) -> dict:
 
 GATE_DEADLINE_MAX_S = 3600.0
 """Longest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds."""
+GATE_HEALTH_SHARE = 0.5
+"""Share of the gate's deadline its health checks may take when their configured timeouts would
+not fit (:func:`gate_health_options`); the synthetic load gets the rest."""
+GATE_MIN_TIMEOUT_S = 0.2
+"""Shortest per-request timeout the gate's health checks are cut to: below it no real server
+answers ``/health`` (which generates a token)."""
+GATE_DEADLINE_MIN_S = 6.0
+"""Shortest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds: the one where
+:func:`gate_health_options` still gives every health request :data:`GATE_MIN_TIMEOUT_S` in its
+share (health's ``bound_s``: 5 requests of timeout + 0.25 s local work and one progress window of
+a tenth of the deadline, i.e. 5.6 s; a test recomputes it). A shorter deadline cannot be honoured,
+so it is refused before anything runs instead of being overrun."""
 ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
                                     "rolling_gate_deadline_s": 120}
 """``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
@@ -595,9 +607,10 @@ def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
         raise _rolling_value("rolling_max_fail_percentage", v["rolling_max_fail_percentage"],
                              "must be a number 0..100 (percent of a batch that may fail before the rollout stops)")
     deadline = _plain_number(v["rolling_gate_deadline_s"])
-    if deadline is None or not 0 < deadline <= GATE_DEADLINE_MAX_S:
+    if deadline is None or not GATE_DEADLINE_MIN_S <= deadline <= GATE_DEADLINE_MAX_S:
         raise _rolling_value("rolling_gate_deadline_s", v["rolling_gate_deadline_s"],
-                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline)")
+                             f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline), and "
+                             f"at least {GATE_DEADLINE_MIN_S:g} (the health checks and one request must fit)")
     return {"rolling_batches": batches, "rolling_max_fail_percentage": fail,
             "rolling_gate_deadline_s": deadline}
 
@@ -691,7 +704,7 @@ def _write_record(builds_fd: int, root: Path, names: list[str]) -> None:
     rfd = os.open(IN_USE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=builds_fd)
     try:
         name = hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json"
-        data = json.dumps({"root": str(root), "builds": names}, indent=1).encode()
+        data = json.dumps({"root": str(root), "builds": names}, indent=1, allow_nan=False).encode()
         tmp = f".{name}.{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rfd)
         try:
@@ -794,6 +807,27 @@ def floor_check(acc: float, floor: float) -> dict:
                       f"{floor:g} (ddtree_ops.accept_length_floor)"}
 
 
+def gate_health_options(base: Any, deadline_s: float) -> Any:
+    """``base`` (:class:`~ddtree_ops.ops.health.HealthOptions`) when its ``bound_s`` fits in
+    :data:`GATE_HEALTH_SHARE` of ``deadline_s``, else the same checks with the progress window cut
+    to a tenth of the deadline (at most its own) and the per-request timeout solved from
+    ``bound_s`` (linear in the timeout) so the bound is exactly the share. No floor that would
+    overrun the deadline: the timeout is what fits (>= :data:`GATE_MIN_TIMEOUT_S` from
+    :data:`GATE_DEADLINE_MIN_S` on)."""
+    from dataclasses import replace
+
+    from .health import bound_s
+
+    share = deadline_s * GATE_HEALTH_SHARE
+    if bound_s(base) <= share:
+        return base
+    window = min(base.progress_window_s, deadline_s / 10)
+    b1 = bound_s(replace(base, timeout=1.0, progress_window_s=window))
+    per = bound_s(replace(base, timeout=2.0, progress_window_s=window)) - b1
+    timeout = (share - (b1 - per)) / per
+    return replace(base, timeout=max(timeout, 0.01), progress_window_s=window)
+
+
 def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:
     """The rolling upgrade's per-host gate, all within ``o.deadline_s``:
 
@@ -815,7 +849,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 
     from ..config.plandoc_model import as_plan_doc
     from .bench import BenchOptions, load_prompts, run_async
-    from .health import HealthOptions, bound_s, check_health
+    from .health import HealthOptions, check_health
 
     t0 = time.monotonic()
     plan_doc = as_plan_doc(plan_doc)  # the typed contract (PlanDocError for a document that breaks it)
@@ -827,19 +861,22 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
         marker = None
     ho = HealthOptions(timeout=float(ops.health_timeout_s), failures=1, interval_s=0.5,
                        progress_window_s=1.0, plan_doc=plan_doc, warm_marker=Path(marker) if marker else None)
-    if bound_s(ho) >= o.deadline_s:
-        ho = HealthOptions(timeout=max(1.0, o.deadline_s / 8), failures=1, interval_s=0.5, progress_window_s=1.0,
-                           plan_doc=plan_doc, warm_marker=ho.warm_marker)
+    ho = gate_health_options(ho, o.deadline_s)
     checks = [c.as_dict() for c in check_health(url, options=ho)]
     extra: dict[str, Any] = {"accept_length": None, "floor": floor if speculative else None}
     if not all(c["ok"] for c in checks):
         extra["elapsed_s"] = round(time.monotonic() - t0, 3)
         return checks, extra
     left = o.deadline_s - (time.monotonic() - t0)
-    bo = BenchOptions(url=url, concurrency=(o.concurrency,), requests=o.requests, max_new_tokens=o.max_new_tokens,
-                      warmup_requests=0, request_timeout_s=max(1.0, left))
     try:
-        result = asyncio.run(asyncio.wait_for(run_async(bo, load_prompts(None)), timeout=max(0.1, left)))
+        if left <= 0:
+            raise TimeoutError
+        bo = BenchOptions(url=url, concurrency=(o.concurrency,), requests=o.requests,
+                          max_new_tokens=o.max_new_tokens, warmup_requests=0, request_timeout_s=left)
+        # run_async cuts every request and side deadline to the time left (deadline_s); wait_for is
+        # the guard for the teardown
+        result = asyncio.run(asyncio.wait_for(run_async(bo, load_prompts(None), deadline_s=left),
+                                              timeout=left + 0.25))
     except TimeoutError:
         checks.append({"name": "load", "ok": False, "detail": f"the synthetic load ({o.requests} requests at "
                        f"concurrency {o.concurrency}) did not finish within the gate's {o.deadline_s:g} s"})
@@ -901,7 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"ok": False, "checks": [{"name": "release-prune-builds", "ok": False, "detail": detail}],
                "root": str(args.root), "builds": str(args.builds)}
         rc = 1
-    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     return rc
 
 

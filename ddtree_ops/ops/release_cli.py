@@ -15,7 +15,9 @@ import typer
 
 from .release import (
     GATE_DEADLINE_MAX_S,
+    GATE_DEADLINE_MIN_S,
     GATE_MAX_NEW_TOKENS,
+    GATE_MIN_TIMEOUT_S,
     KEEP_MAX,
     GateOptions,
     ReleaseError,
@@ -162,6 +164,10 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option(
     from ..cli import _deployed, _positive, _print_checks, _target
 
     _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
+    if deadline < GATE_DEADLINE_MIN_S:  # refused, not overrun: health and one request cannot fit
+        raise typer.BadParameter(f"--deadline {deadline:g}: at least {GATE_DEADLINE_MIN_S:g} s (the health checks "
+                                 f"need {GATE_MIN_TIMEOUT_S:g} s a request and the load one request); give "
+                                 f"--deadline {GATE_DEADLINE_MIN_S:g} or more")
     for name, value, hi in (("--requests", requests, 1000), ("--concurrency", concurrency, 256),
                             ("--max-new-tokens", max_new_tokens, 4096)):
         if not 1 <= value <= hi:

@@ -49,6 +49,7 @@ import yaml
 
 from ddtree_ops.config.errors import is_secret_name, looks_like_token, registered_secret_in
 from ddtree_ops.ops.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
+from ddtree_ops.ops.write import check_out_dir, make_out_dir, write_file
 from ddtree_ops.sglang.client import preview
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -129,7 +130,7 @@ class Point:
     def key(self, opts: BenchOptions) -> str:
         """Identity of this point's result: its settings, URL and the bench options (hex)."""
         o = {k: v for k, v in opts.as_dict().items() if k != "url"}
-        raw = json.dumps({"set": self.set, "url": self.url, "options": o}, sort_keys=True, default=str)
+        raw = json.dumps({"set": self.set, "url": self.url, "options": o}, sort_keys=True, default=str, allow_nan=False)
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -243,12 +244,22 @@ def _points_of(doc: dict[str, Any], where: str) -> tuple[list[Point], dict[Any, 
     return points, urls
 
 
+STATE_FILE, REPORT_FILE, RESTORE_LOG = "sweep.json", "sweep.md", "restore.log"
+OWN_FILES = frozenset({STATE_FILE, REPORT_FILE, RESTORE_LOG})
+"""The files a sweep writes beside its points' directories in OUT: a point named like one would
+make its result directory collide with them (a point ``sweep.json`` made the state file a
+directory: the sweep aborted and lost its state)."""
+
+
 def _check_point(p: Point, i: int, seen: set[str], where: str) -> None:
     """Point ``i``: a unique directory-safe name, ``set`` keys that are non-secret inventory
     paths, an optional http(s) URL. Raises :class:`SweepError` naming the point."""
     if not isinstance(p.name, str) or not NAME.match(p.name):
         raise SweepError(f"{where}: point {i} name = {preview(repr(p.name), 80)}; must match {NAME.pattern} "
                          "(it names the result directory)")
+    if p.name.lower() in OWN_FILES:  # lower: a case-insensitive file system collides as well
+        raise SweepError(f"{where}: point {i} name = {p.name!r}: the sweep writes its own {p.name.lower()} there "
+                         f"(its files: {', '.join(sorted(OWN_FILES))}); rename the point")
     if p.name in seen:
         raise SweepError(f"{where}: point name {p.name!r} twice; names must be unique")
     if not isinstance(p.set, dict):
@@ -322,12 +333,9 @@ class Deployer:
         argv = [self.command, "-i", self.inventory, "-l", host, str(self.playbook)]
         for f in self.vault_password_files:
             argv += ["--vault-password-file", f]
-        log.parent.mkdir(parents=True, exist_ok=True)
         if extra_vars is not None:
-            vars_file = log.parent / "deploy-vars.json"
-            fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(extra_vars, fh, indent=1, allow_nan=False, default=str)
+            vars_file = write_file(log.parent / "deploy-vars.json",
+                                   json.dumps(extra_vars, indent=1, allow_nan=False, default=str), 0o600)
             argv += ["-e", f"@{vars_file.resolve()}"]
         env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
         try:
@@ -335,9 +343,7 @@ class Deployer:
         except OSError as exc:
             return f"could not run {Path(self.command).name}: {exc.strerror or exc}"
         text = (out[-256 * 1024:] + b"\n" + err).decode("utf-8", "replace")
-        tmp = log.with_name(f".{log.name}.tmp")
-        tmp.write_text(scrub(text), encoding="utf-8")
-        os.replace(tmp, log)
+        write_file(log, scrub(text), 0o600)  # the play's output: scrubbed, and still only for us
         name = Path(self.command).name
         if why:
             return f"{name} {why}"
@@ -390,9 +396,7 @@ def served_url(v: Any) -> str | None:
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_file(path, json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
 
 
 def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: BenchOptions, prompts: list[Prompt],
@@ -420,8 +424,9 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
     from ddtree_ops.render.argv import build_argv
     from ddtree_ops.render.files import plan_document
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state_path = out_dir / "sweep.json"
+    make_out_dir(out_dir)
+    check_out_dir(out_dir)  # refused before the first point, not after its benchmark
+    state_path = out_dir / STATE_FILE
     previous = _previous(state_path)
     last_vars: dict[str, Any] | None = None  # what the last deploy sent; {}: the inventory's own settings
     deployed_any = False
@@ -464,14 +469,11 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
     if deployed_any and last_vars == {}:
         restore = {"ok": True, "detail": "the last deployed point had the inventory's own settings"}
     elif deployed_any:
-        why = deployer.deploy(host, None, out_dir / "restore.log")
+        why = deployer.deploy(host, None, out_dir / RESTORE_LOG)
         restore = {"ok": why is None, "detail": why or "deployed with the inventory's own settings"}
     if restore is not None:
         _write_json(state_path, {"host": host, "points": [_state(p, opts) for p in points], "restore": restore})
-    report = out_dir / "sweep.md"
-    tmp = out_dir / ".sweep.md.tmp"
-    tmp.write_text(ranking(points, out_dir), encoding="utf-8")
-    os.replace(tmp, report)
+    write_file(out_dir / REPORT_FILE, ranking(points, out_dir))
     return points
 
 

@@ -40,10 +40,8 @@ import asyncio
 import base64
 import json
 import math
-import os
 import re
 import struct
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -599,13 +597,8 @@ def warmup(url: str, batch_sizes: list[int] | WarmupPlan, deadline_s: float = 60
 
 
 def write_marker(path: Path, report: WarmupReport) -> None:
-    """Write the warm marker (the report as JSON) atomically: readers see all of it or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".warm-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(report.as_dict(), f, allow_nan=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the warm marker (the report as JSON) atomically: readers see all of it or none
+    (:func:`ddtree_ops.ops.write.write_file`: its directory ours, never through a symlink)."""
+    from .write import write_file
+
+    write_file(path, json.dumps(report.as_dict(), allow_nan=False), 0o600)

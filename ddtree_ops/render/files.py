@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from ..config.router import Router
 
+from ..config.envchars import env_char_problem
 from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
@@ -76,10 +77,13 @@ def env_value(value: str) -> str:
     """Quote a value for an ``EnvironmentFile=`` line (systemd.exec(5)).
 
     Raises:
-        ValueError: newline or control character.
+        ValueError: a character :func:`ddtree_ops.config.envchars.env_char_problem` refuses
+            (control, format, line/paragraph separator): the last check before any env file,
+            whatever produced the value.
     """
-    if _CONTROL.search(value):
-        raise ValueError("environment values may not hold newlines or control characters")
+    problem = env_char_problem(value)
+    if problem:
+        raise ValueError(problem)
     if _PLAIN.match(value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
@@ -275,7 +279,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
-        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
+        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True,
+            allow_nan=False) + "\n"),
     ]
     files.append(exporter_unit(v))
     files.append(devices_unit(v))

@@ -133,7 +133,7 @@ class AlertSettings:
 
 def _promql_str(value: str) -> str:
     """A PromQL string literal (double quotes; JSON escapes are PromQL's Go escapes)."""
-    return json.dumps(value)
+    return json.dumps(value, allow_nan=False)
 
 
 def absent_rules(validated: Sequence[Validated], settings: AlertSettings = AlertSettings()) -> list[dict]:
@@ -382,4 +382,4 @@ def render_dashboard(validated: Sequence[Validated] = ()) -> str:
         "annotations": {"list": []},
         "panels": dashboard_panels(validated),
     }
-    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"

@@ -111,7 +111,7 @@ def build_release(v: Validated) -> Release:
     ident = identity(v)
     rid = compute_id(entries, ident)
     manifest = json.dumps({"format": FORMAT, "id": rid, "files": entries, "identity": ident},
-                          indent=2, sort_keys=True) + "\n"
+                          indent=2, sort_keys=True, allow_nan=False) + "\n"
     return Release(rid, release_root(v), tuple((n, f.path, f) for n, f in zip(names, files, strict=True)), manifest)
 
 

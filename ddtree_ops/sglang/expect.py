@@ -105,7 +105,8 @@ def run_probe(python: str, request: dict[str, Any], timeout_s: float = 300.0) ->
 
     try:
         proc = subprocess.run([python, "-m", "ddtree_ops.sglang.probe", "--request", "-", "--json"],
-                              input=json.dumps(request), capture_output=True, text=True, timeout=timeout_s)
+                              input=json.dumps(request,
+                                  allow_nan=False), capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
         return 2, _failed(f"--python {python}: no such interpreter (the SGLang venv's bin/python)")
     except PermissionError:

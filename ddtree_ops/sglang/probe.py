@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         return _fatal(args.json, "sglang-import", f"SGLang is not importable by {sys.executable}: {exc}")
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
     else:
         print("\n".join(report_lines(result)))
     return 0 if result["ok"] else 1
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fatal(as_json: bool, name: str, detail: str) -> int:
     if as_json:
-        print(json.dumps({"ok": False, "checks": [_check(name, False, detail)]}, indent=2))
+        print(json.dumps({"ok": False, "checks": [_check(name, False, detail)]}, indent=2, allow_nan=False))
     else:
         print(f"error: {detail}", file=sys.stderr)
     return 2

@@ -107,7 +107,7 @@ def _model_dirs(argv: list[str], models: dict[str, Any], root: str) -> tuple[lis
             d = os.path.join(root, role)
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
-                json.dump(config, f)
+                json.dump(config, f, allow_nan=False)
             out[i] = d
         elif not os.path.isfile(os.path.join(out[i], "config.json")):
             cached = _hf_cached_config(out[i])
@@ -158,7 +158,7 @@ def _picked(d: dict[str, Any]) -> dict[str, Any]:
     else:  # 0.5.13.post1: flat fields
         out["decode_capture_bs"] = d.get("cuda_graph_bs")
         out["decode_max_bs"] = d.get("cuda_graph_max_bs")
-    return json.loads(json.dumps(out, default=str))
+    return json.loads(json.dumps(out, default=str, allow_nan=False))
 
 
 def _sources(sa: Any) -> dict[str, str]:
@@ -310,7 +310,7 @@ def child_main(argv: list[str] | None = None) -> int:
 
     logging.disable(logging.WARNING)
     result = resolve_in_build(req)
-    sys.stdout.write("\n" + RESOLVE_MARK + " " + json.dumps(result) + "\n")
+    sys.stdout.write("\n" + RESOLVE_MARK + " " + json.dumps(result, allow_nan=False) + "\n")
     return 0
 
 
@@ -516,7 +516,7 @@ def run_resolution(python: str, request: dict[str, Any], deadline_s: float = 180
     with tempfile.TemporaryDirectory(prefix="ddtree-resolve-req-") as tmp:
         req_path = os.path.join(tmp, "request.json")
         with open(req_path, "w", encoding="utf-8") as f:
-            json.dump(request, f)
+            json.dump(request, f, allow_nan=False)
         try:
             rc, out, err, killed = run_child([python, "-I", os.path.abspath(__file__), "--request", req_path], env,
                                               deadline_s)

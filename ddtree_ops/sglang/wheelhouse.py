@@ -29,6 +29,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,7 +92,7 @@ def wheelhouse_id(pin: dict[str, Any], root: Path, python_tag: str) -> str:
                    patches=[p["sha256"] for p in pin.get("patches") or []])
     if pin.get("requirements"):
         key["lock"] = sha256_file(_need_file("requirements", pin["requirements"], root))
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
 
 
 OPS_ID_LENGTH = 12
@@ -406,7 +407,9 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
     final = out / f"{tag}-{wid}"
     out.mkdir(parents=True, exist_ok=True)
     changed = False
-    with open(out / ".lock", "w") as lockf:
+    # opened without O_TRUNC or following a symlink: a link planted at .lock truncates nothing
+    lock_fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(lock_fd, "r+b") as lockf:
         fcntl.flock(lockf, fcntl.LOCK_EX)
         if not (final / MANIFEST).is_file():
             changed = True
@@ -458,7 +461,7 @@ def _populate(pin: dict[str, Any], root: Path, python: str, work: Path, wid: str
     files = {f.name: sha256_file(f) for f in sorted(dest.iterdir()) if f.is_file()}
     manifest = {"pin": pin, "requirement": f"{name}=={wheel_version}", "wheel": wheel.name,
                 "lock": LOCK_NAME if lock else None, "files": files, "wid": wid}
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,10 +485,10 @@ def main(argv: list[str] | None = None) -> int:
             raise WheelhouseError("--pin: a JSON object with 'source' (ddtree_sglang)")
         result = build(pin, args.out, args.root, args.python)
     except (WheelhouseError, ValueError, OSError) as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(json.dumps({"ok": False, "error": str(exc)}, allow_nan=False))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(result, allow_nan=False))
     return 0
 
 

@@ -1,4 +1,8 @@
-"""Write rendered files under one output directory, safely (``ddtree-ops render --out``).
+"""The one safe writer of every file ddtree-ops writes: ``render --out``, the results of
+``bench`` / ``bench-compare`` / ``sweep`` (JSON, CSV, Markdown, plots, deploy logs), the warm
+marker. It lives in :mod:`ddtree_ops.ops` (stdlib only) so the runtime tools on the hosts use
+the same rules as render on the controller; :func:`write_file` writes one file into its own
+directory under them.
 
 Every file is created atomically with its final mode: a temporary file in the target
 directory opened with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (so no existing file or symlink is
@@ -254,8 +258,25 @@ def _dir_fd(out_dir: Path, dir_parts: list[str], dirs: OpenDirs | None) -> tuple
     return fd, True
 
 
-def write_under(out_dir: Path, rel: str, content: str, mode: int, dirs: OpenDirs | None = None) -> Path:
-    """Write ``content`` (UTF-8) to ``out_dir/rel`` with ``mode``, atomically and without
+def write_file(path: Path, content: str | bytes, mode: int = 0o644) -> Path:
+    """Write one file ``path`` under the rules of :func:`write_under`, its directory as OUT
+    (created 0755 with its missing parents; refused when it is a symlink, not ours or writable by
+    group/others). A symlink, hard link or FIFO planted at ``path`` or at any temporary name is
+    replaced or never opened, so nothing outside the directory is ever written.
+
+    Raises:
+        UnsafeOutput: the directory cannot be written safely (one line with the fix).
+        OSError: the file system refused.
+    """
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise UnsafeOutput(f"refusing to write {str(path)!r}: not a file name")
+    return write_under(path.parent, path.name, content, mode)
+
+
+def write_under(out_dir: Path, rel: str, content: str | bytes, mode: int,
+                dirs: OpenDirs | None = None) -> Path:
+    """Write ``content`` (``str``: as UTF-8) to ``out_dir/rel`` with ``mode``, atomically and without
     following any symlink below ``out_dir`` (see the module docstring).
 
     ``dirs`` (:class:`OpenDirs`) keeps the directories opened for the next files (render of
@@ -277,7 +298,7 @@ def write_under(out_dir: Path, rel: str, content: str, mode: int, dirs: OpenDirs
                       dir_fd=fd)
         try:
             os.fchmod(tfd, mode)
-            data = content.encode("utf-8")
+            data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
             view = memoryview(data)
             while view:
                 view = view[os.write(tfd, view):]

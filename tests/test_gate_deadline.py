@@ -1,0 +1,76 @@
+"""``release gate --deadline`` is honoured: the whole gate (health, then the synthetic load) ends
+within it whatever the server does, and a deadline too short for the checks to fit is refused
+before anything runs (exit 2, one line) rather than overrun (a 1 s floor made 0.5 s take 1.57 s)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from helpers import base_hostvars
+from test_hostile_servers import Hostile, never_answers
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import validate_hostvars
+from ddtree_ops.ops.health import HealthOptions, bound_s
+from ddtree_ops.ops.release import (
+    GATE_DEADLINE_MIN_S,
+    GATE_HEALTH_SHARE,
+    GATE_MIN_TIMEOUT_S,
+    ReleaseError,
+    gate_health_options,
+    rolling_settings,
+)
+from ddtree_ops.render.files import plan_document
+
+SLACK_S = 0.6  # interpreter start of asyncio.run and teardown on 2 shared cores
+
+
+@pytest.fixture
+def plan(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan_document(validate_hostvars("h1", base_hostvars()))))
+    return p
+
+
+@pytest.mark.parametrize("deadline", ["0.5", "1", "5.9"])
+def test_a_deadline_that_cannot_be_honoured_is_refused_at_once(plan, capsys, deadline):
+    t0 = time.monotonic()
+    rc = main(["release", "gate", "--plan", str(plan), "--url", "http://127.0.0.1:9", "--deadline", deadline])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--deadline {float(deadline):g}: at least {GATE_DEADLINE_MIN_S:g} s" in err
+    assert time.monotonic() - t0 < 0.5
+
+
+@pytest.mark.parametrize(("deadline", "paths"), [(6.0, None), (8.0, {"/generate", "/v1/chat/completions"})])
+def test_the_gate_ends_within_its_deadline_against_a_server_that_never_answers(plan, capsys, deadline, paths):
+    """Every request stalls (None), or health passes and only the load stalls: within the deadline."""
+    srv = Hostile(never_answers, paths)
+    try:
+        t0 = time.monotonic()
+        rc = main(["release", "gate", "--plan", str(plan), "--url", srv.url, "--deadline", f"{deadline:g}",
+                   "--json"])
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not doc["ok"]
+    assert took <= deadline + SLACK_S, (took, doc)
+
+
+def test_the_minimum_deadline_is_the_one_where_health_still_fits():
+    """GATE_DEADLINE_MIN_S recomputed from health's bound_s: at it every health request keeps at
+    least GATE_MIN_TIMEOUT_S within the health share; half a second less, it would not."""
+    base = HealthOptions(timeout=5.0, failures=1, interval_s=0.5, progress_window_s=1.0)
+    at = gate_health_options(base, GATE_DEADLINE_MIN_S)
+    assert at.timeout >= GATE_MIN_TIMEOUT_S
+    assert bound_s(at) <= GATE_DEADLINE_MIN_S * GATE_HEALTH_SHARE + 1e-9
+    assert gate_health_options(base, GATE_DEADLINE_MIN_S - 0.5).timeout < GATE_MIN_TIMEOUT_S
+    roomy = gate_health_options(base, 120.0)
+    assert roomy == base  # a deadline with room keeps the configured checks
+
+
+def test_rolling_gate_deadline_below_the_minimum_is_refused():
+    with pytest.raises(ReleaseError, match=f"at least {GATE_DEADLINE_MIN_S:g}"):
+        rolling_settings({"rolling_batches": [1], "rolling_max_fail_percentage": 0, "rolling_gate_deadline_s": 1})
