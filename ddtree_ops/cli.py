@@ -560,6 +560,14 @@ def health(
     progress_window: Annotated[
         float, typer.Option(help="Seconds between two /metrics samples of the progress check.")
     ] = 2.0,
+    sglang_health_timeout: Annotated[
+        int | None,
+        typer.Option(
+            "--sglang-health-timeout",
+            help="The server's SGLANG_HEALTH_CHECK_TIMEOUT (s): each /health probe waits past it, one at a time. "
+            "Default: the deployed unit's env (--plan), else SGLang's 20.",
+        ),
+    ] = None,
     wait: Annotated[
         float,
         typer.Option(
@@ -595,8 +603,12 @@ def health(
     _positive("--interval", interval, 3600, zero_ok=True)
     _positive("--progress-window", progress_window, 3600)
     _positive("--wait", wait, zero_ok=True)
+    if sglang_health_timeout is not None and not 1 <= sglang_health_timeout <= 3600:
+        raise typer.BadParameter(f"--sglang-health-timeout {sglang_health_timeout}: must be 1..3600 (seconds, as "
+                                 "SGLANG_HEALTH_CHECK_TIMEOUT)")
     o = HealthOptions(timeout=timeout, failures=failures, interval_s=interval, progress_window_s=progress_window,
-                      plan_doc=doc, warm_marker=warm_marker)
+                      plan_doc=doc, warm_marker=warm_marker,
+                      sglang_health_timeout_s=float(sglang_health_timeout) if sglang_health_timeout else None)
     # systemd gives ExecStartPost= its unit's main PID (systemd.exec(5), $MAINPID): stop waiting once it is gone
     main_pid = os.environ.get("MAINPID", "")
     alive = (lambda: pid_alive(int(main_pid))) if main_pid.isdigit() and int(main_pid) > 1 else None
@@ -1090,6 +1102,7 @@ def exporter(
         window_s=window,
         timeout_s=timeout,
         stuck_after_s=stuck_after,
+        plan_path=plan_file,
     )
     try:
         server, _thread = serve(exp, host.strip("[]"), int(port_s))

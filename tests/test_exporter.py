@@ -71,6 +71,8 @@ def test_accept_length_from_counters_matches_requests(sim) -> None:
     reg = CollectorRegistry()
     exp = Exporter(sim.plan_doc, registry=reg, upstream=sim.base, window_s=600)
     exp.poll_once()
+    assert value(reg, "ddtree_up") == 1 and value(reg, "ddtree_ready") == 0  # no /health probe yet
+    assert exp.probe_health() is True
     assert value(reg, "ddtree_up") == 1 and value(reg, "ddtree_ready") == 1
     assert value(reg, "ddtree_accept_length") is None  # one sample: no window yet
     post_json(sim.base + "/_sim/accept_length", {"value": 5.0})

@@ -142,6 +142,7 @@ def test_exporter_runs_from_the_upstream_alone(recording, name):
         for _ in range(3):
             e.poll_once()
             time.sleep(0.05)
+        assert e.probe_health() is True  # the recorded /health: 200 (its own thread in the service)
         from prometheus_client import generate_latest
 
         text = generate_latest(e.registry).decode()

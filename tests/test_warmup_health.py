@@ -216,7 +216,9 @@ def test_single_503_is_not_unhealthy(deployed, sim):
 def test_hanging_health_times_out_within_its_bound(sim, capsys):
     _fault(sim, health_hang=True)
     t0 = time.monotonic()
-    rc = main(["health", sim.base, "--timeout", "3", "--failures", "2", "--interval", "0.5", "--json"])
+    # a server whose SGLANG_HEALTH_CHECK_TIMEOUT is 1 s: each probe waits past it (1 + 1 + 2 s)
+    rc = main(["health", sim.base, "--timeout", "3", "--failures", "2", "--interval", "0.5",
+               "--sglang-health-timeout", "1", "--json"])
     elapsed = time.monotonic() - t0
     out = json.loads(capsys.readouterr().out)
     assert rc == 1
@@ -224,9 +226,9 @@ def test_hanging_health_times_out_within_its_bound(sim, capsys):
     assert (
         checks["reachable"]["ok"]
         and not checks["ready"]["ok"]
-        and "no complete answer within 3 s" in checks["ready"]["detail"]
+        and "no complete answer within 4 s" in checks["ready"]["detail"]
     )
-    assert 6 <= elapsed < 2 * (3 + 0.5) + 2, elapsed          # two probes of 3 s, then done
+    assert 8 <= elapsed < 2 * (4 + 0.5) + 2, elapsed          # two probes of 4 s, then done
     assert elapsed < out["bound_s"]
 
 

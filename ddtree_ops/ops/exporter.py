@@ -22,7 +22,9 @@ exporter's one table of them is :data:`METRICS` (name, help, extra labels); in w
 =========================================  =====================================================
 ``ddtree_up``                              1 if SGLang's ``/metrics`` answered valid metrics at the
                                            last poll, and that poll is fresh
-``ddtree_ready``                           1 if ``/health`` answered 200 at the last poll (fresh)
+``ddtree_ready``                           1 if the last ``/health`` probe answered 200 (fresh), and
+                                           the release's flag-only ``/ready`` says 200 at the
+                                           last poll where it has one (see below)
 ``ddtree_config_drift``                    1 if ``/server_info`` differs from plan.json
 ``ddtree_config_drift_settings{setting}``  per compared setting (``ops.drift``), 0/1
 ``ddtree_accept_length``                   tokens per verify pass over the window (see below)
@@ -41,6 +43,20 @@ exporter's one table of them is :data:`METRICS` (name, help, extra labels); in w
                                            tp_size, sglang_version
 =========================================  =====================================================
 
+Readiness without loading the server: SGLang's ``/health`` queues a real generation that a
+client giving up does not cancel (:mod:`ddtree_ops.sglang.health_probe`, sgl-project/sglang#35884).
+The exporter runs it on its own thread, one probe at a time, with a deadline that outlasts
+SGLang's own ``SGLANG_HEALTH_CHECK_TIMEOUT`` (from the unit's environment in plan.json, default
+20 s), and starts probes no closer than that timeout apart; a slow ``/metrics`` never delays
+the probe, a slow ``/health`` never delays ``ddtree_up``. A release with ``GET /ready``
+(0.5.23) is asked that on every poll (a flag, no generation).
+
+plan.json follows the deployment: with the file's path (``ddtree-ops exporter --plan``) every
+poll looks at the file (inode, size, mtime) and, when it changed, loads it again; a new file
+that does not load keeps the plan in use (one log line naming the problem), so a deploy that
+changes the budget changes ``ddtree_deployment_info`` and the drift reference within one poll
+interval, without a restart.
+
 Acceptance length over a window: SGLang (0.5.13.post1 and 0.5.23,
 ``sglang/srt/observability/metrics_collector.py`` ``observe_one_finished_request``) has no
 accepted-tokens counter; when a request finishes, the tokenizer manager adds its
@@ -57,18 +73,20 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..config.plandoc_model import PlanDoc, PlanDocError, as_plan_doc
+from ..config.plandoc_model import PlanDoc, PlanDocError, as_plan_doc, load_plan
 from ..config.sglang_metrics import common_name
 from ..sglang.client import (
     LOCAL_WORK_S,
@@ -79,6 +97,12 @@ from ..sglang.client import (
     metrics_text,
     select_samples,
     sum_lowest_rank,
+)
+from ..sglang.health_probe import (
+    cheap_ready_path,
+    min_probe_spacing_s,
+    probe_deadline_s,
+    sglang_health_timeout_s,
 )
 from .drift import compared_settings, find_drift
 from .health import LOAD_GAUGES, PROGRESS_COUNTERS, Load, load_of
@@ -138,6 +162,10 @@ class Identity:
         speculative: the deployment runs speculative decoding (algorithm not ``none``).
         url: the server's base URL from plan.json.
         health_timeout_s: ``ddtree_ops.health_timeout_s``.
+        sglang_health_timeout_s: SGLang's own ``/health`` timeout for this server
+            (:func:`~ddtree_ops.sglang.health_probe.sglang_health_timeout_s` of the unit's env).
+        sglang_version: the SGLang release (plan.json's ``sglang_base_version``, or the
+            server's ``version``), which decides the cheap readiness endpoint.
     """
 
     labels: tuple[str, str, str]
@@ -146,6 +174,8 @@ class Identity:
     speculative: bool
     url: str
     health_timeout_s: float
+    sglang_health_timeout_s: int = 20
+    sglang_version: str | None = None
 
 
 def identity_from_plan(doc: PlanDoc | dict[str, Any]) -> Identity:
@@ -163,9 +193,13 @@ def identity_from_plan(doc: PlanDoc | dict[str, Any]) -> Identity:
 
     info = (p.algorithm, s(p.budget), s(p.block_size), s(p.verify_tokens_per_req), s(p.draft_tokens_per_req),
             s(d.server.tp_size), doc.sglang_base_version)
+    service = doc.document.get("deployment", {}).get("service")
+    env = service.get("env") if isinstance(service, dict) else None
     return Identity(labels=(doc.host, doc.host_class, doc.model_name), info=info,
                     floor=d.ops.accept_length_floor, speculative=p.algorithm != "none", url=doc.url,
-                    health_timeout_s=d.ops.health_timeout_s)
+                    health_timeout_s=d.ops.health_timeout_s,
+                    sglang_health_timeout_s=sglang_health_timeout_s(env if isinstance(env, dict) else None),
+                    sglang_version=doc.sglang_base_version)
 
 
 NO_PLAN_HEALTH_TIMEOUT_S = 5.0
@@ -207,7 +241,9 @@ def identity_from_server(url: str, server_info: dict[str, Any] | None) -> Identi
                     info=(_server_label(algo, upper=True) if speculative else "none",
                           _server_label(info.get("speculative_ddtree_budget")), _server_label(block), "", "",
                           _server_label(info.get("tp_size")), _server_label(info.get("version"))),
-                    floor=None, speculative=speculative, url=url, health_timeout_s=NO_PLAN_HEALTH_TIMEOUT_S)
+                    floor=None, speculative=speculative, url=url, health_timeout_s=NO_PLAN_HEALTH_TIMEOUT_S,
+                    sglang_health_timeout_s=sglang_health_timeout_s(None),
+                    sglang_version=_server_label(info.get("version")) or None)
 
 
 @dataclass
@@ -223,7 +259,6 @@ class Sample:
 
     t: float
     up: bool = False
-    ready: bool = False
     gen_tokens: float | None = None
     verify_calls: float | None = None
     sglang_accept_length: float | None = None
@@ -231,6 +266,7 @@ class Sample:
     load: Load | None = None
     done_t: float | None = None
     error: str = ""
+    ready_flag: bool | None = None  # the release's flag-only /ready (None: no such endpoint)
 
 
 @dataclass
@@ -296,19 +332,27 @@ class Exporter:
         upstream: SGLang base URL (default: plan.json's ``url``).
         poll_interval_s: seconds between polls.
         window_s: seconds of the acceptance-length / token-rate window.
-        timeout_s: total deadline (seconds) of each ``/metrics`` and ``/server_info``
-            request; ``/health`` gets ``max(timeout_s, health_timeout_s)`` (SGLang's
-            /health generates a token).
+        timeout_s: total deadline (seconds) of each ``/metrics``, ``/server_info`` and
+            ``/ready`` request; ``/health`` gets
+            :func:`~ddtree_ops.sglang.health_probe.probe_deadline_s` (SGLang's own timeout
+            and then some, at least ``max(timeout_s, health_timeout_s)``).
         stuck_after_s: seconds of busy polls with frozen progress counters before
             ``ddtree_scheduler_stuck`` is 1 (default: ``window_s``).
         clock: monotonic clock (seconds), injectable for tests.
+        plan_path: the plan.json file ``plan_doc`` was read from; each poll loads it again
+            when it changed (see the module docstring). None: the plan never changes.
 
     Attributes:
         poll_bound_s: upper bound of one poll: ``/metrics``, ``/server_info`` and its
-            ``/get_server_info`` fallback, ``/health``, each with its total deadline and
-            :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S` to parse its answer.
+            ``/get_server_info`` fallback, ``/ready``, each with its total deadline and
+            :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S` to parse its answer (``/health``
+            runs on its own thread).
         stale_after_s: a sample older than this is no sample (``ddtree_up 0``):
             3 poll intervals plus :attr:`poll_bound_s`.
+        health_timeout_s: the ``/health`` probe's total deadline.
+        health_spacing_s: least time between two probe starts (SGLang's timeout plus one
+            handler step, at least one poll interval).
+        ready_stale_after_s: a probe result older than this counts as none (``ddtree_ready 0``).
 
     Raises:
         PlanError: plan_doc is not a plan document, or a field breaks its rule.
@@ -321,7 +365,8 @@ class Exporter:
     def __init__(self, plan_doc: PlanDoc | dict[str, Any] | None, registry: CollectorRegistry | None = None,
                  upstream: str | None = None,
                  poll_interval_s: float = 5.0, window_s: float = 60.0, timeout_s: float = 3.0,
-                 stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 stuck_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 plan_path: str | os.PathLike[str] | None = None) -> None:
         if plan_doc is None and not upstream:
             raise ValueError("the exporter needs a plan.json or an upstream URL")
         self.plan_doc = as_plan_doc(plan_doc) if plan_doc is not None else None
@@ -332,29 +377,106 @@ class Exporter:
         self.window_s = window_s
         self.stuck_after_s = window_s if stuck_after_s is None else stuck_after_s
         self.timeout_s = timeout_s
-        self.health_timeout_s = max(timeout_s, self.identity.health_timeout_s)
-        self.poll_bound_s = (1 + SERVER_INFO_REQUESTS) * timeout_s + self.health_timeout_s + \
-            (2 + SERVER_INFO_REQUESTS) * LOCAL_WORK_S
+        sglang_t = self.identity.sglang_health_timeout_s
+        self.health_timeout_s = probe_deadline_s(sglang_t, max(timeout_s, self.identity.health_timeout_s))
+        self.health_spacing_s = max(poll_interval_s, min_probe_spacing_s(sglang_t))
+        self.poll_bound_s = (2 + SERVER_INFO_REQUESTS) * (timeout_s + LOCAL_WORK_S)
         self.stale_after_s = self.STALE_POLLS * poll_interval_s + self.poll_bound_s
+        self.ready_stale_after_s = self.health_spacing_s + self.health_timeout_s + LOCAL_WORK_S + \
+            self.STALE_POLLS * poll_interval_s
         self.clock = clock
         self.started = clock()
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()  # one poll at a time on the client's event loop
+        # One /health in flight, on its own client (each client owns an event loop).
+        self._probe_lock = threading.Lock()
+        self._health: tuple[float, float, bool] | None = None  # (started, done, answered 200)
+        self._probe_started: float | None = None
         self._state = _State()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._health_thread: threading.Thread | None = None
         self._http = SGLangClient(self.upstream, timeout=timeout_s)
+        self._health_http = SGLangClient(self.upstream, timeout=self.health_timeout_s)
+        self.plan_path = Path(plan_path) if plan_path is not None else None
+        self._plan_stamp = self._stamp()
+        self.plan_error = ""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
     # ---- polling ---------------------------------------------------------------------
+    def _stamp(self) -> tuple[int, int, int] | None:
+        """(inode, size, mtime_ns) of plan.json, None without a path or when it cannot be read."""
+        if self.plan_path is None:
+            return None
+        try:
+            st = os.stat(self.plan_path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def reload_plan(self) -> bool:
+        """Load plan.json again when the file changed since it was last read. A new document
+        that does not load keeps the plan in use (:attr:`plan_error` says why, logged once per
+        change). Returns True when a new plan is in use."""
+        stamp = self._stamp()
+        if self.plan_path is None or stamp is None or stamp == self._plan_stamp:
+            return False
+        self._plan_stamp = stamp
+        try:
+            doc = load_plan(self.plan_path)
+            ident = identity_from_plan(doc)
+        except PlanDocError as exc:
+            self.plan_error = str(exc)
+            log.error("plan.json changed but does not load, keeping the plan in use: %s", exc)
+            return False
+        with self._lock:
+            self.plan_doc, self.identity = doc, ident
+        self.plan_error = ""
+        log.info("plan.json changed: now budget=%s block_size=%s sglang=%s", ident.info[1], ident.info[2],
+                 ident.info[6])
+        return True
+
     def poll_once(self) -> Sample:
         """Poll the upstream once (blocking, at most :attr:`poll_bound_s`) and record the sample.
-        Never raises for upstream faults: they make the sample not ``up`` (``Sample.error``)."""
+        Never raises for upstream faults: they make the sample not ``up`` (``Sample.error``).
+        Loads plan.json again first when it changed. ``/health`` is not probed here
+        (:meth:`probe_health`)."""
+        self.reload_plan()
         with self._poll_lock:
             s = self._poll()
         self._record(s)
         return s
+
+    def probe_health(self) -> bool | None:
+        """One ``/health`` probe (blocking, at most :attr:`health_timeout_s` plus local work),
+        recorded for ``ddtree_ready``. Skipped (None) while another probe is in flight or sooner
+        than :attr:`health_spacing_s` after the last one started: SGLang keeps each probe's
+        generation even when we hang up. Returns whether it answered 200."""
+        if not self._probe_lock.acquire(blocking=False):
+            return None
+        try:
+            t0 = self.clock()
+            if self._probe_started is not None and t0 - self._probe_started < self.health_spacing_s:
+                return None
+            self._probe_started = t0
+            try:
+                ok = self._health_http.health(self.health_timeout_s) == 200
+            except SGLangError as exc:
+                log.debug("/health: %s", exc)
+                ok = False
+            with self._lock:
+                self._health = (t0, self.clock(), ok)
+            return ok
+        finally:
+            self._probe_lock.release()
+
+    def health_result(self, now: float | None = None) -> bool:
+        """The last ``/health`` probe answered 200 and is younger than :attr:`ready_stale_after_s`."""
+        with self._lock:
+            h = self._health
+        now = self.clock() if now is None else now
+        return bool(h and h[2] and now - h[1] <= self.ready_stale_after_s)
 
     def _poll(self) -> Sample:
         c = self._http
@@ -387,10 +509,15 @@ class Exporter:
                     break
                 if r.status != 404:
                     break
-            try:
-                s.ready = c.get("/health", timeout=self.health_timeout_s).status == 200
-            except SGLangError:
-                s.ready = False
+            ident = self.identity if self.plan_doc is not None else identity_from_server(self.upstream,
+                                                                                           s.server_info)
+            path = cheap_ready_path(ident.sglang_version)
+            if path is not None:
+                try:
+                    status = c.get(path).status
+                    s.ready_flag = None if status == 404 else status == 200  # 404: a build without it
+                except SGLangError:
+                    s.ready_flag = False
         else:
             log.debug("upstream not up: %s", s.error)
         s.done_t = self.clock()
@@ -425,11 +552,27 @@ class Exporter:
                     st.window.popleft()
 
     def start(self) -> Exporter:
-        """Start the background polling thread (daemon). Returns self."""
+        """Start the background polling thread and the ``/health`` thread (daemons). Returns self."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ddtree-exporter-poll", daemon=True)
             self._thread.start()
+            self._health_thread = threading.Thread(target=self._run_health, name="ddtree-exporter-health",
+                                                   daemon=True)
+            self._health_thread.start()
         return self
+
+    def _run_health(self) -> None:
+        """Probe ``/health`` while ``/metrics`` is up, one at a time, :attr:`health_spacing_s` apart."""
+        while not self._stop.is_set():
+            wait = min(self.poll_interval_s, 0.25)  # until /metrics is up: a cheap look, no request
+            try:
+                if self.fresh():
+                    started = self.clock()
+                    if self.probe_health() is not None:
+                        wait = max(0.0, self.health_spacing_s - (self.clock() - started))
+            except Exception:  # never let the prober die; ddtree_ready goes stale and reads 0
+                log.exception("health probe failed")
+            self._stop.wait(wait)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -451,6 +594,11 @@ class Exporter:
                 return
         with self._poll_lock:
             self._http.close()
+        if self._probe_lock.acquire(blocking=False):  # a probe in flight keeps its client until it ends
+            try:
+                self._health_http.close()
+            finally:
+                self._probe_lock.release()
 
     # ---- derived figures -------------------------------------------------------------
     def window_rates(self) -> tuple[float | None, float | None]:
@@ -521,7 +669,8 @@ class _Collector(Collector):
 
         up = e.fresh(now)  # a sample older than stale_after_s is no sample, whatever the poller does
         yield gauge("ddtree_up", 1.0 if up else 0.0)
-        yield gauge("ddtree_ready", 1.0 if (up and last and last.ready) else 0.0)
+        ready = up and last is not None and e.health_result(now) and last.ready_flag is not False
+        yield gauge("ddtree_ready", 1.0 if ready else 0.0)
         since = last_good if last_good is not None else e.started
         yield gauge("ddtree_upstream_staleness_seconds", max(0.0, now - since))
         yield gauge("ddtree_accept_length_floor", ident.floor)  # absent without a plan
@@ -565,10 +714,12 @@ class _Collector(Collector):
 def serve(exporter: Exporter, host: str, port: int):
     """Serve the exporter's registry on ``http://host:port/metrics`` (threaded, daemon).
 
-    Returns:
-        ``(server, thread)`` of :func:`prometheus_client.start_http_server`; ``server.server_port``
-        is the bound port (``port=0`` picks a free one).
-    """
-    from prometheus_client import start_http_server
+    The listener is :mod:`ddtree_ops.ops.exporter_http`'s: a connection limit and a total
+    deadline per connection, so idle or slow clients cannot take the descriptors scrapes need.
 
-    return start_http_server(port, addr=host, registry=exporter.registry)
+    Returns:
+        ``(server, thread)``; ``server.server_port`` is the bound port (``port=0`` picks a free one).
+    """
+    from .exporter_http import serve_registry
+
+    return serve_registry(exporter.registry, host, port)

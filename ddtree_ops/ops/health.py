@@ -21,9 +21,17 @@ long prefill (SGLang ``srt/entrypoints/http_server.py``, ``health_generate``). `
 (``ddtree_ops.health_failures``) consecutive failed probes ``interval_s`` apart; the
 ``progress`` check likewise fails only when counters stay frozen over ``failures``
 consecutive windows. Every request has a total deadline of ``timeout`` seconds (connect to
-last byte) and a size cap (:mod:`ddtree_ops.sglang.client`), so one call is bounded by
+last byte; ``/health`` gets :attr:`HealthOptions.health_deadline_s`, see below) and a size
+cap (:mod:`ddtree_ops.sglang.client`), so one call is bounded by
 :func:`bound_s`, whatever the server does. A server that answers garbage, too much, too
 slowly or non-finite numbers fails the check that asked, naming what it did.
+
+Not loading the server: SGLang's ``/health`` queues a generation that a client hanging up
+does not cancel (:mod:`ddtree_ops.sglang.health_probe`, sgl-project/sglang#35884). So the
+``/health`` deadline outlasts SGLang's own ``SGLANG_HEALTH_CHECK_TIMEOUT`` (the deployed
+unit's env from plan.json, else 20 s; ``http_server.py`` 0.5.17 / 0.5.23) and probes run one
+after another: when one ends, SGLang's handler has ended too, so a server never holds two
+of our probes, and a slow but healthy answer (200 after 8 s) counts as ready.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from ..sglang.client import (
     preview,
     select_samples,
 )
+from ..sglang.health_probe import DEFAULT_HEALTH_CHECK_TIMEOUT_S, probe_deadline_s, sglang_health_timeout_s
 from .drift import drift_fix, find_drift
 
 if TYPE_CHECKING:
@@ -136,6 +145,10 @@ class HealthOptions:
             a rendered document is checked into one, PlanDocError if it is none) enables
             ``drift``; None: no drift check.
         warm_marker: path of the unit's warm marker (enables ``warm``), or None.
+        sglang_health_timeout_s: SGLang's own ``/health`` timeout; None: the deployed unit's
+            ``SGLANG_HEALTH_CHECK_TIMEOUT`` from ``plan_doc``, else SGLang's default (20 s).
+        health_deadline_s: (property) one ``/health`` probe's total deadline:
+            :func:`~ddtree_ops.sglang.health_probe.probe_deadline_s`, at least ``timeout``.
     """
 
     timeout: float = 5.0
@@ -144,12 +157,24 @@ class HealthOptions:
     progress_window_s: float = 2.0
     plan_doc: PlanDoc | None = None
     warm_marker: Path | None = None
+    sglang_health_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.plan_doc is not None:
             from ..config.plandoc_model import as_plan_doc  # pydantic: only when a plan is given
 
             object.__setattr__(self, "plan_doc", as_plan_doc(self.plan_doc))
+        if self.sglang_health_timeout_s is None:
+            env = None
+            if self.plan_doc is not None:
+                service = self.plan_doc.document.get("deployment", {}).get("service")
+                env = service.get("env") if isinstance(service, dict) else None
+            object.__setattr__(self, "sglang_health_timeout_s",
+                               float(sglang_health_timeout_s(env if isinstance(env, dict) else None)))
+
+    @property
+    def health_deadline_s(self) -> float:
+        return probe_deadline_s(self.sglang_health_timeout_s or DEFAULT_HEALTH_CHECK_TIMEOUT_S, self.timeout)
 
 
 def bound_s(o: HealthOptions) -> float:
@@ -158,7 +183,8 @@ def bound_s(o: HealthOptions) -> float:
     :data:`~ddtree_ops.sglang.client.LOCAL_WORK_S` to parse its capped answer, so the
     bound counts requests and sleeps, check by check:
 
-    * ``reachable``/``ready``: ``failures`` ``/health`` probes, ``interval_s`` apart;
+    * ``reachable``/``ready``: ``failures`` ``/health`` probes, ``interval_s`` apart, each
+      with :attr:`HealthOptions.health_deadline_s`;
     * ``drift``/``accept_length``: ``/server_info`` then the ``/get_server_info`` fallback
       (:data:`~ddtree_ops.sglang.client.SERVER_INFO_REQUESTS` requests);
     * ``progress``: one ``/metrics`` sample, then up to ``failures`` windows of a
@@ -167,20 +193,21 @@ def bound_s(o: HealthOptions) -> float:
     ``warm`` reads a local file of at most :data:`MARKER_CAP` bytes (covered by the same
     per-request allowance).
     """
-    requests = o.failures + SERVER_INFO_REQUESTS + 1 + o.failures
+    requests = SERVER_INFO_REQUESTS + 1 + o.failures
     sleeps = (o.failures - 1) * o.interval_s + o.failures * o.progress_window_s
-    return requests * (o.timeout + LOCAL_WORK_S) + sleeps
+    return o.failures * (o.health_deadline_s + LOCAL_WORK_S) + requests * (o.timeout + LOCAL_WORK_S) + sleeps
 
 
 def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None) -> tuple[Check, Check]:
-    """``reachable`` and ``ready`` from up to ``failures`` consecutive ``/health`` probes."""
+    """``reachable`` and ``ready`` from up to ``failures`` consecutive ``/health`` probes, one at
+    a time, each with ``timeout`` (default :attr:`HealthOptions.health_deadline_s`)."""
     seen: list[str] = []
     reachable = False
     for i in range(o.failures):
         if i:
             time.sleep(o.interval_s)
         try:
-            status = c.health(timeout)
+            status = c.health(o.health_deadline_s if timeout is None else timeout)
         except SGLangError as exc:
             reachable = reachable or exc.reachable
             seen.append(exc.what)
@@ -190,7 +217,8 @@ def _probe_ready(c: SGLangClient, o: HealthOptions, timeout: float | None = None
             before = f" after {len(seen)} failed ({'; '.join(seen)})" if seen else ""
             return Check("reachable", True, "port open"), Check("ready", True, f"/health answered 200{before}")
         seen.append(
-            f"answered {status}" + (" (starting, or its 1-token generation took > 20 s)" if status == 503 else "")
+            f"answered {status}" + (f" (starting, or its 1-token generation took > {o.sglang_health_timeout_s:g} s)"
+                                    if status == 503 else "")
         )
     detail = f"/health failed {o.failures} consecutive probe(s), {o.interval_s:g} s apart: {'; '.join(seen)}"
     return (Check("reachable", reachable, "port open" if reachable else f"{c.name}/health: {seen[-1]}"),
@@ -381,7 +409,7 @@ def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: fl
     """
     o = options or HealthOptions(timeout=timeout, failures=1, interval_s=interval_s)
     end = time.monotonic() + deadline_s
-    one = HealthOptions(timeout=o.timeout, failures=1)
+    one = HealthOptions(timeout=o.timeout, failures=1, sglang_health_timeout_s=o.sglang_health_timeout_s)
     with SGLangClient(url, timeout=o.timeout) as c:
         while True:
             if alive is not None and not alive():
@@ -389,7 +417,8 @@ def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: fl
                                                   "start-up: see its log, e.g. journalctl -u <unit>); not waiting "
                                                   "for the rest of the deadline")]
             left = end - time.monotonic()
-            reachable, ready = _probe_ready(c, one, timeout=max(0.0, min(o.timeout, left)))
+            # the probe's deadline is cut to the time left; one cut short ends the wait anyway
+            reachable, ready = _probe_ready(c, one, timeout=max(0.0, min(o.health_deadline_s, left)))
             if reachable.ok and ready.ok:
                 return _check(c, o, options is not None)
             if time.monotonic() + o.interval_s >= end:

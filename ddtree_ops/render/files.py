@@ -27,6 +27,7 @@ from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from ..config.scrape import scrape_host, sglang_scrape_host, url_host
+from ..ops.exporter_http import NOFILE_LIMIT
 from .argv import build_argv
 from .monitoring import EXPORTER_JOB, SGLANG_JOB
 
@@ -307,7 +308,8 @@ def exporter_unit(v: Validated) -> RenderedFile:
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",
             "--upstream", d.server.local_url, "--listen", f"0.0.0.0:{d.ops.exporter_port}"]
     ctx = {"managed": MANAGED, "host": d.host, "service": svc, "unit_name": svc.unit_name,
-           "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv)}
+           "listen": f"0.0.0.0:{d.ops.exporter_port}", "exec_start": systemd_exec(argv),
+           "nofile": NOFILE_LIMIT}
     return RenderedFile(f"/etc/systemd/system/{exporter_unit_name(v)}",
                         _env().get_template("exporter.service.j2").render(ctx), component="exporter")
 

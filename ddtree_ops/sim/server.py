@@ -27,7 +27,9 @@ Endpoints (JSON shapes as SGLang):
   ``{"health_hang": bool}`` (``/health`` never answers), ``{"health_503": n}`` (the next
   ``n`` ``/health`` probes answer 503, as SGLang's after its 20 s timeout under a long
   prefill), ``{"freeze": bool}`` (the scheduler admits requests but no forward pass makes
-  progress: counters stop while ``/health`` still answers 200).
+  progress: counters stop while ``/health`` still answers 200). ``/_sim/state``'s ``health``
+  counts ``/health`` generations in flight (``in_flight``, the most at once ``max_in_flight``,
+  ``probes``): like SGLang's, one runs on after its client hung up.
 
 Images (multimodal models): ``/generate`` takes ``image_data`` (one image, a list, or a
 list per prompt) and ``/v1/chat/completions`` takes ``image_url`` content parts; an image
@@ -116,6 +118,21 @@ class SimApp:
         self.health_hang = False
         self.health_503 = 0
         self._fault_lock = threading.Lock()
+        # /health generations running now and the most seen at once (a client that hangs up does
+        # not end one, as in SGLang: sgl-project/sglang#35884); read through /_sim/state
+        self.health_in_flight = 0
+        self.health_max_in_flight = 0
+        self.health_probes = 0
+
+    def health_begin(self) -> None:
+        with self._fault_lock:
+            self.health_in_flight += 1
+            self.health_probes += 1
+            self.health_max_in_flight = max(self.health_max_in_flight, self.health_in_flight)
+
+    def health_end(self) -> None:
+        with self._fault_lock:
+            self.health_in_flight -= 1
 
     def take_health_503(self) -> bool:
         with self._fault_lock:
@@ -190,6 +207,8 @@ class SimApp:
             "warnings": cfg.warnings,
             "faults": {"health_hang": self.health_hang, "health_503": self.health_503,
                        "freeze": self.engine.frozen},
+            "health": {"in_flight": self.health_in_flight, "max_in_flight": self.health_max_in_flight,
+                       "probes": self.health_probes},
             "vision_min_pixels": self.vision_min_pixels,
         }
 
@@ -391,9 +410,13 @@ class Handler(BaseHTTPRequestHandler):
         """The GET endpoints; False when ``path`` is none of them."""
         app = self.app
         if path in ("/health", "/health_generate"):
-            while app.health_hang:  # fault: the 1-token generation never returns
-                time.sleep(0.05)
-            time.sleep(app.health_seconds)
+            app.health_begin()
+            try:
+                while app.health_hang:  # fault: the 1-token generation never returns
+                    time.sleep(0.05)
+                time.sleep(app.health_seconds)
+            finally:
+                app.health_end()
             self._send(503 if app.take_health_503() else 200, b"", None)
         elif path == "/ready" and parse_version(app.version) >= (0, 5, 20):
             self._send(200, b"", None)
