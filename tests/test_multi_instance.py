@@ -229,8 +229,12 @@ def test_sim_refuses_a_rendezvous_port_in_use(tmp_path):
 def test_pipeline_stages_and_gpu_id_step_widen_the_gpu_set():
     """--pp-size 2 puts a tp-4 instance on GPUs 0-7; --gpu-id-step 2 on 0,2,4,6: both overlap a
     second instance on GPUs 4-7 (engine.py / data_parallel_controller.py, SGLang 0.5.23)."""
+    # without speculation: SGLang runs DFLASH/DDTree only at pp_size 1 (_handle_dflash)
+    plain = {"algorithm": "none"}
     for extra in ({"--pp-size": "2"}, {"--gpu-id-step": 2}):
-        found = _fleet(_hv(server={"extra_args": extra}), _second())
+        hv = _hv(server={"extra_args": extra})
+        hv["ddtree_speculative"] = plain
+        found = _fleet(hv, _second())
         assert found and "both claim GPU" in found[0].message(), (extra, [f.message() for f in found])
     assert _fleet(_hv(server={"extra_args": {"--gpu-id-step": 1}}), _second()) == []
 
@@ -239,7 +243,9 @@ def test_gpu_id_step_past_the_host_is_refused_and_dp_attention_shares_the_tp_gpu
     errs = _errors("h1", _hv(server={"tp_size": 4, "dp_size": 2, "extra_args": {"--gpu-id-step": "2"}}))
     assert any("span 15 GPUs" in e.message() for e in errs), [e.message() for e in errs]
     # DP attention: 8 DP ranks share the 8 TP GPUs (the usual DeepSeek layout) -- not 64 GPUs
-    validate_hostvars("h1", _hv(server={"tp_size": 8, "dp_size": 8, "extra_args": {"--enable-dp-attention": True}}))
+    # (0.5.23's DFLASH worker takes DP attention with a DP LM head: _handle_dflash)
+    validate_hostvars("h1", _hv(server={"tp_size": 8, "dp_size": 8, "extra_args": {"--enable-dp-attention": True,
+                                                                                  "--enable-dp-lm-head": True}}))
     [e] = [e for e in _errors("h1", _hv(server={"extra_args": {"--pp-size": "x"}})) if "pp-size" in e.message()]
     assert "must be an integer 1-64" in e.message()
 

@@ -288,13 +288,13 @@ def test_env_rule_warns_in_validation():
 
 def test_extra_args_rendered_after_the_owned_flags():
     hv = ct200("0.5.23", attention_backend="triton",
-               extra_args={"--disaggregation-bootstrap-port": 30011, "--enable-custom-all-reduce": True,
-                           "--mm-attention-backend": "fa4", "--weird-list": [1, 2]})
+               extra_args={"--disaggregation-bootstrap-port": 30011, "--disable-custom-all-reduce": True,
+                           "--mm-attention-backend": "fa4", "--allowed-media-domains": ["a.example", "b.example"]})
     v = validate_hostvars("h1", hv)
     argv = build_argv(v.deployment, v.plan)
     tail = argv[argv.index("--disaggregation-bootstrap-port"):]
-    assert tail == ["--disaggregation-bootstrap-port", "30011", "--enable-custom-all-reduce",
-                    "--mm-attention-backend", "fa4", "--weird-list", "1", "2"]
+    assert tail == ["--disaggregation-bootstrap-port", "30011", "--disable-custom-all-reduce",
+                    "--mm-attention-backend", "fa4", "--allowed-media-domains", "a.example", "b.example"]
 
 
 @pytest.mark.parametrize("flag", ["--port", "--host", "--cuda-graph-max-bs-decode", "--cuda-graph-bs",

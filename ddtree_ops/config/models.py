@@ -488,8 +488,12 @@ class Speculative(_Model):
     """Speculative decoding settings.
 
     Attributes:
-        algorithm: ``none``, ``EAGLE``, ``EAGLE3``, ``DFLASH`` or ``DDTREE``.
-        draft_model_path: HF id or path of the draft (required unless ``none``).
+        algorithm: ``none``, ``EAGLE``, ``EAGLE3``, ``STANDALONE`` (a small model of the
+            target's family as the draft, EAGLE sizes), ``DSPARK`` (0.5.17+), ``NGRAM`` (drafts
+            from the request's own n-grams: no draft model), ``DFLASH`` or ``DDTREE``; one the
+            pinned release lacks is refused naming both
+            (:func:`ddtree_ops.config.sglang_compat.rule_algorithm_in_release`).
+        draft_model_path: HF id or path of the draft (required unless ``none`` or ``NGRAM``).
         draft_model_revision: Hugging Face revision of the draft
             (``--speculative-draft-model-revision``; SGLang loads the draft with
             ``trust_remote_code`` too): a 40-hex commit, or a branch/tag name.
@@ -521,7 +525,7 @@ class Speculative(_Model):
     * ``draft_window_size`` <= 1 Mi tokens (>= block_size: :func:`~.rules.rule_draft_window`).
     """
 
-    algorithm: Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"] = "none"
+    algorithm: Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "DSPARK", "NGRAM", "DFLASH", "DDTREE"] = "none"
     draft_model_path: ArgText | None = None
     draft_model_revision: Revision | None = None
     block_size: _bounded(-(1 << 20), 64) | None = None
@@ -567,7 +571,7 @@ class Server(_Model):
             1-128; larger pages only waste KV cache).
         disable_overlap_schedule: pass ``--disable-overlap-schedule``.
         log_level: SGLang log level.
-        extra_args: SGLang flags the config has no field for (``{"--enable-custom-all-reduce":
+        extra_args: SGLang flags the config has no field for (``{"--disable-custom-all-reduce":
             true, "--mm-attention-backend": "fa4"}``), appended
             to the argv: ``true`` -> the bare flag, a scalar -> ``FLAG VALUE``, a list ->
             ``FLAG V1 V2 ...``. <= 64 flags, <= 64 values each; flags ``--[a-z0-9-]``, values

@@ -15,6 +15,15 @@ from .derived import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, DerivedValue, derive
 from .models import Deployment
 from .toolchain import plan_toolchain
 
+EAGLE_SIZED = ("EAGLE", "EAGLE3", "STANDALONE", "DSPARK")
+"""Algorithms sized by ``num_steps`` / ``topk`` / ``num_draft_tokens`` (SGLang's
+``_handle_eagle_family`` takes STANDALONE; ``_handle_dspark`` reads the same three flags and
+forces ``num_steps`` 1), in ``sglang/srt/arg_groups/speculative_hook.py``."""
+
+NGRAM_DEFAULT_DRAFT_TOKENS = 12
+"""``--speculative-num-draft-tokens`` NGRAM runs when unset (``_handle_ngram``,
+``sglang/srt/arg_groups/speculative_hook.py``, 0.5.13.post1-0.5.23)."""
+
 
 def default_capture_bs(max_bs: int, tokens_per_req: int = 1, alignment: int = 1) -> list[int]:
     """SGLang's default decode capture list under speculation.
@@ -141,7 +150,12 @@ def make_plan(d: Deployment) -> Plan:
             budget = s.budget if s.budget is not None else block - 1
             full_tree = budget > block - 1
             verify_tpr = budget + 1
-    elif alg in ("EAGLE", "EAGLE3"):
+    elif alg == "NGRAM":
+        # no draft model; SGLang verifies num_draft_tokens per request (12 when unset:
+        # _handle_ngram, sglang/srt/arg_groups/speculative_hook.py)
+        ndt = s.num_draft_tokens
+        verify_tpr = ndt or NGRAM_DEFAULT_DRAFT_TOKENS
+    elif alg in EAGLE_SIZED:
         steps, topk = s.num_steps, s.topk
         ndt = s.num_draft_tokens
         if topk == 1 and steps is not None:

@@ -121,7 +121,7 @@ def _http_base_url(v: Any) -> str:
 
 BaseUrl = Annotated[str, BeforeValidator(_http_base_url)]
 Text = Annotated[str, Field(max_length=MAX_PATH)]
-Algorithm = Literal["none", "EAGLE", "EAGLE3", "DFLASH", "DDTREE"]
+Algorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "DSPARK", "NGRAM", "DFLASH", "DDTREE"]
 """As :attr:`ddtree_ops.config.models.Speculative.algorithm`."""
 
 

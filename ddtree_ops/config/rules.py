@@ -15,9 +15,10 @@ from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .memory_reserve import rule_memory_reserve
 from .models import NCCL_PORT_OFFSET, Deployment
-from .plan import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
+from .plan import EAGLE_SIZED, SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .scrape import rule_sglang_scrape
+from .sglang_compat import rule_algorithm_in_release, rule_extra_args_parse, rule_speculation_compat
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
 from .versions import DDTREE_SOURCES, KNOWN_ISSUES
 
@@ -62,11 +63,21 @@ def rule_host_class(d: Deployment, p: Plan) -> Iterator[Finding]:
 
 
 def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
-    """Speculative algorithms need a draft model; DFlash/DDTree need a block size."""
+    """Speculative algorithms need a draft model, except NGRAM, which drafts from the request's
+    own tokens and has none (``_handle_ngram`` of ``sglang/srt/arg_groups/speculative_hook.py``
+    never reads ``--speculative-draft-model-path``); DFlash/DDTree need a block size."""
     s = d.speculative
-    if s.enabled and not s.draft_model_path:
+    if s.algorithm == "NGRAM":
+        if s.draft_model_path or s.draft_model_revision:
+            yield _err(f"{SPEC}.draft_model_path", s.draft_model_path,
+                       "NGRAM drafts from n-grams of the request itself and loads no draft model",
+                       "remove draft_model_path / draft_model_revision (or pick a draft-model algorithm)",
+                       "sglang/srt/arg_groups/speculative_hook.py _handle_ngram")
+    elif s.enabled and not s.draft_model_path:
         yield _err(f"{SPEC}.draft_model_path", None, f"{s.algorithm} needs a draft model",
-                   "set the draft checkpoint (HF id or path)")
+                   "set the draft checkpoint (HF id or path)" + (
+                       "; a target that bundles its DSpark draft takes its own path" if s.algorithm == "DSPARK"
+                       else ""))
     if s.algorithm in ("DFLASH", "DDTREE") and (s.block_size is None or s.block_size < 2):
         yield _err(
             f"{SPEC}.block_size",
@@ -75,7 +86,7 @@ def rule_draft_model(d: Deployment, p: Plan) -> Iterator[Finding]:
             "set it to the block size the DFlash draft was trained with, e.g. 8 or 16 (or let ddtree-ops read "
             "it from the draft's config.json: a local path, --hub, or deploy.yml on the host)",
         )
-    if s.algorithm in ("EAGLE", "EAGLE3"):
+    if s.algorithm in EAGLE_SIZED:
         for name in ("num_steps", "topk"):
             if getattr(s, name) is None or getattr(s, name) < 1:
                 yield _err(f"{SPEC}.{name}", getattr(s, name), f"{s.algorithm} needs {name} >= 1",
@@ -585,6 +596,9 @@ RULES: list[Rule] = [
     rule_sm103_tree_capture,
     rule_attention_backends,  # backend names + per-arch rules of the build table (was rule_sm120_attention)
     rule_extra_args,
+    rule_extra_args_parse,  # flags, abbreviations and value counts of the release's own parser
+    rule_speculation_compat,  # features SGLang refuses with speculation, or that silently slow it
+    rule_algorithm_in_release,
     rule_sglang_env,
     rule_build_driver_floor,
     rule_tp_fits,

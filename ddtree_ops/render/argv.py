@@ -120,7 +120,12 @@ def _server_flags(d: Deployment, plan: Plan) -> list[str]:
 def _speculative_flags(d: Deployment, plan: Plan) -> list[str]:
     """Speculative decoding (the deployment has it enabled): algorithm, draft model, sizes."""
     s = d.speculative
-    argv = ["--speculative-algorithm", s.algorithm, "--speculative-draft-model-path", s.draft_model_path]
+    argv = ["--speculative-algorithm", s.algorithm]
+    if s.algorithm == "NGRAM":  # no draft model (config.rules.rule_draft_model refuses one)
+        if plan.num_draft_tokens is not None:
+            argv += ["--speculative-num-draft-tokens", str(plan.num_draft_tokens)]
+        return argv
+    argv += ["--speculative-draft-model-path", s.draft_model_path]
     if s.draft_model_revision:
         argv += ["--speculative-draft-model-revision", s.draft_model_revision]
     if s.algorithm in ("DFLASH", "DDTREE"):
