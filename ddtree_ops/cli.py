@@ -1040,13 +1040,15 @@ def port_check(
     port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
     unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
     host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
+    field_name: Annotated[str | None, typer.Option("--field", help="The inventory field that sets PORT, named in "
+                                                   "the fix (e.g. ddtree_server.nccl_port).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
     from .ops.ports import check_port
 
     try:
-        result = check_port(port, unit, host=host)
+        result = check_port(port, unit, host=host, field_name=field_name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _print_checks(

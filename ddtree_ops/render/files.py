@@ -164,7 +164,8 @@ def plan_document(v: Validated) -> dict:
     left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
     ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
     ``paths.secrets`` is where the secrets file lives (present or not). ``schema_version``,
-    ``url`` and ``sglang_base_version`` are the contract's version and derived values
+    ``url``, ``rendezvous_port`` (the ``--nccl-port`` rendered: the host's preflight checks it is
+    free) and ``sglang_base_version`` are the contract's version and derived values
     (:class:`ddtree_ops.config.plandoc_model.PlanDoc` reads them)."""
     from ..config.plandoc_model import SCHEMA_VERSION
 
@@ -177,6 +178,7 @@ def plan_document(v: Validated) -> dict:
         "unit": d.service.unit_name,
         "exporter_unit": exporter_unit_name(v),
         "url": d.server.local_url,
+        "rendezvous_port": d.server.rendezvous_port,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
