@@ -23,7 +23,7 @@ import pytest
 import yaml
 from hostutil import HOST, REPO_ROOT, VENV_BIN, copy_test_inventory, deploy, recap, ssh
 
-pytestmark = [pytest.mark.hosts, pytest.mark.slow]  # one host, seven deploys: minutes on 2 cores
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]  # one host, eight deploys: minutes on 2 cores
 
 ROOT = "/etc/ddtree-ops/sglang/releases"
 UNIT = "ddtree-sglang.service"
@@ -90,6 +90,27 @@ def base(hosts, tmp_path_factory):
     r, t = deploy(_inventory(tmp, 32, "base"))
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     return {"tmp": tmp, "address": hosts[HOST]}
+
+
+def test_a_stray_listener_on_the_rendezvous_port_stops_the_deploy_before_anything_changes(base):
+    """A process on --nccl-port (30100, derived from port 30000) made the deploy fail after
+    `current` switched, and the next restart crash-loop with EADDRINUSE."""
+    address = base["address"]
+    before = _host(address)
+    pid = ssh(address, f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    stray = ssh(address, "nohup python3 -c 'import socket,time\ns=socket.socket()\ns.bind((\"0.0.0.0\",30100))\n"
+                         "s.listen()\ntime.sleep(900)' >/dev/null 2>&1 & echo $!")
+    try:
+        r, _ = deploy(_inventory(base["tmp"], 16, "stray"))
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "port 30100 is already in use" in out, out[-4000:]
+        assert "ddtree_server.nccl_port" in out, out[-4000:]
+        assert "Activate this release" not in out, out[-4000:]  # stopped before the role changed the host
+        after = _host(address)
+        assert after["list"]["current"] == before["list"]["current"] and after["active"] == "active", after
+        assert ssh(address, f"systemctl show -p MainPID --value {UNIT}").stdout.strip() == pid
+    finally:
+        ssh(address, f"kill {int(stray.stdout.strip() or 0)} 2>/dev/null || true")
 
 
 def test_a_deploy_killed_at_each_boundary_around_activation_is_repaired_by_running_it_again(base):
