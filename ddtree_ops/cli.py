@@ -175,6 +175,7 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
     hostvars = load_hostvars(inventory, limit, vault or ())
     # once per distinct deployment, each host bound to its own name and address (config/shared.py)
     ok, errors = validate_hosts(hostvars, CheckpointReader(hub=hub_allowed(hub)))
+    ok, errors = _readable_plans(ok, errors)
     # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
     peers: list[Validated] = []
     if limit:
@@ -186,6 +187,22 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
                     pass  # an invalid host outside --limit is its own run's error
     errors.extend(fleet_findings(ok + peers, focus=set(hostvars) if limit else None))
     return ok, errors
+
+
+def _readable_plans(ok: list[Validated], errors: list[Finding]) -> tuple[list[Validated], list[Finding]]:
+    """The hosts whose plan.json the host's readers accept (:func:`ddtree_ops.render.files.plan_json`);
+    the others' findings join ``errors``: validate refuses what the host would."""
+    from .config import ConfigError
+    from .render.files import plan_json
+
+    kept = []
+    for v in ok:
+        try:
+            plan_json(v)
+            kept.append(v)
+        except ConfigError as exc:
+            errors = [*errors, *exc.findings]
+    return kept, errors
 
 
 def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None,

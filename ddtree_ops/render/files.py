@@ -188,6 +188,35 @@ def plan_document(v: Validated) -> dict:
     }
 
 
+def plan_json(v: Validated) -> str:
+    """plan.json's text, read back through every reader of it on the host before it is written:
+    the byte layer (:func:`ddtree_ops.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
+    range) and the typed contract (:class:`ddtree_ops.config.plandoc_model.PlanDoc`, which runs the
+    preflight's standard-library reader :func:`ddtree_ops.ops.preflight.plan_fields` first). One set of
+    bounds: a document a reader would refuse on the host is refused here, at validate and render,
+    before a release is made of it.
+
+    Raises:
+        ConfigError: one finding naming the inventory (the document as a whole), the reader's
+            rule and the fix.
+    """
+    from ..config.errors import ConfigError, Finding
+    from ..config.plandoc_model import PlanDoc, PlanDocError
+    from ..plandoc import MAX_BYTES, parse_plan_doc
+
+    text = json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"
+    try:
+        doc = parse_plan_doc(text.encode())
+        PlanDoc.of(doc)
+    except (ValueError, PlanDocError) as exc:
+        raise ConfigError([Finding(
+            "error", "plan.json", f"{len(text.encode())} bytes", f"the rendered plan.json must pass the host's plan "
+            f"readers (at most {MAX_BYTES >> 20} MiB, strict JSON, integers within +-2**63); it does not: "
+            f"{str(exc)[:300]}", "make the inventory's lists and values smaller (ddtree_server.extra_args, "
+            "ddtree_service.env, ddtree_accepted_risks)", host=v.deployment.host)]) from None
+    return text
+
+
 def deployment_document(d) -> dict:
     """plan.json's ``deployment``: the deployment without :data:`SECRET_FIELDS`, and of
     ``ddtree_host_classes`` only the host's own class, resolved (every field: the preflight on
@@ -276,7 +305,7 @@ def render_host(v: Validated) -> list[RenderedFile]:
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
-        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True) + "\n"),
+        RenderedFile(f"{cfg}/plan.json", plan_json(v)),
     ]
     files.append(exporter_unit(v))
     files.append(devices_unit(v))
