@@ -34,13 +34,15 @@ BOUNDARIES = ["Activate this release", "Live paths follow the current release",
               "Restart when the running unit is not the current release"]
 
 
-def _inventory(tmp: Path, budget: int, mark: str) -> Path:
+def _inventory(tmp: Path, budget: int, mark: str, nccl_port: int | None = None) -> Path:
     inv = tmp / f"inv-{budget}-{mark}"
     copy_test_inventory(inv)
     gv = inv / "group_vars" / "testhosts.yml"
     data = yaml.safe_load(gv.read_text())
     data["ddtree_speculative"]["budget"] = budget
     data["ddtree_service"]["env"] = {"DDTREE_TEST_MARK": mark}
+    if nccl_port is not None:
+        data["ddtree_server"]["nccl_port"] = nccl_port
     gv.write_text(yaml.safe_dump(data))
     return inv
 
@@ -93,17 +95,23 @@ def base(hosts, tmp_path_factory):
 
 
 def test_a_stray_listener_on_the_rendezvous_port_stops_the_deploy_before_anything_changes(base):
-    """A process on --nccl-port (30100, derived from port 30000) made the deploy fail after
-    `current` switched, and the next restart crash-loop with EADDRINUSE."""
+    """A process on the new --nccl-port (a change health's drift does not compare) made the deploy
+    fail after `current` switched, and the next restart crash-loop with EADDRINUSE."""
     address = base["address"]
     before = _host(address)
     pid = ssh(address, f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
-    stray = ssh(address, "nohup python3 -c 'import socket,time\ns=socket.socket()\ns.bind((\"0.0.0.0\",30100))\n"
-                         "s.listen()\ntime.sleep(900)' >/dev/null 2>&1 & echo $!")
+    stray = ssh(address, "nohup python3 -c 'import socket, time; s = socket.socket(); "
+                         "s.bind((\"0.0.0.0\", 30200)); s.listen(); time.sleep(900)' >/dev/null 2>&1 & echo $!")
     try:
-        r, _ = deploy(_inventory(base["tmp"], 16, "stray"))
+        for _ in range(50):  # listening before the deploy starts
+            if ":30200 " in ssh(address, "ss -Htln").stdout:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the stray listener did not come up: {stray.stdout} {stray.stderr}")
+        r, _ = deploy(_inventory(base["tmp"], 16, "stray", nccl_port=30200))
         out = r.stdout + r.stderr
-        assert r.returncode != 0 and "port 30100 is already in use" in out, out[-4000:]
+        assert r.returncode != 0 and "port 30200 is already in use" in out, out[-4000:]
         assert "ddtree_server.nccl_port" in out, out[-4000:]
         assert "Activate this release" not in out, out[-4000:]  # stopped before the role changed the host
         after = _host(address)
