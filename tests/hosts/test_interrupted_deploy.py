@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ BOUNDARIES = ["Activate this release", "Live paths follow the current release",
 
 def _inventory(tmp: Path, budget: int, mark: str, nccl_port: int | None = None) -> Path:
     inv = tmp / f"inv-{budget}-{mark}"
+    shutil.rmtree(inv, ignore_errors=True)  # the same settings asked for again (the rollback's inventory)
     copy_test_inventory(inv)
     gv = inv / "group_vars" / "testhosts.yml"
     data = yaml.safe_load(gv.read_text())
