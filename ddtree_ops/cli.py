@@ -177,6 +177,7 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
     hostvars = load_hostvars(inventory, limit, vault or ())
     # once per distinct deployment, each host bound to its own name and address (config/shared.py)
     ok, errors = validate_hosts(hostvars, CheckpointReader(hub=hub_allowed(hub)))
+    ok, errors = _readable_plans(ok, errors)
     # clashes on one machine (config/fleet.py); with --limit, against the whole inventory's valid hosts
     peers: list[Validated] = []
     if limit:
@@ -192,6 +193,22 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
 
         errors.extend(validate_routers(load_router_vars(inventory, vault or ()), ok)[1])
     return ok, errors
+
+
+def _readable_plans(ok: list[Validated], errors: list[Finding]) -> tuple[list[Validated], list[Finding]]:
+    """The hosts whose plan.json the host's readers accept (:func:`ddtree_ops.render.files.plan_json`);
+    the others' findings join ``errors``: validate refuses what the host would."""
+    from .config import ConfigError
+    from .render.files import plan_json
+
+    kept = []
+    for v in ok:
+        try:
+            plan_json(v)
+            kept.append(v)
+        except ConfigError as exc:
+            errors = [*errors, *exc.findings]
+    return kept, errors
 
 
 def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None,
@@ -1123,13 +1140,15 @@ def port_check(
     port: Annotated[int, typer.Option(help="TCP port the service is about to listen on.")],
     unit: Annotated[str, typer.Option(help="The service unit allowed to hold it, e.g. ddtree-sglang.service.")],
     host: Annotated[str | None, typer.Option(help="IP address the service binds (default: any address).")] = None,
+    field_name: Annotated[str | None, typer.Option("--field", help="The inventory field that sets PORT, named in "
+                                                   "the fix (e.g. ddtree_server.nccl_port).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
     from .ops.ports import check_port
 
     try:
-        result = check_port(port, unit, host=host)
+        result = check_port(port, unit, host=host, field_name=field_name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _print_checks(

@@ -38,6 +38,10 @@ for a in "$@"; do case "$a" in ddtree-*.service) unit="$a";; esac; done
 name=${unit#ddtree-}; S="@STATE@/${name%.service}"
 echo "$*" >> "$S/calls"
 case "$1" in
+  daemon-reload)
+    # systemd re-reads every unit file: the unit now loaded is the one `current` names
+    for d in "@STATE@"/*/; do [ -f "$d/releases" ] && readlink "$(cat "$d/releases")/current" > "$d/loaded"; done
+    echo "$*" >> "@STATE@/reloads";;
   show)
     [ -f "$S/hang" ] && exec sleep 20
     if [ "$(cat "$S/active")" = activating ] && [ $(( $(date +%s) - $(cat "$S/restarted-at") )) -ge 2 ]; then
@@ -47,6 +51,11 @@ case "$1" in
   restart)
     [ -f "$S/restart-fails" ] && { echo "Job for $unit failed."; exit 1; }
     cp "$S/after-active" "$S/active"; echo running > "$S/sub"; echo "inv-$(date +%s%N)" > "$S/inv"
+    # a restart runs the unit systemd loaded: one of another release than `current` fails its
+    # own readiness check (the plan.json read through `current` does not match its argv)
+    if [ -f "$S/releases" ] && [ "$(cat "$S/loaded")" != "$(readlink "$(cat "$S/releases")/current")" ]; then
+      echo failed > "$S/active"; echo failed > "$S/sub"
+    fi
     date +%s > "$S/restarted-at";;
 esac
 """
@@ -182,7 +191,7 @@ class Sshd:
         _write(venv / "bin" / "python", PYTHON.replace("@S@", str(s)), 0o755)
         defaults = {"active": active, "sub": "running" if active == "active" else "dead", "inv": f"inv-{name}-0",
                     "after-active": "active", "journal": f"line one of {name}\nline two of {name}\n",
-                    "metrics": METRICS}
+                    "metrics": METRICS, "releases": str(cfg / "releases"), "loaded": "r2"}
         for k, v in {**defaults, **files}.items():
             _write(s / k, v)
         return Target(host=name, address="127.0.0.1", port=self.port, user="root", key_file=str(self.root / "client"),
@@ -337,6 +346,34 @@ def test_rollback_switches_the_release_then_restarts_and_gates(sshd):
     calls = (sshd.state / "rbk" / "calls").read_text()
     assert f"release rollback --root {t.config_dir}/releases --json" in calls
     assert "restart --no-block ddtree-rbk.service" in calls
+
+
+def test_rollback_reloads_the_units_before_the_restart_so_the_release_switched_to_runs(sshd):
+    """The live unit is a symlink through releases/current: without `systemctl daemon-reload`
+    systemd restarts the unit of the release being left while plan.json names the other one, and
+    the unit's readiness check fails the start (the double's restart fails exactly then)."""
+    t = sshd.host("rbreload")
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0), rollback=True)
+    assert r.ok, r.detail
+    # loaded is r1 only when the reload came after the rollback switched `current`
+    assert (sshd.state / "rbreload" / "loaded").read_text().strip() == "r1"
+
+
+def test_restart_after_current_moved_without_a_reload_runs_the_current_release(sshd):
+    """A deploy cut off after it switched `current` leaves systemd's loaded unit behind; `fleet
+    restart` must run the release `current` names, not the cached one."""
+    t = sshd.host("moved")
+    (Path(t.config_dir) / "releases" / "current").unlink()
+    (Path(t.config_dir) / "releases" / "current").symlink_to("r1")  # switched, never reloaded
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0))
+    assert r.ok and r.release_to == "r1", r
+
+
+def test_a_failed_rollback_names_the_release_switched_to_not_the_one_left(sshd):
+    t = sshd.host("rbfail", **{"after-active": "failed"})
+    [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0), rollback=True)
+    assert not r.ok and "failed after the restart" in r.detail, r.detail
+    assert (r.release_from, r.release_to) == ("r2", "r1"), r
 
 
 def test_rollback_without_the_release_command_on_the_host_fails_that_host(sshd):
@@ -540,7 +577,7 @@ def test_the_gate_waits_for_the_unit_to_leave_activating_before_asking_health(ss
     t0 = time.monotonic()
     [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=8.0))
     assert r.ok, r.detail
-    assert 2 <= time.monotonic() - t0 < 7
+    assert 2 <= time.monotonic() - t0 < 7, time.monotonic() - t0
     calls = (sshd.state / "slow" / "calls").read_text().splitlines()
     assert "health activating" not in calls and calls.count("health active") == 2, calls  # before + gate
     assert sum(c.startswith("show ") for c in calls) >= 3, calls

@@ -401,11 +401,47 @@ def test_taken_port_fails_naming_the_holder_and_the_fix(tmp_path):
         holder.wait()
 
 
+def _listener() -> tuple[subprocess.Popen, int]:
+    holder = subprocess.Popen([sys.executable, "-c", "import socket,sys,time\ns=socket.socket()\n"
+                               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0',0))\n"
+                               "s.listen()\nprint(s.getsockname()[1], flush=True)\ntime.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    return holder, int(holder.stdout.readline())
+
+
+@pytest.mark.parametrize("nccl", ["set", "derived"])
+def test_a_stray_listener_on_the_rendezvous_port_fails_the_preflight_naming_nccl_port(nccl):
+    """SGLang's TP ranks meet on --nccl-port: a holder there made the start crash-loop with
+    EADDRINUSE after `current` had switched; the host preflight (before any change) must see it."""
+    from helpers import base_hostvars
+
+    from ddtree_ops.config import validate_hostvars
+    from ddtree_ops.render.files import plan_document
+
+    holder, taken = _listener()
+    try:
+        if taken < 1124 or taken > 65435:
+            pytest.skip(f"ephemeral port {taken} leaves no room for the derived offset")
+        hv = base_hostvars()
+        server = dict(hv["ddtree_server"], port=taken - 100) if nccl == "derived" else dict(
+            hv["ddtree_server"], nccl_port=taken)
+        doc = plan_document(validate_hostvars("h1", hv | {"ddtree_server": server}))
+        assert doc["rendezvous_port"] == taken
+        c = pf.ports_check(pf.expect_from(None, doc).ports)
+        assert not c["ok"] and f"port {taken} is already in use by pid {holder.pid}" in c["detail"], c
+        assert "ddtree_server.nccl_port" in c["detail"] and "ddtree_server.nccl_port" in c["remediation"], c
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_plan_gives_class_toolchain_ports_and_dirs():
     doc = _plan(31000, 19401)
     e = pf.expect_from(None, doc)
     assert e.host_class.name == "b300" and e.toolchain["target"] == "sm_103a"
-    assert e.ports[0] == (31000, "ddtree-sglang.service", "0.0.0.0") and e.ports[1][0] == 19401
+    assert e.ports[0] == (31000, "ddtree-sglang.service", "0.0.0.0", "ddtree_server.port")
+    # every port the instance binds: the rendezvous port (derived 31000 + 100) too
+    assert [p[0] for p in e.ports] == [31000, 31100, 19401]
     assert doc["paths"]["cache"] in e.dirs
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -751,7 +787,11 @@ def test_plan_nulls_for_optional_fields_are_accepted_a_null_exporter_port_is_not
     with pytest.raises(pf.PreflightUsageError, match="exporter_port is null"):  # the writer never writes null
         pf.expect_from(None, doc)
     del doc["deployment"]["ops"]["exporter_port"]  # absent: no exporter port to check
+    assert [p[3] for p in pf.expect_from(None, doc).ports] == ["ddtree_server.port", "ddtree_server.nccl_port"]
+    del doc["rendezvous_port"]  # a plan written before the field: nothing more to check
     assert pf.expect_from(None, doc).ports[1:] == []
+    with pytest.raises(pf.PreflightUsageError, match="rendezvous_port is 80"):
+        pf.expect_from(None, doc | {"rendezvous_port": 80})
 
 
 @pytest.mark.parametrize("text, words", [

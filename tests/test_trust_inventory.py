@@ -123,6 +123,31 @@ def _base_yaml() -> str:
     return yaml.safe_dump(_base(), sort_keys=False)
 
 
+def _plan_bound_cases() -> list[Case]:
+    """Values the writer would put into plan.json that the host's readers refuse, and credentials in argv."""
+    cases: list[Case] = []
+    # the host's plan readers' bounds (ddtree_ops/plandoc.py: strict JSON, |int| < 2**63, 4 MiB):
+    # values the writer would put into plan.json and the host would refuse
+    risks = [{"rule": "sm103-ddtree-graph-capture", "reason": f"reason {i} of at least twenty characters"}
+             for i in range(1000)]
+    for label, (section, key, value, named) in {
+        "risks-1000": ("ddtree_accepted_risks", None, risks, "ddtree_accepted_risks"),
+        "extra-int-2**64": ("ddtree_server", "extra_args", {"--foo": 2 ** 64}, "ddtree_server.extra_args"),
+        "extra-int-2**63": ("ddtree_server", "extra_args", {"--foo": 2 ** 63}, "ddtree_server.extra_args"),
+        "extra-inf": ("ddtree_server", "extra_args", {"--foo": float("inf")}, "ddtree_server.extra_args"),
+        "extra--inf-in-list": ("ddtree_server", "extra_args", {"--foo": [1, float("-inf")]},
+                               "ddtree_server.extra_args"),
+        "extra-nan": ("ddtree_server", "extra_args", {"--foo": float("nan")}, "ddtree_server.extra_args"),
+    }.items():
+        cases.append(Case("plan.json bounds", label, named, group_vars=_with(section, key, value)))
+    # a credential in argv lands in the process list, the 0644 unit and plan.json
+    for label, value in {"bearer-colon": f"Bearer:{CANARY}", "basic-colon": f"Basic:{CANARY}",
+                         "token-eq": f"token={CANARY}", "apikey-eq": f"apikey={CANARY}"}.items():
+        cases.append(Case("canary secret", f"argv-{label}", "ddtree_server.extra_args",
+                          group_vars=_with("ddtree_server", "extra_args", {"--tokenizer-path": value})))
+    return cases
+
+
 def corpus() -> list[Case]:
     cases: list[Case] = []
     for label, host in BAD_HOSTS.items():
@@ -229,6 +254,7 @@ def corpus() -> list[Case]:
     cases.append(
         Case("unreadable", "hosts-yml-binary", "hosts.yml is not valid YAML", hosts_text="\x00\x01\x02garbage\n")
     )
+    cases += _plan_bound_cases()
     return cases
 
 

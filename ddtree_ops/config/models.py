@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
@@ -47,6 +48,7 @@ from pydantic import (
     field_validator,
 )
 
+from ..plandoc import MAX_INT
 from .envchars import env_char_problem
 from .errors import (
     REDACTED,
@@ -70,6 +72,18 @@ _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]{0,62}$")
+
+_AUTH_PREFIX = re.compile(r"(?i)(?:bearer|basic|digest|apikey)[:=][A-Za-z0-9._~+/=-]{4,}")
+"""An HTTP authorization scheme glued to its credential (``Bearer:X``, ``token=X``): an argv token
+holds no space, so the ``Bearer X`` shape (RFC 9110 §11.4) of :func:`ddtree_ops.config.errors.value_secret_reason`
+never matches there."""
+
+
+def _shown_int(x: int) -> str:
+    """An integer for an error line: its digits, or how many there are (Python refuses to print
+    more than 4300 digits, and a line must stay short)."""
+    return str(x) if x.bit_length() < 200 else f"an integer of {x.bit_length()} bits"
+
 
 MAX_PATH = 4096
 """Longest path or argv value, characters (Linux ``PATH_MAX``)."""
@@ -631,10 +645,21 @@ class Server(_Model):
                 if isinstance(x, bool) or not isinstance(x, (str, int, float)):
                     raise _fail(f"{flag}: each value must be a string or a number (true alone for a bare flag)",
                                 f'e.g. "{flag}": 1 or "{flag}": [1, 2]')
+                if isinstance(x, float) and not math.isfinite(x):
+                    # json.dumps writes NaN/Infinity, which no reader of plan.json accepts (RFC 8259)
+                    raise _fail(f"{flag}: {x!r} is not a finite number (plan.json is strict JSON and the host's "
+                                "plan reader refuses it)", f"give {flag} a finite number, or remove it")
+                if isinstance(x, int) and not -MAX_INT < x < MAX_INT:
+                    raise _fail(f"{flag}: {_shown_int(x)} is out of range (integers in plan.json must lie strictly "
+                                f"between -2**63 and 2**63: the host's plan reader's bound)",
+                                f"give {flag} a smaller number, or remove it")
                 text = str(x)
                 if len(text) > MAX_PATH:
                     raise _fail(f"{flag}: a value is longer than {MAX_PATH} characters", "shorten it")
-                if (kind := looks_like_token(text)) is not None:
+                kind = looks_like_token(text) or value_secret_reason(text)
+                if kind is None and _AUTH_PREFIX.match(text):
+                    kind = "an HTTP authorization credential (Bearer/Basic/Token ...)"
+                if kind is not None:
                     register_secret(text)  # never echoed
                     raise _fail(
                         f"{flag}: a value holds {kind}; extra_args land in the argv (process list), the "
@@ -988,7 +1013,7 @@ class Deployment(_Model):
     server: Server = Field(default_factory=Server)
     service: Service = Field(default_factory=Service)
     ops: Ops = Field(default_factory=Ops)
-    accepted_risks: list[RiskAcceptance] = Field(default_factory=list)
+    accepted_risks: Annotated[list[RiskAcceptance], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     toolchain: Toolchain = Field(default_factory=Toolchain)
     hf_token: SecretStr | None = None
     secret_env: Annotated[dict[str, SecretStr], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)

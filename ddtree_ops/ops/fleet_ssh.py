@@ -757,13 +757,21 @@ def run_gate(s: HostSession, deadline_s: float, margin_s: float = GATE_MARGIN_S)
 
 def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_deadline_s: float = GATE_DEADLINE_S,
                       gate_margin_s: float = GATE_MARGIN_S) -> tuple[bool, str, HostStatus]:
-    """``systemctl restart --no-block UNIT``, then poll the unit (``systemctl show``, every
+    """``systemctl daemon-reload``, ``systemctl restart --no-block UNIT``, then poll the unit (``systemctl show``, every
     :data:`POLL_S`) until it is active in a new invocation (its ``ExecStartPost`` warmup done)
     and then the host's health (warm marker, drift; :func:`probe`) passes; fails when the unit
     fails, or ``gate_s`` passes first. Then the playbook's gate on the host (:func:`run_gate`:
     health, a short synthetic load, acceptance length >= the deployment's floor) within
     ``gate_deadline_s``; its verdict decides."""
     t = s.target
+    # The live unit is a symlink through releases/current: systemd restarts the unit it loaded
+    # last, not the file `current` names now. Without a reload first, a rollback (or a deploy
+    # that switched `current` and was cut off before its handler) restarts the release being
+    # left with the plan.json of the other one, and the unit's own readiness check fails it.
+    rc, out, _ = s.run("systemctl daemon-reload </dev/null 2>&1", "reloading the units (systemctl daemon-reload)")
+    if rc != 0:
+        return False, (f"systemctl daemon-reload exited {rc}: {clean(out) or 'no output'}; the unit was NOT "
+                       "restarted (it runs what it ran before)"), before
     rc, out, _ = s.run(f"systemctl restart --no-block {_q(t.unit)} </dev/null 2>&1", "restarting the unit")
     if rc != 0:
         return False, f"systemctl restart {t.unit} exited {rc}: {clean(out) or 'no output'}", before
@@ -863,7 +871,10 @@ def rolling(targets: Sequence[Target], limits: Limits, batch: int = 1, rollback:
                 gate = limits.gate_s if limits.gate_s is not None else t.gate_s
                 ok, detail, after = _restart_and_gate(s, before, min(gate, max(1.0, run_end - time.monotonic())),
                                                       limits.gate_deadline_s, limits.gate_margin_s)
-                to = after.release if after.release != "-" else to
+                # `after` is `before` itself when the unit failed before a fresh look: the release
+                # it names is the one left, not the one switched to
+                if after is not before and after.release != "-":
+                    to = after.release
             return HostChange(t.host, ok, "rollback" if rollback else "restart", detail, before.release, to,
                               round(time.monotonic() - t0, 1))
 

@@ -198,10 +198,19 @@ def bind_refused(port: int, host: str | None = None) -> bool:
     return False
 
 
-def check_port(port: int, unit: str, proc: Path = Path("/proc"), host: str | None = None) -> PortCheck:
+_FIELD = re.compile(r"[a-z][a-z0-9_]{0,63}(\.[a-z][a-z0-9_]{0,63}){0,3}")
+"""An inventory field name as the fix may name it."""
+PORT_FIELDS = "ddtree_server.port / ddtree_ops.exporter_port"
+"""What the fix names when the caller does not say which inventory field set the port."""
+
+
+def check_port(port: int, unit: str, proc: Path = Path("/proc"), host: str | None = None,
+               field_name: str | None = None) -> PortCheck:
     """Is TCP ``port`` free, or held only by processes of ``unit`` (the service about to be
     (re)started)? Anything else would make the start fail with EADDRINUSE. ``host``: the IP
-    address the service binds (None: any address, the strictest check).
+    address the service binds (None: any address, the strictest check). ``field_name``: the
+    inventory field that sets this port (``ddtree_server.nccl_port`` for the rendezvous port),
+    named in the fix; None names :data:`PORT_FIELDS`.
 
     Raises:
         ValueError: ``port`` outside 1-65535, ``unit`` not a ``*.service`` name, ``host`` no IP address.
@@ -215,14 +224,14 @@ def check_port(port: int, unit: str, proc: Path = Path("/proc"), host: str | Non
             ipaddress.ip_address(host)
         except ValueError:
             raise ValueError(f"host {host[:200]!r}: must be an IP address such as 0.0.0.0 or 127.0.0.1") from None
+    fields = field_name if field_name and _FIELD.fullmatch(field_name) else PORT_FIELDS
     inodes = bound_inodes(port, host, proc)
     if not inodes:
         if proc == Path("/proc") and bind_refused(port, host):
             return PortCheck(False, port, detail=(
                 f"port {port} is already in use by a socket that is bound but not listening (the kernel's "
                 "tables do not name its process; `ss -tanp` neither): the service's bind would fail with "
-                "EADDRINUSE. Fix: stop that process or set another port in the inventory "
-                "(ddtree_server.port / ddtree_ops.exporter_port)"))
+                f"EADDRINUSE. Fix: stop that process or set another port in the inventory ({fields})"))
         return PortCheck(True, port, detail=f"port {port} is free")
     hs = holders(inodes, proc)
     others = [h for h in hs if h.unit != unit]
@@ -233,4 +242,4 @@ def check_port(port: int, unit: str, proc: Path = Path("/proc"), host: str | Non
         who = f"a process this user cannot see (socket inode {', '.join(map(str, inodes))}; run as root)"
     return PortCheck(False, port, hs, inodes,
                      f"port {port} is already in use by {who}, not by {unit}. Fix: stop that process or set "
-                     "another port in the inventory (ddtree_server.port / ddtree_ops.exporter_port)")
+                     f"another port in the inventory ({fields})")

@@ -307,7 +307,8 @@ class Expect:
             plan's ``deployment.host_classes``).
         toolchain: :func:`ddtree_ops.config.toolchain.plan_toolchain` of the deployment
             (``{}``: derive from the class, or from the GPUs seen when no class is given).
-        ports: ``(port, allowed unit or None, bind address or None)`` the deployment listens on.
+        ports: ``(port, allowed unit or None, bind address or None, inventory field)`` the deployment
+            listens on (the HTTP port, the rendezvous port, the exporter port).
         dirs: directories whose file systems need :data:`DISK_MIN_FREE_BYTES` free.
         unit: the SGLang unit (its effective limits are read when it is loaded).
     """
@@ -315,7 +316,7 @@ class Expect:
     host_class: HostClass | None = None
     classes: dict[str, HostClass] = field(default_factory=lambda: dict(HOST_CLASSES))
     toolchain: dict = field(default_factory=dict)
-    ports: list[tuple[int, str | None, str | None]] = field(default_factory=list)
+    ports: list[tuple[int, str | None, str | None, str]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=lambda: ["/var/cache"])
     unit: str | None = None
 
@@ -423,6 +424,9 @@ def plan_fields(plan: dict) -> dict:
         # absent: the default (Ops.exporter_port); null is no port
         "exporter_port": get("deployment.ops.exporter_port", f"an integer {PORT_MIN}..65535", port)
         if isinstance(ops, dict) and "exporter_port" in ops else None,
+        # the --nccl-port rendered (derived by the writer); absent in plans written before it was
+        "rendezvous_port": get("rendezvous_port", f"an integer {PORT_MIN}..65535", port)
+        if "rendezvous_port" in plan else None,
         "model_path": get("deployment.model.path", "a string", text()),
         "state": get("paths.state", "an absolute path or null", opt(absolute)),
         "cache": get("paths.cache", "an absolute path or null", opt(absolute)),
@@ -462,9 +466,11 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
         f = plan_fields(plan)
         e.toolchain, e.unit, name, e.classes = f["toolchain"], f["unit"], f["host_class"], f["classes"]
         bind = f["host"] or None
-        e.ports = [(f["port"], e.unit, bind)]
+        e.ports = [(f["port"], e.unit, bind, "ddtree_server.port")]
+        if f["rendezvous_port"] is not None:  # SGLang's TP ranks meet there on any address (--nccl-port)
+            e.ports.append((f["rendezvous_port"], e.unit, None, "ddtree_server.nccl_port"))
         if f["exporter_port"] is not None:
-            e.ports.append((f["exporter_port"], f["exporter_unit"], None))
+            e.ports.append((f["exporter_port"], f["exporter_unit"], None, "ddtree_ops.exporter_port"))
         model = f["model_path"] or ""
         e.dirs = [p for p in (model if model.startswith("/") else "", f["state"], f["cache"]) if p]
         if host_class is not None and host_class != name:
@@ -955,21 +961,25 @@ def _ip_or_none(host: str | None) -> str | None:
         return None
 
 
-def ports_check(ports: list[tuple[int, str | None, str | None]], proc: Path = Path("/proc")) -> dict:
-    """Each port is free or held by its own unit (:func:`ddtree_ops.ops.ports.check_port`)."""
+def ports_check(ports: list[tuple], proc: Path = Path("/proc")) -> dict:
+    """Each port is free or held by its own unit (:func:`ddtree_ops.ops.ports.check_port`):
+    ``(port, unit, host[, field])``, ``field`` the inventory field that sets it (named in the fix)."""
     if not ports:
         return _skip("ports", "no deployment given (--plan)")
-    bad, good = [], []
-    for port, unit, host in ports:
+    bad, good, fields = [], [], []
+    for port, unit, host, *rest in ports:
+        field_name = rest[0] if rest else None
         try:
-            r = check_port(port, unit or "ddtree-unknown.service", proc, _ip_or_none(host))
+            r = check_port(port, unit or "ddtree-unknown.service", proc, _ip_or_none(host), field_name)
         except ValueError as exc:
             bad.append(str(exc))
             continue
         (good if r.ok else bad).append(r.detail)
+        if not r.ok and field_name:
+            fields.append(field_name)
     return _check("ports", not bad, "; ".join(bad or good),
                   "stop the process holding the port or set another port in the inventory "
-                  "(ddtree_server.port / ddtree_ops.exporter_port)")
+                  f"({' / '.join(fields) if fields else 'ddtree_server.port / ddtree_ops.exporter_port'})")
 
 
 _NCCL_CHILD = r"""

@@ -130,6 +130,20 @@ def rollback_cmd(root: RootOpt, keep: KeepOpt = 3, as_json: JsonOpt = False) -> 
     _emit(True, "release-rollback", f"{res['from']} -> {res['to']}{_pruned(res)}", as_json, res)
 
 
+@app.command("running")
+def running_cmd(root: RootOpt, unit: Annotated[str, typer.Option("--unit", help="The service unit, e.g. "
+                                                                "ddtree-sglang.service.")],
+                as_json: JsonOpt = False) -> None:
+    """Does UNIT run the release ROOT's current names? ("stale": restart it; exit 0 either way)."""
+    from .release_running import running
+
+    try:
+        res = running(root, unit)
+    except ReleaseError as exc:
+        return _refused("release-running", exc, as_json, {"root": str(root)})
+    _emit(True, "release-running", ("stale: " if res["stale"] else "") + res["why"], as_json, res)
+
+
 @app.command("prune-builds")
 def prune_builds_cmd(root: RootOpt,
                      builds: Annotated[Path, typer.Option(

@@ -170,7 +170,8 @@ def plan_document(v: Validated) -> dict:
     left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
     ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
     ``paths.secrets`` is where the secrets file lives (present or not). ``schema_version``,
-    ``url`` and ``sglang_base_version`` are the contract's version and derived values
+    ``url``, ``rendezvous_port`` (the ``--nccl-port`` rendered: the host's preflight checks it is
+    free) and ``sglang_base_version`` are the contract's version and derived values
     (:class:`ddtree_ops.config.plandoc_model.PlanDoc` reads them)."""
     from ..config.plandoc_model import SCHEMA_VERSION
 
@@ -183,6 +184,7 @@ def plan_document(v: Validated) -> dict:
         "unit": d.service.unit_name,
         "exporter_unit": exporter_unit_name(v),
         "url": d.server.local_url,
+        "rendezvous_port": d.server.rendezvous_port,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
@@ -190,6 +192,37 @@ def plan_document(v: Validated) -> dict:
         "deployment": deployment_document(d),
         "plan": v.plan.as_dict(),
     }
+
+
+def plan_json(v: Validated) -> str:
+    """plan.json's text, read back through every reader of it on the host before it is written:
+    the byte layer (:func:`ddtree_ops.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
+    range) and the typed contract (:class:`ddtree_ops.config.plandoc_model.PlanDoc`, which runs the
+    preflight's standard-library reader :func:`ddtree_ops.ops.preflight.plan_fields` first). One set of
+    bounds: a document a reader would refuse on the host is refused here, at validate and render,
+    before a release is made of it.
+
+    Raises:
+        ConfigError: one finding naming the inventory (the document as a whole), the reader's
+            rule and the fix.
+    """
+    from ..config.errors import ConfigError, Finding
+    from ..config.plandoc_model import PlanDoc, PlanDocError
+    from ..plandoc import MAX_BYTES, parse_plan_doc
+
+    # NaN and infinities are refused when the inventory is loaded; allow_nan=False makes one
+    # that got past that a crash here rather than non-JSON on the host
+    text = json.dumps(plan_document(v), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    try:
+        doc = parse_plan_doc(text.encode())
+        PlanDoc.of(doc)
+    except (ValueError, PlanDocError) as exc:
+        raise ConfigError([Finding(
+            "error", "plan.json", f"{len(text.encode())} bytes", f"the rendered plan.json must pass the host's plan "
+            f"readers (at most {MAX_BYTES >> 20} MiB, strict JSON, integers within +-2**63); it does not: "
+            f"{str(exc)[:300]}", "make the inventory's lists and values smaller (ddtree_server.extra_args, "
+            "ddtree_service.env, ddtree_accepted_risks)", host=v.deployment.host)]) from None
+    return text
 
 
 def deployment_document(d) -> dict:
@@ -280,8 +313,7 @@ def render_host(v: Validated) -> list[RenderedFile]:
     files = [
         RenderedFile(f"/etc/systemd/system/{svc.unit_name}", jenv.get_template("sglang.service.j2").render(ctx)),
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
-        RenderedFile(f"{cfg}/plan.json", json.dumps(plan_document(v), indent=2, sort_keys=True,
-            allow_nan=False) + "\n"),
+        RenderedFile(f"{cfg}/plan.json", plan_json(v)),
     ]
     files.append(exporter_unit(v))
     files.append(devices_unit(v))
