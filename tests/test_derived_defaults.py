@@ -137,5 +137,7 @@ def test_plan_command_shows_each_derived_value_with_its_source(capsys, monkeypat
     monkeypatch.setenv("COLUMNS", "400")
     assert main(["plan", "-i", str(REPO / "inventory" / "example"), "--limit", "ct200-01"]) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if "chunked_prefill_size (derived)" in line)
+    # the table wraps a long value onto lines whose first column is blank: read the rows flattened
+    flat = " ".join(" ".join(line.replace("\u2502", " ").split()) for line in out.splitlines())
+    row = flat[flat.index("chunked_prefill_size (derived)"):]
     assert "8192 (derived by SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings" in row

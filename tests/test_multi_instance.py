@@ -264,7 +264,7 @@ def test_cuda_visible_devices_in_secret_env_is_refused_without_its_value():
 @pytest.mark.parametrize(("name", "value"), [
     ("TRITON_CACHE_DIR", "/var/cache/shared-triton"), ("SGLANG_DG_CACHE_DIR", "/opt/dg-cache"),
     ("TORCHINDUCTOR_CACHE_DIR", "/srv/inductor"), ("SGLANG_TORCH_PROFILER_DIR", "/var/log/sglang-prof"),
-    ("HF_HOME", "/var/cache/ddtree-ops/sglang/../shared"), ("SGLANG_JIT_CACHE_DIR", "jit"),
+    ("HF_HOME", "/var/cache/ddtree-ops/sglang/../other"), ("SGLANG_JIT_CACHE_DIR", "jit"),
 ])
 def test_a_cache_dir_set_through_the_env_outside_the_instances_trees_is_refused(name, value):
     """The unit runs with ProtectSystem=strict and opens only state_dir and cache_dir: a cache elsewhere is

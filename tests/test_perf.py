@@ -222,7 +222,7 @@ def _reference_scrub(text: str) -> str:
     for s in sorted(errors._known_secrets, key=len, reverse=True):
         text = text.replace(s, errors.REDACTED)
     text = errors._URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{errors.REDACTED}@", text)
-    text = errors._AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{m['sep']}{errors.REDACTED}", text)
+    text = errors._AUTH_SCHEME.sub(errors._redact_auth, text)  # its credential-or-prose decision, not a fast path
     text = errors._SECRET_QUERY.sub(lambda m: f"{m['pre']}{errors.REDACTED}", text)
     text = errors._TOKEN_SHAPE.sub(errors.REDACTED, text)
     return errors._redact_named_values(text, named)

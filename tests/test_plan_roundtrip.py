@@ -22,6 +22,36 @@ from ddtree_ops.ops import preflight as pf
 from ddtree_ops.plandoc import MAX_INT, read_plan_doc
 from ddtree_ops.render import files
 
+# Real options of the pinned release (SGLang 0.5.23, ddtree_ops.config.sglang_args): validate refuses
+# flags the release's parser does not have, so the bound on extra_args is reached with real ones
+# (list-valued options take the lists, single-valued ones a long string).
+_LIST_FLAGS = (
+    '--allowed-media-domains', '--bucket-e2e-request-latency', '--custom-weight-loader',
+    '--debug-tensor-dump-layers', '--encoder-register-urls', '--encoder-urls',
+    '--flashinfer-autotune-skip-ops', '--gc-threshold', '--generation-tokens-buckets',
+    '--log-requests-target', '--lora-paths', '--lora-target-modules', '--monokernel-backend', '--numa-node',
+    '--prefill-delayer-forward-passes-buckets', '--prefill-delayer-wait-seconds-buckets',
+    '--prompt-tokens-buckets', '--return-aux-hidden-state-layer-ids',
+    '--tokenizer-metrics-allowed-custom-labels', '--uvicorn-access-log-exclude-prefixes',
+)
+_VALUE_FLAGS = (
+    '--asr-max-buffer-seconds', '--asr-max-concurrent-sessions', '--attention-context-parallel-size',
+    '--batch-notify-size', '--bf16-gemm-backend', '--boundary-reduction', '--c128-page-size',
+    '--chat-template', '--completion-template', '--constrained-json-max-whitespace-cnt',
+    '--constrained-json-whitespace-pattern', '--context-bucket', '--cp-strategy', '--cpu-offload-gb',
+    '--crash-dump-folder', '--dcp-comm-backend', '--dcp-replicate-q-proj', '--debug-tensor-dump-input-file',
+    '--debug-tensor-dump-output-folder', '--decode-log-interval', '--decoupled-spec-bind-endpoint',
+    '--decoupled-spec-connect-endpoints', '--decoupled-spec-rank', '--decoupled-spec-role',
+    '--decrypted-config-file', '--decrypted-draft-config-file', '--deepep-config',
+    '--deepep-dispatcher-output-dtype', '--deepep-mode', '--deepep-v2-mode', '--default-chat-template-kwargs',
+    '--default-priority-value', '--detokenizer-worker-num', '--device',
+    '--disaggregation-decode-allocation-policy', '--disaggregation-decode-extra-slots',
+    '--disaggregation-decode-host-receive-threshold', '--disaggregation-decode-polling-interval',
+    '--disaggregation-decode-retraction-backup', '--disaggregation-ib-device', '--disaggregation-mode',
+    '--disaggregation-transfer-backend', '--dist-timeout', '--dllm-algorithm',
+)
+assert len(_LIST_FLAGS) + len(_VALUE_FLAGS) == MAX_ITEMS  # the bound on extra_args entries
+
 AT_THE_BOUNDS = {  # accepted inputs as large or as extreme as the rules allow
     "risks-64-long": {"ddtree_accepted_risks": [
         {"rule": "sm103-ddtree-graph-capture", "reason": f"{i:02d}" + "r" * (MAX_TEXT - 2)} for i in range(MAX_ITEMS)]},
@@ -29,7 +59,8 @@ AT_THE_BOUNDS = {  # accepted inputs as large or as extreme as the rules allow
                                                             "--chunked-prefill-size": 0}}},
     "extra-float-extremes": {"ddtree_server": {"extra_args": {"--schedule-conservativeness": 1.7976931348623157e308}}},
     "extra-float-tiny": {"ddtree_server": {"extra_args": {"--schedule-conservativeness": 5e-324}}},
-    "extra-64-flags": {"ddtree_server": {"extra_args": {f"--flag-{i}": ["v" * 60] * 8 for i in range(MAX_ITEMS)}}},
+    "extra-64-flags": {"ddtree_server": {"extra_args": {
+        **{f: ["v" * 60] * 8 for f in _LIST_FLAGS}, **{f: "v" * 480 for f in _VALUE_FLAGS}}}},
     "env-64": {"ddtree_service": {"env": {f"X_{i}": "v" * 200 for i in range(MAX_ITEMS)}}},
 }
 
@@ -75,7 +106,7 @@ def test_every_shipped_inventory_renders_plans_every_reader_reads(tmp_path, inve
 
 
 @pytest.mark.parametrize("poison, says", [
-    ({"x": float("nan")}, "NaN is not JSON"),
+    ({"x": float("nan")}, "not JSON compliant: nan"),
     ({"x": 2 ** 64}, "out of range"),
     ({"x": "y" * (5 << 20)}, "larger than 4 MiB"),
 ])

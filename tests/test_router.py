@@ -65,7 +65,9 @@ def test_workers_are_derived_from_the_instances(fleet):
 def test_every_rendered_flag_is_an_option_of_the_pinned_smg():
     opts = _options()
     assert {"--worker-urls", "--policy", "--dp-aware", "--prometheus-port"} <= opts  # the parse works
-    fleet = [_instance("gpu-a", "10.0.0.5", 30000, extra_args={"--enable-dp-attention": True}, dp_size=2)]
+    # DFLASH with DP attention needs a DP LM head too (SGLang refuses it otherwise)
+    dp = {"--enable-dp-attention": True, "--enable-dp-lm-head": True}
+    fleet = [_instance("gpu-a", "10.0.0.5", 30000, extra_args=dp, dp_size=2)]
     (r,), errors = _one(fleet, {"policy": "power_of_two"})
     assert errors == [] and r.dp_aware
     flags = [a for a in router_argv(r) if a.startswith("--")]

@@ -147,8 +147,13 @@ class HealthOptions:
         warm_marker: path of the unit's warm marker (enables ``warm``), or None.
         sglang_health_timeout_s: SGLang's own ``/health`` timeout; None: the deployed unit's
             ``SGLANG_HEALTH_CHECK_TIMEOUT`` from ``plan_doc``, else SGLang's default (20 s).
+        health_cap_s: a caller's own upper bound on one ``/health`` probe (the release gate's
+            ``--deadline``, which an operator sets and which must hold); None: no cap. The gate
+            probes once, one probe at a time, so a capped probe that ends before SGLang's
+            generation does leaves at most one behind per gate, never a pile-up.
         health_deadline_s: (property) one ``/health`` probe's total deadline:
-            :func:`~ddtree_ops.sglang.health_probe.probe_deadline_s`, at least ``timeout``.
+            :func:`~ddtree_ops.sglang.health_probe.probe_deadline_s`, at least ``timeout``, at
+            most ``health_cap_s``.
     """
 
     timeout: float = 5.0
@@ -158,6 +163,7 @@ class HealthOptions:
     plan_doc: PlanDoc | None = None
     warm_marker: Path | None = None
     sglang_health_timeout_s: float | None = None
+    health_cap_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.plan_doc is not None:
@@ -174,7 +180,8 @@ class HealthOptions:
 
     @property
     def health_deadline_s(self) -> float:
-        return probe_deadline_s(self.sglang_health_timeout_s or DEFAULT_HEALTH_CHECK_TIMEOUT_S, self.timeout)
+        full = probe_deadline_s(self.sglang_health_timeout_s or DEFAULT_HEALTH_CHECK_TIMEOUT_S, self.timeout)
+        return full if self.health_cap_s is None else min(full, self.health_cap_s)
 
 
 def bound_s(o: HealthOptions) -> float:

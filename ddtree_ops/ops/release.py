@@ -822,10 +822,12 @@ def gate_health_options(base: Any, deadline_s: float) -> Any:
     if bound_s(base) <= share:
         return base
     window = min(base.progress_window_s, deadline_s / 10)
-    b1 = bound_s(replace(base, timeout=1.0, progress_window_s=window))
-    per = bound_s(replace(base, timeout=2.0, progress_window_s=window)) - b1
-    timeout = (share - (b1 - per)) / per
-    return replace(base, timeout=max(timeout, 0.01), progress_window_s=window)
+    # the /health probe's deadline (SGLang's own health timeout and more, 23 s by default) is cut to
+    # the same per-request timeout here: the gate's deadline is the operator's bound and must hold
+    b1 = bound_s(replace(base, timeout=1.0, progress_window_s=window, health_cap_s=1.0))
+    per = bound_s(replace(base, timeout=2.0, progress_window_s=window, health_cap_s=2.0)) - b1
+    timeout = max((share - (b1 - per)) / per, 0.01)
+    return replace(base, timeout=timeout, progress_window_s=window, health_cap_s=timeout)
 
 
 def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:

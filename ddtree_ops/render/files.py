@@ -210,10 +210,11 @@ def plan_json(v: Validated) -> str:
     from ..config.plandoc_model import PlanDoc, PlanDocError
     from ..plandoc import MAX_BYTES, parse_plan_doc
 
-    # NaN and infinities are refused when the inventory is loaded; allow_nan=False makes one
-    # that got past that a crash here rather than non-JSON on the host
-    text = json.dumps(plan_document(v), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    # NaN and infinities are refused when the inventory is loaded; one that got past that is refused
+    # here like any other document the readers would refuse (strict JSON), never written as NaN
+    text = ""
     try:
+        text = json.dumps(plan_document(v), indent=2, sort_keys=True, allow_nan=False) + "\n"
         doc = parse_plan_doc(text.encode())
         PlanDoc.of(doc)
     except (ValueError, PlanDocError) as exc:
