@@ -95,15 +95,16 @@ def _cpu_seconds(line: str) -> float:
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_scrub_is_linear_on_hostile_1mb_lines(name):
     """Each of these took minutes before (a name run retried from every position). Measured side
-    by side in one run: four times the input (128 KB -> 512 KB) costs about four times the CPU,
-    not sixteen."""
+    by side in one run: four times the input (256 KB -> 1 MB) costs about four times the CPU
+    (measured 2.5x-6x), not sixteen. Smaller inputs are not used: below ~250 KB the regex
+    engine's cost per character is not yet steady (62 KB -> 125 KB cost 5x for one case)."""
     prefix, unit, count, suffix = HOSTILE[name]
-    small = _cpu_seconds(prefix + unit * (count // 8) + suffix)
-    full = _cpu_seconds(prefix + unit * (count // 2) + suffix)
+    small = _cpu_seconds(prefix + unit * (count // 4) + suffix)
+    full = _cpu_seconds(prefix + unit * count + suffix)
     # A floor of 5 ms on the small side: below it the ratio is timer noise, and such a case is
     # fast in absolute terms too (a quadratic scan of 1 MB costs seconds, not tens of ms).
     ratio = full / max(small, 0.005)
-    assert ratio < 8, f"{name}: {full:.3f} s CPU for 4x the input of {small:.3f} s (x{ratio:.1f}): not linear"
+    assert ratio < 10, f"{name}: {full:.3f} s CPU for 4x the input of {small:.3f} s (x{ratio:.1f}): not linear"
 
 
 @pytest.mark.parametrize("text, secret", [
