@@ -38,8 +38,8 @@ TRACKER = re.compile(
 )
 
 # Upstream references: a repository (owner/name) with an issue or pull request number, and
-# GitHub issue / pull URLs. Taken out of a line before TRACKER runs, so "sgl-project/sglang#31600"
-# or "sgl-project/sglang issue 31600" are never flagged.
+# GitHub issue / pull URLs. Taken out of a line before TRACKER runs, so an upstream repository's
+# own numbers are never flagged, whether written owner/name#N or with the word between.
 UPSTREAM = re.compile(
     r"\bhttps?://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/[0-9]+"
     r"|\b[\w.-]+/[\w.-]+(?:#| issues? #?| pull/| PR #?)[0-9]+",
