@@ -141,3 +141,133 @@ def test_plan_command_shows_each_derived_value_with_its_source(capsys, monkeypat
     flat = " ".join(" ".join(line.replace("\u2502", " ").split()) for line in out.splitlines())
     row = flat[flat.index("chunked_prefill_size (derived)"):]
     assert "8192 (derived by SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings" in row
+
+
+def on(host_class: str, version: str, algorithm: str | None = None, topk: int = 1, **server) -> dict:
+    """A Llama deployment (multi-head attention, no model override) on ``host_class``."""
+    hv = h200(version, max_running_requests=16, tp_size=1 if host_class == "h200x1" else 8, **server)
+    hv["ddtree_host_class"] = host_class
+    if algorithm is None:
+        del hv["ddtree_speculative"]
+    elif algorithm == "DFLASH":
+        hv["ddtree_speculative"] = {"algorithm": "DFLASH", "draft_model_path": "z-lab/Llama-3.1-8B-DFlash",
+                                    "block_size": 8}
+    else:
+        hv["ddtree_speculative"].update(topk=topk, num_draft_tokens=4 if topk == 1 else 8)
+    return hv
+
+
+def attention(hv: dict) -> tuple:
+    p = validate_hostvars("h1", hv).plan
+    return tuple(p.derived.get(k, {}).get("value") for k in ("attention_backend", "page_size"))
+
+
+@pytest.mark.parametrize(("host_class", "version", "algorithm", "want"), [
+    # sm_90 (H200): fa3 whenever speculation runs topk 1 (or none)
+    ("h200x1", "0.5.17", None, ("fa3", 1)),
+    ("h200x1", "0.5.17", "EAGLE3", ("fa3", 1)),
+    ("h200x1", "0.5.17", "DFLASH", ("fa3", 1)),
+    ("h200x1", "0.5.13.post1", "EAGLE3", ("fa3", 1)),
+    # sm_103 (B300): trtllm_mha, which takes no page of 1 (64); DFLASH only from 0.5.23
+    ("b300", "0.5.17", None, ("trtllm_mha", 64)),
+    ("b300", "0.5.17", "EAGLE3", ("trtllm_mha", 64)),
+    ("b300", "0.5.17", "DFLASH", ("flashinfer", 1)),
+    ("b300", "0.5.13.post1", "DFLASH", ("flashinfer", 1)),
+    ("b300", "0.5.23", "DFLASH", ("trtllm_mha", 64)),
+    # sm_120 (RTX PRO 6000): flashinfer in every release, with and without speculation
+    ("ct200", "0.5.17", None, ("flashinfer", 1)),
+    ("ct200", "0.5.17", "DFLASH", ("flashinfer", 1)),
+    ("ct200", "0.5.23", "EAGLE3", ("flashinfer", 1)),
+])
+def test_attention_backend_and_page_size_derived_per_arch(host_class, version, algorithm, want):
+    """Unset attention_backend and page_size: the plan carries what the release picks, with the
+    function of that release that picks it (read off the wheels into DERIVED_LINES)."""
+    p = validate_hostvars("h1", on(host_class, version, algorithm)).plan
+    got = p.derived["attention_backend"], p.derived["page_size"]
+    assert (got[0]["value"], got[1]["value"]) == want
+    assert got[0]["source"].startswith(f"SGLang {version} ")
+    assert "default_attn_backend" in got[0]["source"]
+    page_fn = "_mla_backend_page_constraints" if want[1] == 64 and version != "0.5.13.post1" else (
+        "_handle_attention_backend_compatibility" if want[1] == 64 else "page_size")
+    assert page_fn in got[1]["source"]
+    assert p.attention_backend is None and p.page_size is None  # derived values are not rendered
+
+
+def test_topk_one_with_pages_is_not_fa3_on_hopper():
+    """SGLang's fa3 default needs topk 1 with page_size 1 (is_no_spec_infer_or_topk_one): EAGLE3 with
+    pages of 16 gets flashinfer, the same pages without speculation keep fa3."""
+    assert attention(on("h200x1", "0.5.17", "EAGLE3", page_size=16)) == ("flashinfer", None)
+    assert attention(on("h200x1", "0.5.17", None, page_size=16)) == ("fa3", None)
+    assert attention(on("b300", "0.5.17", "EAGLE3", topk=4)) == ("flashinfer", 1)
+
+
+def test_fp8_e5m2_kv_cache_turns_derived_fa3_into_triton():
+    p = validate_hostvars("h1", on("h200x1", "0.5.17", extra_args={"--kv-cache-dtype": "fp8_e5m2"})).plan
+    dv = p.derived["attention_backend"]
+    assert dv["value"] == "triton" and "_attention_backend_fa3_fp8_fallback" in dv["source"]
+    assert attention(on("h200x1", "0.5.17", extra_args={"--kv-cache-dtype": "fp8_e4m3"}))[0] == "fa3"
+
+
+def test_a_model_override_derives_nothing():
+    """Qwen3.5 on sm_100/sm_103 with 0.5.23 chooses in its own override: nothing is claimed; the same
+    model on 0.5.17 (no such override) takes the generic default."""
+    hv = on("b300", "0.5.23", None)
+    hv["ddtree_model"] = {"path": "Qwen/Qwen3.5-35B-A3B-FP8"}
+    assert attention(hv) == (None, None)
+    hv["ddtree_sglang"]["version"] = "0.5.17"
+    assert attention(hv) == ("trtllm_mha", 64)
+
+
+@pytest.mark.parametrize(("version", "page", "backend", "runs"), [
+    ("0.5.17", 1, None, 64),             # derived trtllm_mha replaces a page of 1
+    ("0.5.23", 8, "trtllm_mha", 64),     # a set trtllm_mha replaces a page of 8
+    ("0.5.13.post1", 128, "trtllm_mha", 64),  # 128 only from 0.5.17
+])
+def test_a_given_page_size_the_backend_replaces_is_warned(version, page, backend, runs):
+    server = {"page_size": page, **({"attention_backend": backend} if backend else {})}
+    v = validate_hostvars("h1", on("b300", version, None, **server))
+    [w] = [w for w in v.warnings if w.field == "ddtree_server.page_size"]
+    assert w.value == page and f"runs page_size {runs} instead of {page}" in w.rule
+    assert ("derived" in w.rule) is (backend is None) and f"SGLang {version}" in w.source
+    assert v.plan.page_size == page  # the argv still says what was given
+    # a page the backend takes is kept, and nothing is said
+    ok = validate_hostvars("h1", on("b300", "0.5.17", None, page_size=128))
+    assert not [w for w in ok.warnings if w.field == "ddtree_server.page_size"] and "page_size" not in ok.plan.derived
+
+
+def test_trtllm_mha_with_topk_above_one_is_refused_set_or_per_phase():
+    """SGLang's _handle_eagle_family refuses trtllm_mha with topk > 1; the refusal reads the backend
+    the server runs (set, per phase in extra_args, or derived), never only the typed field."""
+    for server in ({"attention_backend": "trtllm_mha"}, {"extra_args": {"--decode-attention-backend": "trtllm_mha"}}):
+        fs = errors(on("b300", "0.5.17", "EAGLE3", topk=4, **server))
+        [f] = [f for f in fs if "trtllm-mha-eagle-topk" in f.rule]
+        assert f.field == "ddtree_speculative.topk" and f.value == 4 and "_handle_eagle_family" in f.source
+    # topk 1 on the same backend passes; unset, SGLang derives flashinfer for topk 4 and it passes too
+    validate_hostvars("h1", on("b300", "0.5.17", "EAGLE3", topk=1, attention_backend="trtllm_mha", page_size=64))
+    validate_hostvars("h1", on("b300", "0.5.17", "EAGLE3", topk=4))
+
+
+@pytest.mark.parametrize("version", sorted(RELEASE_DEFAULTS))
+@pytest.mark.parametrize("host_class", ["h200x1", "b300", "ct200"])
+def test_the_arch_rules_read_the_derived_backend(version, host_class):
+    """The per-arch backend rules see the derived backend as they see a set one (both phases), and
+    the release's own choice is never refused on its own arch."""
+    from ddtree_ops.config.build_rules import _backends, rule_attention_backends
+
+    v = validate_hostvars("h1", on(host_class, version, "EAGLE3"))
+    derived = v.plan.derived["attention_backend"]["value"]
+    assert [(f, n, ph) for f, n, ph in _backends(v.deployment, v.plan)] == [
+        ("ddtree_server.attention_backend", derived, "prefill"), ("ddtree_server.attention_backend", derived, "decode")]
+    assert list(rule_attention_backends(v.deployment, v.plan)) == []
+
+
+def test_plan_command_shows_the_derived_backend_and_page_with_source(capsys, monkeypatch):
+    from helpers import REPO
+
+    from ddtree_ops.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", "-i", str(REPO / "inventory" / "dflash-example"), "--limit", "ct200-21"]) == 0
+    flat = " ".join(" ".join(line.replace("\u2502", " ").split()) for line in capsys.readouterr().out.splitlines())
+    assert ("page_size (derived) 1 (derived by SGLang 0.5.23 sglang/srt/arg_groups/overrides.py "
+            "_page_size_default") in flat

@@ -18,6 +18,7 @@ import pytest
 from helpers import REPO
 
 from ddtree_ops.config import ConfigError, sglang_args, sglang_compat, validate_hostvars
+from ddtree_ops.config.derived import ATTENTION_BRANCHES
 from ddtree_ops.config.sglang_checks import CHECKS
 from ddtree_ops.config.versions import RELEASES
 from ddtree_ops.render.argv import build_argv
@@ -85,6 +86,7 @@ def test_generated_module_equals_the_wheels():
         assert sglang_args.OPTIONS[version] == opts, f"{version}: regenerate with scripts/sglang-args-facts.py"
         assert sglang_args.ALLOW_ABBREV[version] is abbrev
         assert sglang_args.CHECK_LINES[version] == gen.evidence_lines(site, CHECKS)
+        assert sglang_args.DERIVED_LINES[version] == gen.evidence_lines(site, ATTENTION_BRANCHES)
 
 
 @pytest.mark.skipif(not SITES, reason="DDTREE_SGLANG_SITES names no released sglang packages")
@@ -96,13 +98,43 @@ def test_each_recorded_line_holds_sglang_s_text():
             assert by_id[cid].evidence in (site / file).read_text().splitlines()[line - 1]
 
 
+@pytest.mark.skipif(not SITES, reason="DDTREE_SGLANG_SITES names no released sglang packages")
+def test_each_recorded_default_branch_holds_sglang_s_text():
+    gen = _generator()
+    by_id = {b.id: b for b in ATTENTION_BRANCHES}
+    for site in SITES:
+        for bid, (file, _func, line) in sglang_args.DERIVED_LINES[gen.version_of(site)].items():
+            text = (site / file).read_text().splitlines()[line - 1]
+            assert any(e in text for e in by_id[bid].evidence), (bid, text)
+
+
+def test_default_branches_follow_the_release():
+    """Read off the wheels: only 0.5.23 lets DFLASH take trtllm_mha on sm_100 (its hook forces topk 1
+    after the default is chosen), and trtllm_mha takes pages of 128 from 0.5.17; every release has the
+    sm_90 fa3 default and the page size of 1."""
+    lines = sglang_args.DERIVED_LINES
+    assert set(lines) == set(RELEASES)
+    assert [v for v in lines if "mha-sm100-dflash-topk-one" in lines[v]] == ["0.5.23"]
+    assert [v for v in lines if "trtllm-mha-page-128" in lines[v]] == ["0.5.17", "0.5.23"]
+    for v, found in lines.items():
+        assert {"mha-hopper-fa3", "mha-sm100-trtllm-mha", "mha-flashinfer", "page-default-1"} <= set(found), v
+
+
 def test_checks_name_options_the_release_has():
-    """A refusal applies where its text was found; its field's option is in that release."""
+    """A refusal applies where its text was found; its field's option is in that release (an
+    extra_args field), or it names a typed inventory field."""
+    from ddtree_ops.config.models import Server, Speculative
+
+    typed = {"ddtree_server": Server.model_fields, "ddtree_speculative": Speculative.model_fields}
     for version, found in sglang_args.CHECK_LINES.items():
         for cid in found:
             [c] = [c for c in CHECKS if c.id == cid]
-            option = c.field.rsplit(".", 1)[1]
-            assert option in sglang_args.OPTIONS[version], (version, cid, option)
+            if c.field.startswith("ddtree_server.extra_args."):
+                option = c.field.rsplit(".", 1)[1]
+                assert option in sglang_args.OPTIONS[version], (version, cid, option)
+            else:
+                section, name = c.field.split(".")
+                assert name in typed[section], (version, cid, c.field)
 
 
 def test_evidence_follows_the_release():

@@ -48,12 +48,16 @@ def _conditions(d: Deployment) -> set[str]:
 
 
 def _backends(d: Deployment, p: Plan) -> list[tuple[str, str, str]]:
-    """``[(field, backend, phase)]`` of every attention backend the argv sets, phase
-    ``prefill``/``decode``/``draft`` (``--attention-backend`` is both unless overridden)."""
+    """``[(field, backend, phase)]`` of every attention backend the server runs, phase
+    ``prefill``/``decode``/``draft`` (``--attention-backend`` is both unless overridden): those
+    the argv sets, and where ``attention_backend`` is unset the one the pinned release derives
+    (:func:`.derived.derive_attention`), so a rule holds whether the value is given or derived."""
     extra = d.server.extra_args
     out: list[tuple[str, str, str]] = []
     main = p.attention_backend
     field = f"{SRV}.attention_backend"
+    if main is None and "attention_backend" in p.derived:
+        main = str(p.derived["attention_backend"]["value"])
     for phase in ("prefill", "decode"):
         flag = f"--{phase}-attention-backend"
         if flag in extra:
@@ -73,8 +77,9 @@ def rule_attention_backends(d: Deployment, p: Plan) -> Iterator[Finding]:
     choices = backend_choices(version)
     backends = _backends(d, p)
     seen: set[tuple[str, str]] = set()
+    unset = p.attention_backend is None  # the main backend, if any, is the release's own choice
     for field, name, phase in backends:
-        if (field, name) in seen or choices is None:
+        if (field, name) in seen or choices is None or (unset and field == f"{SRV}.attention_backend"):
             continue
         seen.add((field, name))
         valid = choices.draft_names if phase == "draft" else choices.attention
@@ -83,7 +88,7 @@ def rule_attention_backends(d: Deployment, p: Plan) -> Iterator[Finding]:
             yield Finding("error", field, name, f"SGLang {version} has no {'draft ' if phase == 'draft' else ''}"
                           f"attention backend {name!r}" + (f" (did you mean {near}?)" if near else ""),
                           f"use one of {', '.join(valid)}", choices.source)
-    if choices is None and backends:
+    if choices is None and any(not (unset and f == f"{SRV}.attention_backend") for f, _n, _p in backends):
         yield Finding("warning", backends[0][0], backends[0][1],
                       f"SGLang {version}'s attention backends were never read off its package: names and per-arch "
                       "rules are not checked", "pin a release of the build table (" + ", ".join(_read_versions())
@@ -101,10 +106,14 @@ def rule_attention_backends(d: Deployment, p: Plan) -> Iterator[Finding]:
                 continue
             shown.add((field, r.rule))
             cond = f" with {r.when}" if r.when else ""
-            yield Finding("error", field, name,
-                          f"SGLang {version} ({r.versions}) refuses {name} as the {phase} attention backend on "
+            derived = unset and field == f"{SRV}.attention_backend"
+            how = f" (derived: attention_backend is unset; {p.derived['attention_backend']['source']})" \
+                if derived else ""
+            yield Finding("error", field, None if derived else name,
+                          f"SGLang {version} ({r.versions}) refuses {name}{how} as the {phase} attention backend on "
                           f"{hc.arch} ({hc.name}){cond}: {r.detail} [{r.rule}]",
-                          "use flashinfer or triton" + (f", or drop {r.when}" if r.when else ""), r.source)
+                          ("set attention_backend: flashinfer or triton" if derived else "use flashinfer or triton")
+                          + (f", or drop {r.when}" if r.when else ""), r.source)
 
 
 def _read_versions() -> list[str]:

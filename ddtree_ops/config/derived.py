@@ -22,6 +22,18 @@ field is left out. This module models those derivations per release, read off ea
   MLA, DP attention, vision models) only add to ``reserved``, so the modelled fraction is an
   upper bound: a check that weights do not fit under it cannot be a false alarm.
 
+* ``attention_backend`` and ``page_size`` per GPU arch (:func:`derive_attention`): the
+  release's default backend for a model with multi-head attention (``_get_default_attn_backend``
+  of ``sglang/srt/server_args.py`` up to 0.5.17, ``get_default_attn_backend`` of
+  ``sglang/srt/arg_groups/model_override_base.py`` in 0.5.23), the fa3 fallback for an
+  ``fp8_e5m2`` KV cache, the page sizes trtllm_mha takes and the page size of 1 otherwise
+  (``_handle_attention_backend_compatibility`` / ``_handle_page_size`` in 0.5.13.post1;
+  ``_attention_backend_fa3_fp8_fallback``, ``_mla_backend_page_constraints`` and
+  ``_page_size_default`` of ``sglang/srt/arg_groups/overrides.py`` from 0.5.17). Which of
+  those branches a release has is not restated here: ``scripts/sglang-args-facts.py`` finds
+  each branch's text (:data:`ATTENTION_BRANCHES`) in the wheels and records file, function and
+  line in :data:`.sglang_args.DERIVED_LINES`.
+
 The GPU's memory comes from the host class (:mod:`.hosts`): between what the preflight accepts
 (:attr:`~.hosts.HostClass.min_memory_mib`) and the marketed size read as GiB. SGLang reads
 ``nvidia-smi --query-gpu=memory.total`` (``get_nvgpu_memory_capacity``, ``sglang/srt/utils/
@@ -30,6 +42,7 @@ common.py``); a value is derived only when both ends of that range give the same
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,13 +199,14 @@ def derive(d: Any) -> dict[str, DerivedValue]:
     """Values the pinned release derives for this deployment's unset settings.
 
     Keys: ``chunked_prefill_size``, ``cuda_graph_max_bs`` (the decode max SGLang configures
-    before the runtime trims the capture list to the request pool), ``max_running_requests``
-    and ``mem_fraction_static`` (an upper bound, see the module docstring). A key is missing
+    before the runtime trims the capture list to the request pool), ``max_running_requests``,
+    ``mem_fraction_static`` (an upper bound, see the module docstring), ``attention_backend``
+    and ``page_size`` (:func:`derive_attention`, which says when those are missing). A key is missing
     when the field is set, the release's derivation is not modelled (not in
     :data:`RELEASE_DEFAULTS`), the host class is unknown, or the class's memory range spans two
     buckets that give different values.
     """
-    out: dict[str, DerivedValue] = {}
+    out: dict[str, DerivedValue] = derive_attention(d)
     rd = release_defaults(d.sglang.base_version)
     s, srv = d.speculative, d.server
     if rd is None:
@@ -250,3 +264,161 @@ def _mem_fraction_upper_bound(rd: ReleaseDefaults, d: Any, gpu_mem: int, chunked
     if reserved >= gpu_mem:
         return None
     return round((gpu_mem - reserved) / gpu_mem, 3)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch of SGLang's attention-backend or page-size default, found in a release by its text.
+
+    Attributes:
+        id: the branch's name (a key of :data:`.sglang_args.DERIVED_LINES`).
+        where: ``((file, function), ...)`` where the text may stand (the code moved between releases).
+        evidence: SGLang's own text of the branch (any of them: the code was reworded between releases).
+        what: what the branch does, in words.
+    """
+
+    id: str
+    where: tuple[tuple[str, str], ...]
+    evidence: tuple[str, ...]
+    what: str
+
+
+_SA = "sglang/srt/server_args.py"
+_OV = "sglang/srt/arg_groups/overrides.py"
+_DEFAULT_FN = ((_SA, "_get_default_attn_backend"), ("sglang/srt/arg_groups/model_override_base.py",
+                                                     "get_default_attn_backend"))
+ATTENTION_BRANCHES: tuple[Branch, ...] = (
+    Branch("mha-hopper-fa3", _DEFAULT_FN, ('return "fa3"',),
+           "sm_90 with CUDA >= 12.3: fa3, unless speculation runs with topk > 1 or topk 1 with page_size > 1"),
+    Branch("mha-sm100-trtllm-mha", _DEFAULT_FN, ('return "trtllm_mha"',),
+           "sm_100/sm_103: trtllm_mha without speculation, or with an explicit topk of 1 and page_size 1"),
+    Branch("mha-sm100-dflash-topk-one", _DEFAULT_FN, ("_forces_eagle_topk_one(cfg.speculative_algorithm)",),
+           "sm_100/sm_103: DFLASH counts as topk 1 (its hook forces it later), so it gets trtllm_mha too"),
+    Branch("mha-flashinfer", _DEFAULT_FN, ("not model_config.has_attention_sinks",),
+           "any other CUDA GPU (sm_120 included): flashinfer"),
+    Branch("fa3-fp8-e5m2-triton", ((_SA, "_handle_attention_backend_compatibility"),
+                                   (_OV, "_attention_backend_fa3_fp8_fallback")),
+           ("Setting attention backend to triton.",), "fa3 with an fp8_e5m2 KV cache becomes triton"),
+    Branch("trtllm-mha-page", ((_SA, "_handle_attention_backend_compatibility"),
+                               (_OV, "_mla_backend_page_constraints")),
+           ("TensorRT-LLM MHA only supports page_size of",), "trtllm_mha turns any other page size into 64"),
+    Branch("trtllm-mha-page-128", ((_SA, "_handle_attention_backend_compatibility"),
+                                   (_OV, "_mla_backend_page_constraints")),
+           ("TensorRT-LLM MHA only supports page_size of 16, 32, 64 or 128",), "trtllm_mha also takes pages of 128"),
+    Branch("page-default-1", ((_SA, "_handle_page_size"), (_OV, "_page_size_default")),
+           ("self.page_size = 1", 'return {"page_size": 1}'),
+           "an unset page_size is 1 on CUDA"),
+)
+"""The branches :func:`derive_attention` models; a release applies those whose text it has."""
+
+_TOPK_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "DSPARK", "FROZEN_KV_MTP")
+"""Algorithms whose argv carries ``--speculative-eagle-topk`` (:mod:`ddtree_ops.render.argv`): the
+default backend reads it before the speculative hook fills it in for the others."""
+
+QWEN35_HYBRID_NAME = re.compile(r"qwen3[._-]?[56]|qwen3[._-]?next|interns2", re.IGNORECASE)
+"""Model names of the architectures SGLang 0.5.23's ``_qwen3_5_hybrid_overrides`` is
+registered for (Qwen3NextForCausalLM, Qwen3_5[Moe]ForConditionalGeneration, InternS2*;
+Qwen3.6 checkpoints use Qwen3_5MoeForConditionalGeneration). A name match, since the plan
+has no config.json: ``ddtree-ops plan --resolve-with`` runs SGLang's own resolution."""
+
+MODEL_OVERRIDES = (
+    # (SGLang base versions, arch family, model-name pattern, source)
+    (("0.5.23",), ("sm_100", "sm_103"), QWEN35_HYBRID_NAME,
+     "SGLang 0.5.23 sglang/srt/arg_groups/model_overrides/qwen3_5.py (_qwen3_5_hybrid_overrides); "
+     "reproduced by tests/peer/test_resolve.py with SGLang's own resolve_once"),
+)
+"""Model overrides that choose their own attention backend and page size when
+``attention_backend`` is unset, known where the plan sees only the model's name: an explicit
+``page_size`` is silently rewritten (SGLang picks triton attention with page size 1, measured
+~2.6x slower than trtllm_mha on b300), and :func:`derive_attention` derives nothing for them."""
+
+
+def model_override(d: Any) -> str | None:
+    """The release function that chooses this deployment's backend by model (a name match), or None."""
+    hc = d.host_class_def
+    for versions, arches, name, src in MODEL_OVERRIDES:
+        if d.sglang.base_version in versions and hc is not None and hc.arch in arches and name.search(
+                str(d.model.path)):
+            return src
+    return None
+
+
+def _loc(version: str, branch: str) -> str | None:
+    from .sglang_args import DERIVED_LINES
+
+    found = DERIVED_LINES.get(version, {}).get(branch)
+    return f"{found[0]} {found[1]}" if found else None
+
+
+def derive_attention(d: Any) -> dict[str, DerivedValue]:
+    """The ``attention_backend`` and ``page_size`` the pinned release gives this deployment.
+
+    Keys: ``attention_backend`` when it is unset, ``page_size`` when it is unset or when the
+    backend (set or derived) makes SGLang replace the value given (trtllm_mha takes pages of 16,
+    32, 64 and, from 0.5.17, 128; another becomes 64). Modelled for a model with multi-head
+    attention and no model override: an MLA model (DeepSeek, Kimi), a model with attention sinks
+    and the release's per-architecture overrides choose otherwise, and ``ddtree-ops plan
+    --resolve-with`` runs the release's own resolution. Nothing is derived for a release whose
+    branches were not read (:data:`.sglang_args.DERIVED_LINES`), an unknown host class, or a
+    model the release overrides by name (:func:`model_override`).
+    """
+    from .sglang_args import DERIVED_LINES
+
+    version = d.sglang.base_version
+    hc = d.host_class_def
+    found = DERIVED_LINES.get(version)
+    if not found or hc is None or model_override(d) is not None:
+        return {}
+    srv, s = d.server, d.speculative
+    extra = srv.extra_args
+    alg = s.algorithm if s.enabled else None
+    topk = s.topk if alg in _TOPK_ALGORITHMS else None
+    page = srv.page_size
+    where = f"{hc.arch} ({hc.name}), " + (f"{alg}" + (f" topk {topk}" if topk is not None else "")
+                                           if alg else "no speculation")
+    out: dict[str, DerivedValue] = {}
+    backend = srv.attention_backend
+    pre, dec = extra.get("--prefill-attention-backend"), extra.get("--decode-attention-backend")
+    if backend is None:
+        if pre is not None and pre == dec:
+            backend, branch, why = str(pre), None, "the prefill and decode backends of extra_args agree"
+        else:
+            backend, branch = _default_backend(found, hc.arch, alg, topk, page)
+            why = f"{where}; a multi-head-attention model without a model override"
+        if backend is None:
+            return out
+        kv = str(extra.get("--kv-cache-dtype", ""))
+        if backend == "fa3" and kv == "fp8_e5m2" and "fa3-fp8-e5m2-triton" in found:
+            backend, branch, why = "triton", "fa3-fp8-e5m2-triton", f"{why}; fa3 takes no fp8_e5m2 KV cache"
+        src = f"SGLang {version} " + (_loc(version, branch) if branch else f"{_OV} _attention_backend_default")
+        out["attention_backend"] = DerivedValue(backend, src, why)
+    phases = {backend, pre, dec, s.draft_attention_backend if s.enabled else None}
+    new_page, branch = page, None
+    if "trtllm_mha" in phases and "trtllm-mha-page" in found:
+        takes = (16, 32, 64, 128) if "trtllm-mha-page-128" in found else (16, 32, 64)
+        if new_page not in takes:
+            new_page, branch = 64, "trtllm-mha-page"
+            why = f"trtllm_mha takes pages of {', '.join(map(str, takes))}"
+    if new_page is None and "page-default-1" in found:
+        new_page, branch, why = 1, "page-default-1", f"{where}; {backend} keeps SGLang's CUDA default"
+    if branch is not None and new_page != page:
+        if page is not None:
+            why = f"{why}: the page_size {page} given is replaced"
+        out["page_size"] = DerivedValue(new_page, f"SGLang {version} {_loc(version, branch)}", why)
+    return out
+
+
+def _default_backend(found: dict, arch: str, alg: str | None, topk: int | None,
+                     page: int | None) -> tuple[str | None, str | None]:
+    """SGLang's default backend for a multi-head-attention model, and the branch that chose it."""
+    topk_one = topk is None or (topk == 1 and page in (None, 1))
+    if arch == "sm_90" and topk_one and "mha-hopper-fa3" in found:
+        return "fa3", "mha-hopper-fa3"
+    if arch in ("sm_100", "sm_103") and topk_one and "mha-sm100-trtllm-mha" in found:
+        if alg is None or topk is not None:
+            return "trtllm_mha", "mha-sm100-trtllm-mha"
+        if alg == "DFLASH" and "mha-sm100-dflash-topk-one" in found:
+            return "trtllm_mha", "mha-sm100-dflash-topk-one"
+    if "mha-flashinfer" in found:
+        return "flashinfer", "mha-flashinfer"
+    return None, None

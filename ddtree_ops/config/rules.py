@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from .build_rules import rule_attention_backends, rule_build_driver_floor, rule_extra_args, rule_sglang_env
+from .derived import MODEL_OVERRIDES
 from .env_dirs import rule_env_dirs
 from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
@@ -425,29 +426,13 @@ def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:
         )
 
 
-QWEN35_HYBRID_NAME = re.compile(r"qwen3[._-]?[56]|qwen3[._-]?next|interns2", re.IGNORECASE)
-"""Model names of the architectures SGLang 0.5.23's ``_qwen3_5_hybrid_overrides`` is
-registered for (Qwen3NextForCausalLM, Qwen3_5[Moe]ForConditionalGeneration, InternS2*;
-Qwen3.6 checkpoints use Qwen3_5MoeForConditionalGeneration). A name match, since the plan
-has no config.json: ``ddtree-ops plan --resolve-with`` runs SGLang's own resolution."""
-
-SGLANG_ATTENTION_REWRITES = (
-    # (SGLang base versions, arch family, model-name pattern, source)
-    (("0.5.23",), ("sm_100", "sm_103"), QWEN35_HYBRID_NAME,
-     "SGLang 0.5.23 sglang/srt/arg_groups/model_overrides/qwen3_5.py (_qwen3_5_hybrid_overrides); "
-     "reproduced by tests/peer/test_resolve.py with SGLang's own resolve_once"),
-)
-"""Known silent rewrites of an explicit ``page_size`` when ``attention_backend`` is unset:
-SGLang picks triton attention with page size 1 (measured ~2.6x slower than trtllm_mha on b300)."""
-
-
 def rule_sglang_attention_rewrite(d: Deployment, p: Plan) -> Iterator[Finding]:
     """SGLang 0.5.23 on sm_100/sm_103 rewrites a Qwen3.5-family deployment's page_size > 1
     (attention_backend unset) to triton attention with page size 1."""
     hc = _host_class(d)
     if not hc or d.server.attention_backend is not None or not (p.page_size and p.page_size > 1):
         return
-    for versions, arches, name, src in SGLANG_ATTENTION_REWRITES:
+    for versions, arches, name, src in MODEL_OVERRIDES:
         if d.sglang.base_version in versions and hc.arch in arches and name.search(str(d.model.path)):
             yield _warn(f"{SRV}.page_size", p.page_size,
                         f"SGLang {d.sglang.base_version} on {hc.arch} ({hc.name}) silently switches this model "
@@ -457,6 +442,27 @@ def rule_sglang_attention_rewrite(d: Deployment, p: Plan) -> Iterator[Finding]:
                         "page_size (SGLang then picks trtllm_mha with page 64); check with "
                         "`ddtree-ops plan --resolve-with PYTHON`", src)
             return
+
+
+def rule_page_size_rewrite(d: Deployment, p: Plan) -> Iterator[Finding]:
+    """A given ``page_size`` that the pinned release replaces because of the attention backend,
+    set or derived (:func:`~.derived.derive_attention`): trtllm_mha takes pages of 16, 32, 64 and
+    (from 0.5.17) 128 and turns another into 64 (``_mla_backend_page_constraints`` of
+    ``sglang/srt/arg_groups/overrides.py``; ``_handle_attention_backend_compatibility`` in
+    0.5.13.post1). The server then runs another KV layout than the one deployed, and drift reports it."""
+    dv = p.derived.get("page_size")
+    given = d.server.page_size
+    if given is None or not dv or dv["value"] == given:
+        return
+    backend = p.attention_backend
+    how = "set"
+    if backend is None and "attention_backend" in p.derived:
+        backend, how = p.derived["attention_backend"]["value"], "derived, attention_backend unset"
+    yield _warn(f"{SRV}.page_size", given,
+                f"SGLang {d.sglang.base_version} runs page_size {dv['value']} instead of {given} with attention "
+                f"backend {backend} ({how}): {dv['why']}",
+                f"set page_size: {dv['value']} (or another size {backend} takes), or set attention_backend to "
+                f"one that takes page_size {given}", dv["source"])
 
 
 def rule_accepted_risks_known(d: Deployment, p: Plan) -> Iterator[Finding]:
@@ -608,6 +614,7 @@ RULES: list[Rule] = [
     rule_health_timeout,
     rule_silent_rewrites,
     rule_sglang_attention_rewrite,
+    rule_page_size_rewrite,
     rule_accepted_risks_known,
     rule_sglang_pin,
     rule_toolchain,

@@ -3,9 +3,9 @@
 Read off the released packages (``ServerArgs.add_cli_args``: ``add_argument`` calls and ``A[...]``
 fields of ``sglang/srt/server_args.py``, ``sglang/srt/arg_groups/``) of:
 
-* SGLang 0.5.13.post1: 417 option strings, allow_abbrev=True, 4 compatibility checks found.
-* SGLang 0.5.17: 489 option strings, allow_abbrev=True, 6 compatibility checks found.
-* SGLang 0.5.23: 547 option strings, allow_abbrev=True, 5 compatibility checks found.
+* SGLang 0.5.13.post1: 417 option strings, allow_abbrev=True, 5 compatibility checks found.
+* SGLang 0.5.17: 489 option strings, allow_abbrev=True, 7 compatibility checks found.
+* SGLang 0.5.23: 547 option strings, allow_abbrev=True, 6 compatibility checks found.
 
 ``tests/test_sglang_args.py`` proves this equals the generator's output where the wheels are
 present (``DDTREE_SGLANG_SITES``).
@@ -1492,6 +1492,7 @@ CHECK_LINES: dict[str, dict[str, tuple[str, str, int]]] = {
         'dflash-pipeline-parallel': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_dflash', 141),
         'ngram-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_ngram', 446),
         'standalone-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 279),
+        'trtllm-mha-eagle-topk': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 360),
     },
     "0.5.17": {
         'dflash-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_dflash', 157),
@@ -1500,6 +1501,7 @@ CHECK_LINES: dict[str, dict[str, tuple[str, str, int]]] = {
         'hicache-dcp-speculative': ('sglang/srt/server_args.py', '_resolve_hicache_dcp_compatibility', 7174),
         'ngram-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_ngram', 752),
         'standalone-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 537),
+        'trtllm-mha-eagle-topk': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 606),
     },
     "0.5.23": {
         'dflash-dp-attention-lm-head': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_dflash', 308),
@@ -1507,6 +1509,40 @@ CHECK_LINES: dict[str, dict[str, tuple[str, str, int]]] = {
         'dspark-dp-attention-lm-head': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_dspark', 676),
         'ngram-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_ngram', 1370),
         'standalone-dp-attention': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 1083),
+        'trtllm-mha-eagle-topk': ('sglang/srt/arg_groups/speculative_hook.py', '_handle_eagle_family', 1179),
     },
 }
 """Check id -> (file, function, line) where the release has the check's evidence text."""
+
+
+DERIVED_LINES: dict[str, dict[str, tuple[str, str, int]]] = {
+    "0.5.13.post1": {
+        'fa3-fp8-e5m2-triton': ('sglang/srt/server_args.py', '_handle_attention_backend_compatibility', 3003),
+        'mha-flashinfer': ('sglang/srt/server_args.py', '_get_default_attn_backend', 2811),
+        'mha-hopper-fa3': ('sglang/srt/server_args.py', '_get_default_attn_backend', 2795),
+        'mha-sm100-trtllm-mha': ('sglang/srt/server_args.py', '_get_default_attn_backend', 2804),
+        'page-default-1': ('sglang/srt/server_args.py', '_handle_page_size', 3181),
+        'trtllm-mha-page': ('sglang/srt/server_args.py', '_handle_attention_backend_compatibility', 2996),
+    },
+    "0.5.17": {
+        'fa3-fp8-e5m2-triton': ('sglang/srt/arg_groups/overrides.py', '_attention_backend_fa3_fp8_fallback', 2193),
+        'mha-flashinfer': ('sglang/srt/server_args.py', '_get_default_attn_backend', 5708),
+        'mha-hopper-fa3': ('sglang/srt/server_args.py', '_get_default_attn_backend', 5688),
+        'mha-sm100-trtllm-mha': ('sglang/srt/server_args.py', '_get_default_attn_backend', 5701),
+        'page-default-1': ('sglang/srt/arg_groups/overrides.py', '_page_size_default', 2298),
+        'trtllm-mha-page': ('sglang/srt/arg_groups/overrides.py', '_mla_backend_page_constraints', 2092),
+        'trtllm-mha-page-128': ('sglang/srt/arg_groups/overrides.py', '_mla_backend_page_constraints', 2092),
+    },
+    "0.5.23": {
+        'fa3-fp8-e5m2-triton': ('sglang/srt/arg_groups/overrides.py', '_attention_backend_fa3_fp8_fallback', 1267),
+        'mha-flashinfer': ('sglang/srt/arg_groups/model_override_base.py', 'get_default_attn_backend', 332),
+        'mha-hopper-fa3': ('sglang/srt/arg_groups/model_override_base.py', 'get_default_attn_backend', 311),
+        'mha-sm100-dflash-topk-one': ('sglang/srt/arg_groups/model_override_base.py', 'get_default_attn_backend', 318),
+        'mha-sm100-trtllm-mha': ('sglang/srt/arg_groups/model_override_base.py', 'get_default_attn_backend', 325),
+        'page-default-1': ('sglang/srt/arg_groups/overrides.py', '_page_size_default', 1362),
+        'trtllm-mha-page': ('sglang/srt/arg_groups/overrides.py', '_mla_backend_page_constraints', 1185),
+        'trtllm-mha-page-128': ('sglang/srt/arg_groups/overrides.py', '_mla_backend_page_constraints', 1185),
+    },
+}
+"""Branch id of the attention-backend/page-size defaults -> (file, function, line) where the
+release has its text."""

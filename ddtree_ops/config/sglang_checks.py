@@ -45,6 +45,13 @@ def _alg(s: Settings) -> str:
     return str(s.get("speculative_algorithm") or "none").upper()
 
 
+def _backends_of(s: Settings) -> tuple[Any, Any]:
+    """(prefill, decode) backends: a per-phase flag, else the main backend (SGLang's
+    ``attention_backends_of``, ``sglang/srt/arg_groups/overrides.py``)."""
+    return (s.get("prefill_attention_backend") or s.get("attention_backend"),
+            s.get("decode_attention_backend") or s.get("attention_backend"))
+
+
 def _int(s: Settings, dest: str, default: int) -> int:
     try:
         return int(s.get(dest, default))
@@ -134,6 +141,16 @@ CHECKS: tuple[Check, ...] = (
         where=((HOOK, "_handle_ngram"),),
         evidence="Currently ngram speculative decoding does not support dp attention.",
         source="sgl-project/sglang#28616 (an open pull request lifting it)",
+    ),
+    Check(
+        "trtllm-mha-eagle-topk", "refuse", "ddtree_speculative.topk",
+        lambda s: _alg(s) in ("EAGLE", "EAGLE3", "STANDALONE") and "trtllm_mha" in _backends_of(s)
+        and _int(s, "speculative_eagle_topk", 1) > 1,
+        "SGLang refuses EAGLE-family speculation with topk > 1 on the trtllm_mha attention backend (set, or "
+        "derived where attention_backend is unset)",
+        "set topk: 1, or set attention_backend (and the per-phase backends) to flashinfer, fa3 (sm_90) or triton",
+        where=((HOOK, "_handle_eagle_family"),),
+        evidence="trtllm_mha backend only supports topk = 1 for speculative decoding.",
     ),
     Check(
         "hicache-dcp-speculative", "refuse", "ddtree_server.extra_args.--enable-hierarchical-cache",

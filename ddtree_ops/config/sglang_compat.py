@@ -118,11 +118,17 @@ def effective_settings(d: Deployment, p: Plan) -> dict[str, Any]:
     ``enable_dp_attention`` here.
     """
     s = d.speculative
+    derived = {k: p.derived[k]["value"] for k in ("page_size", "attention_backend") if k in p.derived}
     out: dict[str, Any] = {
         "speculative_algorithm": s.algorithm if s.enabled else None,
         "speculative_draft_model_path": s.draft_model_path if s.enabled else None,
+        "speculative_eagle_topk": p.topk if s.enabled else None,
+        "speculative_draft_attention_backend": s.draft_attention_backend if s.enabled else None,
         "tp_size": d.server.tp_size, "dp_size": d.server.dp_size,
-        "page_size": p.page_size, "attention_backend": p.attention_backend,
+        # what the speculative hook sees: the release's own choice where the field is unset, or
+        # the page size it replaced a given one with (.derived.derive_attention)
+        "page_size": derived.get("page_size", p.page_size),
+        "attention_backend": p.attention_backend or derived.get("attention_backend"),
         "disable_overlap_schedule": p.disable_overlap_schedule,
         "max_running_requests": d.server.max_running_requests,
     }
@@ -154,6 +160,17 @@ def _field(d: Deployment, version: str, field: str) -> str:
     return field
 
 
+def _value(d: Deployment, field: str) -> Any:
+    """The value a refusal names: the extra_args entry, a typed speculative field's value, else
+    the algorithm."""
+    if field.startswith(EXTRA + "."):
+        return d.server.extra_args.get(field[len(EXTRA) + 1:], d.speculative.algorithm)
+    section, _, name = field.partition(".")
+    if section == "ddtree_speculative" and hasattr(d.speculative, name):
+        return getattr(d.speculative, name)
+    return d.speculative.algorithm
+
+
 def rule_speculation_compat(d: Deployment, p: Plan) -> Iterator[Finding]:
     """Features that SGLang refuses together with speculative decoding are refused (each check
     applies to the releases whose code has it, :data:`.sglang_args.CHECK_LINES`), and those
@@ -171,7 +188,7 @@ def rule_speculation_compat(d: Deployment, p: Plan) -> Iterator[Finding]:
             file, func, line = lines[c.id]
             src = f"SGLang {version} {file}:{line} {func}" + (f"; {c.source}" if c.source else "")
             field = _field(d, version, c.field)
-            yield Finding("error", field, d.server.extra_args.get(field[len(EXTRA) + 1:], d.speculative.algorithm),
+            yield Finding("error", field, _value(d, field),
                           f"{c.message} (SGLang {version}: {c.evidence!r}) [{c.id}]", c.fix, src)
         elif c.versions is not None and Version(version) in c.versions and c.applies(settings):
             field = _field(d, version, c.field)
