@@ -16,7 +16,9 @@ Where each recorded-shape line comes from:
   the bus.``), stas00/ml-engineering's NVIDIA debug notes (``Xid (PCI:0000:10:1c): 63, pid=1896, Row
   Remapper: ...``), the NVIDIA developer forum report of Xid 62/154 on driver 595 (``154, GPU recovery
   action changed from 0x0 (None) to 0x1 (GPU Reset Required)``), a pre-``PCI:`` line (``Xid
-  (0000:01:00): 3, ...``); the meanings and actions are NVIDIA's Xid catalog's;
+  (0000:01:00): 3, ...``); the meanings and actions are NVIDIA's Xid catalog's (the rows past the
+  page's opening read from NVIDIA/NVSentinel's machine-readable copy of its Mnemonic and Immediate
+  Action columns); the 109/43/61/145/160 lines are written in the driver's shape for those rows;
 * nvidia_uvm: NVIDIA/nvidia-docker#139 and torch's ``CUDA unknown error - this may be due to an
   incorrectly set up environment`` text (cudaErrorUnknown at CUDA init);
 * ``q.shape[0] (1) does not match qo_indptr[-1] (5)``: sgl-project/sglang#35884 / PR #35896.
@@ -220,6 +222,40 @@ def test_each_xid_gets_its_documented_meaning_and_action(line: str, name: str, a
     f = found[name]
     assert action in f.fix and f.values["xid"] == int(line.split("): ")[1].split(",")[0])
     assert "NVIDIA Xid catalog" in f.source
+
+
+@pytest.mark.parametrize("line, name, mnemonic", [
+    # NVIDIA's catalog puts a context-switch timeout in RESET_GPU (not an application fault)
+    ("NVRM: Xid (PCI:0000:41:00): 109, pid=3131, name=python3, Ch 00000010, errorString CTX SWITCH TIMEOUT",
+     "xid-gpu-reset", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR"),
+    # Xid 43 is the channel reset that follows the application's own error: IGNORE in the catalog
+    ("NVRM: Xid (PCI:0000:41:00): 43, pid=3131, name=python3, Ch 00000010", "xid-other",
+     "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR"),
+    # PMU breakpoint: the catalog says contact support, no reset
+    ("NVRM: Xid (PCI:0000:41:00): 61, 0cec(2f58) 00000000 00000000", "xid-other", "PMU_BREAKPOINT"),
+    # NVLink5 (B300) link errors take the NVLink5 workflow: a GPU reset
+    ("NVRM: Xid (PCI:0000:1b:00): 145, NVLink: RLW error on link 3", "xid-gpu-reset", "NVLINK_RLW_ERROR"),
+    # a channel retirement is applied by a reboot of the machine (RESTART_BM)
+    ("NVRM: Xid (PCI:0000:1b:00): 160, Channel retirement event", "xid-node-reboot", "CHANNEL_RETIREMENT_EVENT"),
+    # RTX PRO 6000 Blackwell PMU halt (NVIDIA developer forum report, driver 595.58.03)
+    ("NVRM: Xid (PCI:0000:01:00): 62, 223b6a66 00002100 00000000 20662342 20662ba6 20664272 2065f7ca 2063f48c",
+     "xid-gpu-reset", "PMU_HALT_ERROR"),
+])
+def test_xid_buckets_follow_the_catalog_s_immediate_action(line: str, name: str, mnemonic: str) -> None:
+    found = run([line], dg.PlanFacts(unit="ddtree-sglang.service", given=True))
+    assert list(found) == [name], [f.message() for f in found.values()]
+    f = found[name]
+    assert mnemonic in f.values["meaning"] and "NVIDIA's immediate action" in f.values["meaning"]
+
+
+def test_every_catalog_entry_names_its_mnemonic_action_and_source() -> None:
+    buckets = {"RESTART_APP": "app", "RESET_GPU": "reset", "RESTART_BM": "reboot", "IGNORE": "other",
+               "CONTACT_SUPPORT": "other", "WORKFLOW_XID_45": "other", "WORKFLOW_XID_48": "reset",
+               "WORKFLOW_NVLINK_ERR": "reset", "WORKFLOW_NVLINK5_ERR": "reset"}
+    for xid, e in dg.XID_CATALOG.items():
+        assert e.mnemonic and e.mnemonic.upper() == e.mnemonic, xid
+        assert buckets[e.immediate] == e.action, (xid, e.immediate, e.action)
+        assert "NVIDIA" in e.source and ("docs.nvidia.com" in e.source or "NVSentinel" in e.source), xid
 
 
 def test_a_reboot_is_never_advised_as_a_unit_restart() -> None:

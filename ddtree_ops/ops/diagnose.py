@@ -837,7 +837,12 @@ def _xid_values(bucket: str) -> Callable[[re.Match[str], Scan, PlanFacts], dict[
     def values(m: re.Match[str], s: Scan, p: PlanFacts) -> dict[str, Any] | None:
         xid = int(m["xid"])
         rest = m["rest"] or ""
-        meaning, action = XID_CATALOG.get(xid, ("not in this table: look it up in NVIDIA's Xid catalog", "other"))
+        entry = XID_CATALOG.get(xid)
+        if entry is None:
+            meaning, action = "not in this table: look it up in NVIDIA's Xid catalog", "other"
+        else:
+            meaning = f"{entry.meaning} ({entry.mnemonic}; NVIDIA's immediate action {entry.immediate})"
+            action = entry.action
         if xid == 154:  # the driver names the recovery it needs
             rec = re.search(r"(?i)to 0x[0-9a-f]{1,4} \((?P<what>[^)]{1,60})\)", rest)
             what = rec["what"].lower() if rec else ""
@@ -890,43 +895,97 @@ _TENSOR_MISMATCH = re.compile(r"The size of tensor a \((?P<a>\d{1,9})\) must mat
                               r"\((?P<b>\d{1,9})\)(?: at non-singleton dimension (?P<dim>\d{1,3}))?")
 """torch's broadcast/copy shape error (``RuntimeError: The size of tensor a (8) must match ...``)."""
 
-XID_CATALOG: dict[int, tuple[str, str]] = {
-    8: ("GPU stopped processing", "app"),
-    13: ("Graphics Engine Exception", "app"),
-    31: ("GPU memory page fault (an MMU fault: an illegal address, most often the application's)", "app"),
-    43: ("GPU stopped processing (the channel was reset after a fault in its application)", "app"),
-    45: ("preemptive cleanup after a previous error (the channel was torn down)", "other"),
-    48: ("Double Bit ECC Error (uncorrectable memory error)", "reset"),
-    61: ("internal micro-controller breakpoint/warning", "reset"),
-    62: ("internal micro-controller halt", "reset"),
-    63: ("ECC page retirement or row remapping recorded (takes effect at the next GPU reset)", "other"),
-    64: ("ECC page retirement or row remapper recording failure", "reset"),
-    69: ("Graphics Engine class error", "app"),
-    74: ("NVLink error", "reset"),
-    79: ("GPU has fallen off the bus", "reboot"),
-    92: ("high single-bit ECC error rate (corrected)", "other"),
-    94: ("contained ECC error (only the application that touched the memory is affected)", "app"),
-    95: ("uncontained ECC error", "reset"),
-    109: ("context switch timeout", "app"),
-    119: ("GSP RPC timeout (the GPU's system processor did not answer the driver)", "reset"),
-    120: ("GSP error", "reset"),
-    140: ("unrecovered ECC error", "reset"),
+_CAT = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)"
+_CAT_CSV = ("NVIDIA Xid catalog's Immediate Action column as NVIDIA/NVSentinel ships it "
+            "(distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv)")
+_DPR = "NVIDIA dynamic page retirement guide (docs.nvidia.com/deploy/dynamic-page-retirement, Visibility: XIDs)"
+
+
+@dataclass(frozen=True)
+class XidEntry:
+    """One Xid of :data:`XID_CATALOG`.
+
+    Attributes:
+        meaning: what the Xid reports, in words.
+        action: the diagnose bucket (``app``, ``reset``, ``reboot``, ``other``).
+        mnemonic: the driver's name of the Xid (the catalog's Mnemonic column).
+        immediate: the catalog's Resolution Bucket (Immediate Action).
+        source: where ``mnemonic`` and ``immediate`` were read.
+    """
+
+    meaning: str
+    action: str
+    mnemonic: str
+    immediate: str
+    source: str
+
+
+def _x(meaning: str, action: str, mnemonic: str, immediate: str, source: str = _CAT_CSV) -> XidEntry:
+    return XidEntry(meaning, action, mnemonic, immediate, source)
+
+
+XID_CATALOG: dict[int, XidEntry] = {
+    8: _x("GPU stopped processing", "app", "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "RESTART_APP", _CAT),
+    13: _x("Graphics Engine Exception", "app", "ROBUST_CHANNEL_GR_EXCEPTION", "RESTART_APP", _CAT),
+    31: _x("GPU memory page fault (an MMU fault: an illegal address, most often the application's)", "app",
+           "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "RESTART_APP"),
+    # logged when a channel is torn down after its application's own error: nothing to do about the Xid itself
+    43: _x("a channel was reset after an error of its application (informational: act on that error, logged "
+           "before it)", "other", "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "IGNORE"),
+    45: _x("preemptive cleanup after a previous error (the channel was torn down)", "other",
+           "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "WORKFLOW_XID_45"),
+    46: _x("GPU timeout", "reset", "ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", "RESET_GPU"),
+    48: _x("Double Bit ECC Error (uncorrectable memory error)", "reset", "ROBUST_CHANNEL_GPU_ECC_DBE",
+           "WORKFLOW_XID_48"),
+    # the catalog sends this one to NVIDIA support rather than naming a reset
+    61: _x("internal micro-controller breakpoint/warning (the catalog's action: contact NVIDIA support)", "other",
+           "PMU_BREAKPOINT", "CONTACT_SUPPORT"),
+    62: _x("internal micro-controller halt", "reset", "PMU_HALT_ERROR", "RESET_GPU"),
+    63: _x("ECC page retirement or row remapping recorded (takes effect at the next GPU reset)", "other",
+           "INFOROM_DRAM_RETIREMENT_EVENT", "IGNORE", f"{_CAT_CSV}; {_DPR}"),
+    64: _x("ECC page retirement or row remapper recording failure", "reset", "INFOROM_DRAM_RETIREMENT_FAILURE",
+           "RESET_GPU", f"{_CAT_CSV}; {_DPR}"),
+    69: _x("Graphics Engine class error", "app", "ROBUST_CHANNEL_GR_CLASS_ERROR", "RESTART_APP"),
+    74: _x("NVLink error", "reset", "NVLINK_ERROR", "WORKFLOW_NVLINK_ERR"),
+    79: _x("GPU has fallen off the bus", "reboot", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM"),
+    92: _x("high single-bit ECC error rate (corrected)", "other", "EXCESSIVE_SBE_INTERRUPTS", "IGNORE"),
+    94: _x("contained ECC error (only the application that touched the memory is affected)", "app",
+           "ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP"),
+    95: _x("uncontained ECC error", "reset", "ROBUST_CHANNEL_UNCONTAINED_ERROR", "RESET_GPU"),
+    109: _x("context switch timeout", "reset", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "RESET_GPU"),
+    119: _x("GSP RPC timeout (the GPU's system processor did not answer the driver)", "reset", "GSP_RPC_TIMEOUT",
+            "RESET_GPU"),
+    120: _x("GSP error", "reset", "GSP_ERROR", "RESET_GPU"),
+    136: _x("NVLink link training (ALI) failed", "reset", "ALI_TRAINING_FAIL", "RESET_GPU"),
+    140: _x("unrecovered ECC error", "reset", "UNRECOVERABLE_ECC_ERROR_ESCAPE", "RESET_GPU"),
+    143: _x("GPU initialization error", "reset", "GPU_INIT_ERROR", "RESET_GPU"),
+    **{n: _x(f"NVLink5 error ({name})", "reset", f"NVLINK_{name}_ERROR", "WORKFLOW_NVLINK5_ERR")
+       for n, name in ((144, "SAW"), (145, "RLW"), (146, "TLW"), (147, "TREX"), (148, "NVLPW_CTRL"),
+                       (149, "NETIR"), (150, "MSE"))},
+    155: _x("NVLink software-defined error", "reset", "NVLINK_SW_DEFINED_ERROR", "RESET_GPU"),
+    156: _x("resource retirement event (takes effect at a GPU reset)", "reset", "RESOURCE_RETIREMENT_EVENT",
+            "RESET_GPU"),
+    158: _x("GPU fatal timeout", "reset", "GPU_FATAL_TIMEOUT", "RESET_GPU"),
+    160: _x("channel retirement event (a reboot of the machine applies it)", "reboot", "CHANNEL_RETIREMENT_EVENT",
+            "RESTART_BM"),
 }
-"""Xid -> (meaning, immediate action) for the Xids this stack meets, after NVIDIA's Xid catalog for
-Ampere and newer GPUs ("Analyzing Xid Errors with the Xid Catalog", docs.nvidia.com/deploy/xid-errors:
-the Description and "Resolution Bucket (Immediate Action)" columns: RESTART_APP -> ``app``,
-RESET_GPU and the XID_48 / NVLink workflows -> ``reset``, RESTART_BM (a reboot of the machine) ->
-``reboot``; follow-on or informational events -> ``other``). Xid 154 names its own recovery action
-in the line (``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``), one of
-NVML's ``nvmlDeviceGpuRecoveryAction_t``: none, GPU reset, node reboot, drain P2P, drain and reset
-(drain P2P is read as a reset: stopping the unit drains it)."""
+"""Xid -> :class:`XidEntry` for the Xids this stack meets, after NVIDIA's Xid catalog for Ampere and newer
+GPUs ("Analyzing Xid Errors with the Xid Catalog": the Mnemonic, Description and "Resolution Bucket
+(Immediate Action)" columns; the rows past the page's opening are read from the same columns as NVIDIA
+ships them machine-readable in NVIDIA/NVSentinel). Buckets: RESTART_APP -> ``app``; RESET_GPU and the
+XID_48 / NVLink / NVLink5 workflows -> ``reset``; RESTART_BM (a reboot of the machine) -> ``reboot``;
+IGNORE, CONTACT_SUPPORT and follow-on events -> ``other``. Xid 154 names its own recovery action in the
+line (``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``), one of NVML's
+``nvmlDeviceGpuRecoveryAction_t``: none, GPU reset, node reboot, drain P2P, drain and reset (drain P2P
+is read as a reset: stopping the unit drains it)."""
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
                   r"(?P<xid>\d{1,4})\b(?P<rest>[^\n]{0,300})")
 """The NVIDIA driver's kernel-log line: ``NVRM: Xid (PCI:0000:2b:00): 79, pid=..., GPU has fallen off the
 bus.`` (older drivers print the bus without ``PCI:``)."""
 
-_SRC_XID = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors, Analyzing Xid Errors with the Xid Catalog)"
+_SRC_XID = (f"{_CAT}, Mnemonic and Resolution Bucket (Immediate Action) columns; rows past the page's opening "
+            "from the same columns in NVIDIA/NVSentinel's xiderrorsmapping.csv")
 
 _SRC_PLAN = "sgl-project/sglang#29907 (DDTree verify graphs sized at budget + 1); ddtree_ops/config/plan.py"
 
@@ -1128,9 +1187,10 @@ SIGNATURES: tuple[Signature, ...] = (
         ("nvrm: xid",),
         (_XID,),
         "the NVIDIA driver logged Xid {xid} on GPU {bus}: {meaning}",
-        "Xid 45 follows another error (act on the first Xid or error before it); Xid 63 needs a GPU reset at the "
-        "next maintenance to apply the remapping; Xid 92 needs watching (`nvidia-smi -q -d ECC`); any other: "
-        "look it up in NVIDIA's Xid catalog before restarting anything",
+        "Xid 43 and 45 follow another error (act on the first Xid or error before them); Xid 63 needs a GPU reset "
+        "at the next maintenance to apply the remapping; Xid 92 needs watching (`nvidia-smi -q -d ECC`); Xid 61: "
+        "report it to NVIDIA support with `nvidia-bug-report.sh`; any other: look it up in NVIDIA's Xid catalog "
+        "before restarting anything",
         _SRC_XID,
         _xid_values("other"),
     ),
