@@ -638,6 +638,29 @@ def test_prune_builds_refuses_a_release_whose_build_it_cannot_read(root, opt_dir
     assert keep.is_dir()
 
 
+def test_prune_builds_passes_over_an_install_cut_off_before_its_manifest(root, opt_dir):
+    """A deploy killed while copying a new release's files leaves a directory without its
+    manifest; the next deploy's prune (which runs before the install) must not stop on it, or no
+    re-run could ever repair the host. A release that is current or in the history without its
+    manifest is still refused: its build cannot be told, so nothing is removed."""
+    builds = opt_dir / "c.builds"
+    builds.mkdir(mode=0o755)
+    orphan = builds / "cp311-0123456789abcdef-0123456789ab"
+    orphan.mkdir()
+    rid = _install(root, _validated())
+    hr.activate(root, rid)
+    cut = root / ("f" * 12)  # the half-installed release: its unit copied, the manifest not yet
+    cut.mkdir()
+    (cut / "ddtree-sglang.service").write_text("[Unit]\n")
+    res = hr.prune_builds(root, builds)
+    assert res["removed"] == [orphan.name] and cut.is_dir()
+    orphan.mkdir()
+    (root / rid / MANIFEST).unlink()  # the current release's manifest gone: refused, nothing removed
+    with pytest.raises(hr.ReleaseError, match=f"{rid}/{MANIFEST}: missing"):
+        hr.prune_builds(root, builds)
+    assert orphan.is_dir()
+
+
 def test_cli_prune_builds_json(root, opt_dir, capsys):
     builds = opt_dir / "v.builds"
     builds.mkdir(mode=0o755)

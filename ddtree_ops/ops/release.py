@@ -731,7 +731,9 @@ def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = (
 
     Raises:
         ReleaseError: a bad ``keep`` name, an unsafe root or builds directory (:func:`open_root`),
-            a release or record that cannot be read (nothing is removed then).
+            a release or record that cannot be read (nothing is removed then). A release directory
+            that is neither current nor in the history and has no manifest yet (an install cut off
+            before its manifest was copied) is skipped: it runs no build.
     """
     import shutil
 
@@ -746,8 +748,18 @@ def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = (
     if os.path.lexists(root):
         fd = open_root(root)
         try:
+            live = {read_current(fd, root), *read_history(fd, root)}
             for rid in release_ids(fd):
-                b = release_build(fd, root, rid)
+                try:
+                    b = release_build(fd, root, rid)
+                except ReleaseError as exc:
+                    # A directory never activated whose manifest is missing is an install that was
+                    # cut off (the deploy killed while copying the release's files): it runs no build,
+                    # and the re-run's install completes it. Refusing here would stop every re-run
+                    # before that install, so the host could never be repaired by deploying again.
+                    if rid not in live and str(exc).endswith(f"{MANIFEST}: missing"):
+                        continue
+                    raise
                 if b is not None and os.path.dirname(b) == base:
                     in_use.add(os.path.basename(b))
         finally:
