@@ -61,8 +61,25 @@ CASES = {
     "b300-default": qwen35(),
     "b300-trtllm": qwen35(attention_backend="trtllm_mha"),
     "ct200-default": qwen35("ct200"),
-    "b300-trtllm-topk4": qwen35(topk=4, attention_backend="trtllm_mha"),
 }
+REFUSED = "b300-trtllm-topk4"
+"""trtllm_mha with EAGLE topk 4: validate refuses it now (the rule read from SGLang's own
+_handle_eagle_family), so the resolver and the host probe, which check the build really installed,
+are handed its argv directly: the topk-1 trtllm deployment's argv with topk 4 and 8 draft tokens."""
+
+
+def _with_topk4(argv: list[str]) -> list[str]:
+    out = list(argv)
+    out[out.index("--speculative-eagle-topk") + 1] = "4"
+    out[out.index("--speculative-num-draft-tokens") + 1] = "8"
+    return out
+
+
+def test_validate_refuses_the_combination_sglang_refuses_in_its_words():
+    from ddtree_ops.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trtllm_mha backend only supports topk = 1 for speculative decoding"):
+        validate_hostvars("q1", qwen35(topk=4, attention_backend="trtllm_mha"))
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +89,9 @@ def results():
     for name, hv in CASES.items():
         v = validate_hostvars("q1", hv)
         out[name] = (v, run_resolution(python, request_for(v, MODELS), deadline_s=300))
+    v = validate_hostvars("q1", CASES["b300-trtllm"])
+    req = request_for(v, MODELS)
+    out[REFUSED] = (None, run_resolution(python, {**req, "argv": _with_topk4(req["argv"])}, deadline_s=300))
     return out
 
 
@@ -121,7 +141,7 @@ def test_a_path_needing_cuda_kernels_is_not_run_and_says_why(results):
 
 
 def test_a_refused_combination_quotes_sglang(results):
-    _, res = results["b300-trtllm-topk4"]
+    _, res = results[REFUSED]
     assert res["state"] == "refused"
     assert res["detail"] == "ValueError: trtllm_mha backend only supports topk = 1 for speculative decoding."
 
@@ -132,8 +152,10 @@ def probe_env(monkeypatch):
 
 
 def _probe(name: str):
-    v = validate_hostvars("q1", CASES[name])
+    v = validate_hostvars("q1", CASES["b300-trtllm" if name == REFUSED else name])
     req = {**probe_request(v), "models": MODELS}
+    if name == REFUSED:
+        req["argv"] = _with_topk4(req["argv"])
     rc, result = run_probe(str(resolver_python("0.5.23")), req, timeout_s=300)
     return rc, {c["name"]: c for c in result["checks"]}
 
@@ -147,7 +169,7 @@ def test_probe_says_resolved_only_when_resolve_once_ran(probe_env):
 
 
 def test_probe_fails_on_a_refusal_with_sglangs_message(probe_env):
-    rc, checks = _probe("b300-trtllm-topk4")
+    rc, checks = _probe(REFUSED)
     assert rc == 1
     res = checks["sglang-resolution"]
     assert not res["ok"] and res["state"] == "refused"
