@@ -271,3 +271,17 @@ def test_plan_command_shows_the_derived_backend_and_page_with_source(capsys, mon
     flat = " ".join(" ".join(line.replace("\u2502", " ").split()) for line in capsys.readouterr().out.splitlines())
     assert ("page_size (derived) 1 (derived by SGLang 0.5.23 sglang/srt/arg_groups/overrides.py "
             "_page_size_default") in flat
+
+
+REAL_DERIVED = FIXTURES / "gpu/router-smg-1.13.0-sglang-0.5.17-h200-2026-12-02/derived.txt"
+
+
+@pytest.mark.parametrize(("case", "algorithm", "topk"), [
+    ("none", None, 1), ("eagle3_topk1", "EAGLE3", 1), ("eagle3_topk4", "EAGLE3", 4), ("dflash", "DFLASH", 1)])
+def test_the_derived_backend_is_what_real_sglang_derived_on_an_h200(case, algorithm, topk):
+    """SGLang 0.5.17's own ServerArgs post-init, run on a real H200 (sm_90) with the backend and
+    page size unset (scripts/gpu-acceptance/derived_probe.py): the plan derives the same."""
+    real = {d["case"]: d for d in map(json.loads, (ln for ln in REAL_DERIVED.read_text().splitlines()
+                                                    if ln.startswith("{")))}
+    want = real[case]["derived"]
+    assert attention(on("h200x1", "0.5.17", algorithm, topk=topk)) == (want["attention_backend"], want["page_size"])
