@@ -117,6 +117,10 @@ class ReleaseError(Exception):
     """A refused or failed release operation (one line: what, the rule, the fix)."""
 
 
+class MissingManifest(ReleaseError):
+    """A release directory without its manifest (:data:`MANIFEST`)."""
+
+
 def _shown(value: object, limit: int = 200) -> str:
     return shown(repr(value), limit)
 
@@ -642,7 +646,7 @@ def release_build(root_fd: int, root: Path, rid: str) -> str | None:
         doc = json.loads(raw)
         build = doc["identity"].get("sglang_build")
     except FileNotFoundError:
-        raise ReleaseError(f"{where}/{MANIFEST}: missing") from None
+        raise MissingManifest(f"{where}/{MANIFEST}: missing") from None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise ReleaseError(f"{where}/{MANIFEST}: not a release manifest") from None
     finally:
@@ -752,12 +756,12 @@ def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = (
             for rid in release_ids(fd):
                 try:
                     b = release_build(fd, root, rid)
-                except ReleaseError as exc:
+                except MissingManifest:
                     # A directory never activated whose manifest is missing is an install that was
                     # cut off (the deploy killed while copying the release's files): it runs no build,
                     # and the re-run's install completes it. Refusing here would stop every re-run
                     # before that install, so the host could never be repaired by deploying again.
-                    if rid not in live and str(exc).endswith(f"{MANIFEST}: missing"):
+                    if rid not in live:
                         continue
                     raise
                 if b is not None and os.path.dirname(b) == base:
