@@ -500,3 +500,23 @@ def test_picked_reads_the_dataclass_cuda_graph_config_of_0_5_17():
     off = _picked({"cuda_graph_config": CudaGraphConfig(decode=PhaseConfig("disabled", 8, [1]))})
     assert off["disable_cuda_graph"] is True
     assert _picked({"cuda_graph_config": {"decode": {"bs": [1], "max_bs": 1}}})["decode_capture_bs"] == [1]
+
+
+def test_a_derived_backend_is_compared_as_the_plan_derived_it():
+    """An unset backend and page size the plan derives (fa3, page 1 on sm_90 with EAGLE3 topk 1,
+    what real SGLang 0.5.17 derived on an H200) are no change when SGLang lands there, and a
+    resolution elsewhere names the derived value it contradicts instead of "SGLang decides"."""
+    from test_derived_defaults import on
+
+    v = validate_hostvars("h1", on("h200x1", "0.5.17", "EAGLE3"))
+    assert (v.plan.attention_backend, v.plan.page_size) == (None, None)
+    planned = planned_values(v.plan)
+    assert (planned["attention_backend"], planned["page_size"]) == ("fa3", 1)
+    assert json.loads(json.dumps(planned))["attention_backend"] == "fa3"   # the host probe's copy
+    same = {"version": "0.5.17", "resolved": {"attention_backend": "fa3", "page_size": 1}, "sources": {}}
+    assert diff_plan(planned, same) == []
+    other = {"version": "0.5.17", "resolved": {"attention_backend": "flashinfer", "page_size": 1},
+             "sources": {"attention_backend": "_handle_attention_backend_compatibility"}}
+    assert diff_plan(planned, other) == [
+        "SGLang 0.5.17 will change attention_backend unset (ddtree-ops derived fa3, as `plan` shows) → "
+        "flashinfer (set by SGLang's _handle_attention_backend_compatibility)"]

@@ -561,15 +561,40 @@ def request_for(v: Any, models: dict[str, Any]) -> dict[str, Any]:
             "gpu_memory_gib": hc.gpu_memory_gib if hc else None, "models": models}
 
 
+class Derived(str):
+    """A planned value the deployment leaves unset and the plan derives (compares as its text)."""
+
+
+class DerivedInt(int):
+    """An integer planned value the plan derives (compares as the integer)."""
+
+
+def _or_derived(p: Any, name: str) -> Any:
+    explicit = getattr(p, name)
+    if explicit is not None:
+        return explicit
+    got = (getattr(p, "derived", None) or {}).get(name)
+    value = got.get("value") if isinstance(got, dict) else None
+    if isinstance(value, str):
+        return Derived(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return DerivedInt(value)
+    return None
+
+
 def planned_values(p: Any) -> dict[str, Any]:
     """What our plan (:class:`ddtree_ops.config.plan.Plan`) says for each compared field.
 
-    ``None`` means the plan leaves the field to SGLang.
+    ``None`` means the plan leaves the field to SGLang and ddtree-ops does not model what SGLang
+    derives for it. An unset attention backend or page size that the plan derives
+    (:func:`ddtree_ops.config.derived.derive_attention`, shown by ``plan`` with its source) is
+    compared as that derived value, tagged :class:`Derived`, so a resolution that lands where the
+    plan predicted is no change, and one that lands elsewhere names the prediction it contradicts.
     """
     spec = p.algorithm not in ("none", None)
     return {
-        "attention_backend": p.attention_backend,
-        "page_size": p.page_size,
+        "attention_backend": _or_derived(p, "attention_backend"),
+        "page_size": _or_derived(p, "page_size"),
         "decode_capture_bs": (list(p.capture_bs) or None) if p.cuda_graphs else None,
         "decode_max_bs": p.cuda_graph_max_bs if p.cuda_graphs else None,
         "disable_cuda_graph": not p.cuda_graphs,
@@ -590,6 +615,8 @@ _LABEL = {"decode_capture_bs": "capture list (decode bs)", "decode_max_bs": "cud
 def _show(v: Any) -> str:
     if v is None:
         return "unset (SGLang decides)"
+    if isinstance(v, (Derived, DerivedInt)):
+        return f"unset (ddtree-ops derived {v}, as `plan` shows)"
     if isinstance(v, list):
         return "[" + " ".join(map(str, v)) + "]"
     return str(v)
