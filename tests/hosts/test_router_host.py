@@ -11,8 +11,9 @@
 
 The hosts live in separate network namespaces (10.213.I.2, each a veth to the root namespace).
 For the router to reach the instances, the fixture routes 10.213.0.0/16 through each host's
-veth end in the root namespace and turns on IPv4 forwarding there for the duration of the module
-(restored to its previous value afterwards). The load comes from this process, at most
+veth end in the root namespace (``ip netns exec ddt-thI``: the containers cannot change their
+routes themselves) and turns on IPv4 forwarding there for the duration of the module (restored to
+its previous value afterwards). The load comes from this process, at most
 :data:`CLIENTS` requests in flight, to the router only.
 """
 
@@ -139,10 +140,13 @@ def fleet(hosts, tmp_path_factory):
     before = FORWARD.read_text().strip()
     FORWARD.write_text("1\n")
     try:
-        for a in addrs.values():
+        for h, a in addrs.items():  # the containers have no CAP_NET_ADMIN: set it in their namespace
             gw = re.sub(r"\.2$", ".1", a)
-            r = ssh(a, f"ip route replace 10.213.0.0/16 via {gw}")
+            r = subprocess.run(["ip", "netns", "exec", h, "ip", "route", "replace", "10.213.0.0/16", "via", gw],
+                               capture_output=True, text=True, timeout=30)
             assert r.returncode == 0, r.stderr
+        reach = ssh(addrs[ROUTER], f"timeout 5 bash -c '</dev/tcp/{addrs[WORKERS[0]]}/22' && echo reached")
+        assert reach.stdout.strip() == "reached", reach.stdout + reach.stderr  # router host -> instance host
         tmp = tmp_path_factory.mktemp("router")
         r, t = deploy(_inventory(tmp, addrs), limit=",".join((ROUTER, *WORKERS)))
         assert r.returncode == 0, _fail(r, addrs)
