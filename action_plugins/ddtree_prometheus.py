@@ -16,7 +16,11 @@ Runs on the controller only. Options:
   :func:`ddtree_ops.config.fleet.instance_waves`).
 * ``routers`` (list of inventory host names, optional; usually ``groups['routers']``): router
   hosts (``ddtree_router``, :mod:`ddtree_ops.config.router`) checked against ``servers`` (ports
-  of one machine, worker list) and scraped as job ``smg``; none: nothing changes.
+  of one machine, worker list) and scraped as job ``smg``; none: nothing changes. With
+  ``fleet_only`` it also returns ``routers`` (router host -> its rendered files and probe URLs,
+  the ``router`` role's input; the API key file's content included: register it with no_log) and
+  ``router_fronts`` (instance host -> the routers in front of it, for playbooks/rolling.yml's
+  drain and re-add) (:func:`ddtree_ops.render.router.router_facts`).
 * ``scrape_interval``, ``scrape_timeout``, ``evaluation_interval`` (Prometheus durations).
 * ``alerts`` (dict): :class:`ddtree_ops.render.monitoring.AlertSettings` overrides.
 
@@ -98,9 +102,10 @@ class ActionModule(ActionBase):
             return result
         if fleet_only:
             from ddtree_ops.config.fleet import instance_waves
+            from ddtree_ops.render.router import router_facts
 
             result.update(changed=False, targets=[v.deployment.host for v in validated],
-                          waves=instance_waves(validated),
+                          waves=instance_waves(validated), **router_facts(routers, validated),
                           msg=f"{len(validated)} deployment(s) valid, no clash between them")
             return result
         try:

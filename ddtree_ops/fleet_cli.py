@@ -150,20 +150,26 @@ def _cell(v: Any) -> Any:
 def status_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: VaultOpt = None,
                known_hosts: KnownHostsOpt = None, parallel: ParallelOpt = 8, timeout: TimeoutOpt = 60.0,
                deadline: DeadlineOpt = None, as_json: JsonOpt = False) -> None:
-    """One row per host: release, unit state, ready, warm, accept length, tok/s, drift.
+    """One row per host: release, unit state, ready, warm, accept length, tok/s, drift, router.
 
     One SSH command per host (systemctl show, readlink of the release's ``current`` link, the
-    host's own ``ddtree-ops health --json`` and its exporter's /metrics). Exit 0 all hosts
-    ok, 1 a host failed or is unhealthy, 2 usage or configuration error.
+    host's own ``ddtree-ops health --json`` and its exporter's /metrics); with group routers,
+    one bounded ``GET /workers`` per router (``router``: the instance's state there,
+    :mod:`ddtree_ops.ops.router_status`). Exit 0 all hosts ok, 1 a host failed or is unhealthy,
+    2 usage or configuration error.
     """
     from .ops import fleet_ssh
 
     targets, known = _targets(inventory, limit, vault, known_hosts)
     limits = _limits(known, targets, parallel, timeout, deadline)
     rows = fleet_ssh.status(targets, limits)
+    from .cli import DEFAULT_INVENTORY
+    from .ops.router_status import fleet_cells
+
+    router = fleet_cells(inventory or DEFAULT_INVENTORY, vault or ())  # each instance at its routers (smg)
     ok = all(r.ok for r in rows)
     if as_json:
-        print(json.dumps({"ok": ok, "hosts": [r.as_dict() for r in rows],
+        print(json.dumps({"ok": ok, "hosts": [{**r.as_dict(), "router": router.get(r.host)} for r in rows],
                           "checks": [{"name": r.host, "ok": r.ok, "detail": r.error or "healthy"} for r in rows],
                           "known_hosts": str(known), "deadline_s": limits.deadline_s}, indent=2, allow_nan=False))
     else:
@@ -171,11 +177,11 @@ def status_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Va
 
         from .cli import out
 
-        table = Table("host", "release", "unit", "ready", "warm", "accept len", "tok/s", "drift", "problem")
+        table = Table("host", "release", "unit", "ready", "warm", "accept len", "tok/s", "drift", "router", "problem")
         for r in rows:
             table.add_row(_cell(r.host), _cell(r.release), _cell(f"{r.active_state}/{r.sub_state}"), _cell(r.ready),
                           _cell(r.warm), _cell(r.accept_length), _cell(r.tokens_per_s), _cell(r.drift),
-                          _cell(r.error or ""))
+                          _cell(router.get(r.host)), _cell(r.error or ""))
         if out.is_terminal:
             out.print(table)
         else:  # a pipe or a file: one line per host, not wrapped into rich's default 80 columns

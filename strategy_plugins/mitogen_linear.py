@@ -41,6 +41,7 @@ _WARM = (
     "ddtree_ops.ops.release",
     "ddtree_ops.ops.rollout", "ddtree_ops.ops.toolkit", "ddtree_ops.python_tag", "ddtree_ops.render",
     "ddtree_ops.render.argv", "ddtree_ops.render.files", "ddtree_ops.render.monitoring", "ddtree_ops.render.release",
+    "ddtree_ops.render.router",
     "ddtree_ops.sglang.expect", "ddtree_ops.sglang.probe",
 )
 for _name in _WARM:

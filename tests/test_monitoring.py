@@ -145,6 +145,60 @@ CASES = {
 }
 
 
+ROUTER_FIXTURE = "gpu/router-smg-1.13.0-sglang-0.5.17-h200-2026-12-02"
+
+
+def _gw(host: str, **extra: str) -> dict:
+    """Target labels of a router's smg metrics (job smg, render_prometheus) plus series labels."""
+    return {"job": "smg", "host": host, "service": "router", "instance": f"{host}:29000", **extra}
+
+
+CASES.update({
+    "DDTreeRouterNoHealthyWorkers": (
+        [_series("smg_worker_health", _gw("g1", worker="http://10.0.0.1:30000"), "1 1 0x8"),
+         _series("smg_worker_health", _gw("g1", worker="http://10.0.0.2:30000"), "1 1 0x8"),
+         _series("smg_worker_health", _gw("g2", worker="http://10.0.0.1:30000"), "1x10"),
+         _series("smg_worker_health", _gw("g2", worker="http://10.0.0.2:30000"), "0x10")],  # one left: no alert
+        [("1m", {}), ("5m", {"g1": 0})],
+    ),
+    "DDTreeRouterCircuitOpen": (
+        [_series("smg_worker_cb_state", _gw("g1", worker="http://10.0.0.1:30000"), "0 1x9"),
+         _series("smg_worker_cb_state", _gw("g2", worker="http://10.0.0.1:30000"), "0 2x9"),  # half-open
+         _series("smg_worker_cb_state", _gw("g3", worker="http://10.0.0.1:30000"), "0 1 0x8")],  # closed again
+        [("2m", {}), ("5m", {"g1": 1})],
+    ),
+    "DDTreeRouterErrorRate": (
+        [_series("smg_http_responses_total", _gw("g1", path="/generate", status_code="200", error_code=""),
+                 "0+60x20"),
+         _series("smg_http_responses_total", _gw("g1", path="/generate", status_code="500",
+                                                 error_code="call_upstream_connection_failed"), "0+20x20"),
+         _series("smg_http_responses_total", _gw("g2", path="/generate", status_code="200", error_code=""),
+                 "0+60x20"),
+         _series("smg_http_responses_total", _gw("g2", path="/generate", status_code="503", error_code=""),
+                 "0+1x20")],  # 1/61 < 0.05
+        [("4m", {}), ("12m", {"g1": 0.25})],
+    ),
+})
+
+
+def test_smg_families_the_rules_read_are_the_recorded_routers():
+    """Every family of SMG_METRICS is in the real smg 1.13.0's recorded /metrics (the GPU fixture),
+    with the labels the rules group by; a name the router does not export is caught."""
+    from ddtree_ops.render.monitoring import SMG_METRICS
+
+    text = "".join((fixtures_dir() / ROUTER_FIXTURE / f).read_text()
+                   for f in ("metrics_idle.txt", "metrics_after_latency.txt", "metrics_after_crash.txt"))
+    types = dict(re.findall(r"^# TYPE (smg_\w+) (\w+)$", text, re.M))
+    for name in SMG_METRICS:
+        assert name in types, name
+    assert types["smg_router_request_duration_seconds"] == "histogram"
+    assert re.search(r'^smg_worker_health\{worker="http://127.0.0.1:30003"\} [01]$', text, re.M)
+    assert re.search(r'^smg_worker_cb_state\{worker="[^"]+"\} [012]$', text, re.M)
+    assert re.search(r'^smg_http_responses_total\{path="[^"]+",status_code="\d+",error_code="[^"]*"\} \d+$', text,
+                     re.M)
+    assert "smg_worker_healthy" not in types  # the check can fail: a misspelt family is absent
+
+
 def test_every_alert_has_a_case_and_a_runbook() -> None:
     rules = alert_rules(validated=DEPLOYED)
     assert sorted({r["alert"] for r in rules}) == sorted(CASES)
@@ -158,7 +212,7 @@ def test_rules_pass_promtool_check(tmp_path) -> None:
     p = tmp_path / "rules.yml"
     p.write_text(render_rules(validated=DEPLOYED))
     r = subprocess.run(["promtool", "check", "rules", str(p)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "11 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "14 rules found" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("alert", sorted(CASES))
@@ -171,6 +225,8 @@ def test_promtool_unit_test(alert, tmp_path) -> None:
         lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if alert != "DDTreeExporterAbsent":
             labels_of.setdefault(lab["host"], lab)
+            if alert == "DDTreeRouterErrorRate" and lab.get("status_code") == "500":
+                labels_of[lab["host"]] = lab
     tests = []
     for eval_time, firing in evals:
         exp = []
@@ -178,6 +234,10 @@ def test_promtool_unit_test(alert, tmp_path) -> None:
             lab = dict(labels_of[host])
             if alert == "DDTreeQueueBuildup" or alert == "DDTreeTTFTHigh":
                 lab = {k: lab[k] for k in ("host", "host_class", "model")}
+            elif alert in ("DDTreeRouterNoHealthyWorkers", "DDTreeRouterErrorRate"):
+                lab = {"host": lab["host"]}
+            elif alert == "DDTreeRouterCircuitOpen":
+                lab = {k: lab[k] for k in ("host", "worker")}
             lab.pop("le", None)
             lab.pop("tp_rank", None)
             exp.append({"exp_labels": {**lab, **rule["labels"]}, "exp_annotations": _annotations(rule, lab, val)})
@@ -222,6 +282,8 @@ def _known_metric_names() -> set[str]:
     names = set(METRIC_NAMES) | {"up"}
     for f in fixtures_dir().glob("sglang/metric_names-*.txt"):
         names |= {n.strip() for n in f.read_text().split() if n.strip()}
+    for f in (fixtures_dir() / ROUTER_FIXTURE).glob("metrics_*.txt"):  # the real smg 1.13.0's families
+        names |= set(re.findall(r"^# TYPE (smg_\w+) ", f.read_text(), re.M))
     return names
 
 
@@ -244,14 +306,15 @@ def test_dashboard_structure_and_queries(tmp_path) -> None:
     for p in panels:
         assert p["type"] == "timeseries" and p["targets"] and set(p["gridPos"]) == {"h", "w", "x", "y"}
         for t in p["targets"]:
-            assert 'host=~"$host"' in t["expr"], t["expr"]  # per host
+            assert 'host=~"$host"' in t["expr"] or 'job="smg", host=~"$router"' in t["expr"], t["expr"]  # per host
             used = {re.sub(r"_(bucket|sum|count)$", "", n) if n.endswith(("_bucket", "_sum", "_count"))
                     and re.sub(r"_(bucket|sum|count)$", "", n) in known else n for n in _selectors(t["expr"])}
             assert used and used <= known, (t["expr"], used - known)
-            exprs.append(t["expr"].replace("$__rate_interval", "5m").replace("$host", ".*"))
-    hostvar = next(v for v in doc["templating"]["list"] if v["name"] == "host")
-    m = re.fullmatch(r"label_values\((\w+), host\)", hostvar["query"])
-    assert m and m.group(1) in known
+            exprs.append(t["expr"].replace("$__rate_interval", "5m").replace("$host", ".*").replace("$router", ".*"))
+    for name in ("host", "router"):
+        hostvar = next(v for v in doc["templating"]["list"] if v["name"] == name)
+        m = re.fullmatch(r"label_values\((\w+), host\)", hostvar["query"])
+        assert m and m.group(1) in known
     # every query parses: promtool parses each expression of a rules file
     p = tmp_path / "panels.yml"
     p.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": [
@@ -399,5 +462,5 @@ def test_cli_render_writes_monitoring_files_and_exporter_unit(tmp_path) -> None:
     local.write_text((prom / "prometheus.yml").read_text().replace("/etc/prometheus/ddtree-rules.yml",
                                                                    str(prom / "ddtree-rules.yml")))
     r = subprocess.run(["promtool", "check", "config", str(local)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "11 rules found" in r.stdout, r.stdout + r.stderr  # 10 + the fleet's absent rule
+    assert r.returncode == 0 and "14 rules found" in r.stdout, r.stdout + r.stderr  # 10 + the fleet's absent rule
     assert json.loads((prom / "ddtree-dashboard.json").read_text())["uid"] == "ddtree-ops"

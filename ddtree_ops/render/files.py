@@ -29,10 +29,7 @@ from ..config.sandbox import unit_sandbox
 from ..config.scrape import scrape_host, sglang_scrape_host, url_host
 from ..ops.exporter_http import NOFILE_LIMIT
 from .argv import build_argv
-from .monitoring import EXPORTER_JOB, SGLANG_JOB
-
-ROUTER_JOB = "smg"
-"""Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``)."""
+from .monitoring import EXPORTER_JOB, ROUTER_JOB, SGLANG_JOB
 
 MANAGED_BY = "Managed by ddtree-ops: do not edit"
 """The start of the header of every file ddtree-ops writes on a host: the rendered files'

@@ -39,6 +39,20 @@ PROMETHEUS_CONFIG_DIR = "/etc/prometheus"
 ``ddtree-ops render`` points ``rule_files`` at; the ``prometheus_targets`` role's
 ``prometheus_targets_config_dir`` default)."""
 DASHBOARD_UID = "ddtree-ops"
+ROUTER_JOB = "smg"
+"""Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``; scraped by
+:func:`~.files.prometheus_document`)."""
+SMG_METRICS = ("smg_worker_health", "smg_worker_pool_size", "smg_worker_cb_state", "smg_http_responses_total",
+               "smg_router_request_duration_seconds", "smg_worker_requests_active",
+               "smg_router_upstream_responses_total")
+"""The smg 1.13.0 families the router rules and panels read, as the real router exported them on
+an H200 (``tests/fixtures/gpu/router-smg-1.13.0-sglang-0.5.17-h200-2026-12-02/metrics_*.txt``:
+``smg_worker_health{worker}`` 1 healthy / 0 unhealthy, ``smg_worker_pool_size{model}``,
+``smg_worker_cb_state{worker}`` 0 closed / 1 open / 2 half_open,
+``smg_http_responses_total{path, status_code, error_code}``, the histogram
+``smg_router_request_duration_seconds``, ``smg_worker_requests_active{worker}``,
+``smg_router_upstream_responses_total{status_code, error_code}``); ``tests/test_monitoring.py``
+holds this list to the fixture."""
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 _BY = "host, host_class, model"
 
@@ -90,6 +104,10 @@ class AlertSettings:
             (default: many poll intervals of 5 s plus their timeouts).
         stale_for: how long the sample must stay older than ``stale_s``.
         interval: evaluation interval of the rule group.
+        router_down_for: how long a router has no healthy worker before paging.
+        router_cb_for: how long a worker's circuit breaker stays open at a router.
+        router_error_ratio: share of a router's answers that are 5xx (over ``rate_window``).
+        router_error_for: how long it must stay above ``router_error_ratio``.
     """
 
     collapse_for: str = "10m"
@@ -105,6 +123,10 @@ class AlertSettings:
     stale_s: float = 120
     stale_for: str = "5m"
     interval: str = "30s"
+    router_down_for: str = "1m"
+    router_cb_for: str = "2m"
+    router_error_ratio: float = 0.05
+    router_error_for: str = "5m"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -291,7 +313,55 @@ def alert_rules(settings: AlertSettings = AlertSettings(), validated: Sequence[V
                 "consider chunked-prefill size, more replicas or a lower max_running_requests.",
             },
         },
+        *router_rules(s),
         *absent_rules(validated, s),
+    ]
+
+
+def router_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
+    """The router's alerts over smg 1.13.0's families (:data:`SMG_METRICS`, job
+    :data:`ROUTER_JOB`): no healthy worker, a worker's circuit breaker open, the share of 5xx
+    answers. Without routers their series do not exist and nothing fires."""
+    s = settings
+    rj = f'job="{ROUTER_JOB}"'
+    return [
+        {
+            "alert": "DDTreeRouterNoHealthyWorkers",
+            "expr": (f"(sum by (host) (smg_worker_health{{{rj}}}) < 1) or "
+                     f"(sum by (host) (smg_worker_pool_size{{{rj}}}) < 1)"),
+            "for": s.router_down_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "router {{ $labels.host }}: no healthy worker",
+                "runbook": "Every request through this router fails: ddtree-ops fleet status (router column), then "
+                "the instances' units and health; a worker left drained by a cut-off rollout is re-added with "
+                "python -m ddtree_ops.ops.router_worker add on the router host (docs/router.md).",
+            },
+        },
+        {
+            "alert": "DDTreeRouterCircuitOpen",
+            "expr": f"max by (host, worker) (smg_worker_cb_state{{{rj}}}) == 1",
+            "for": s.router_cb_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "router {{ $labels.host }}: circuit breaker open for {{ $labels.worker }}",
+                "runbook": "The router stopped sending requests to this worker after repeated failures: check the "
+                "worker's journal and health; it closes again by itself once the worker answers.",
+            },
+        },
+        {
+            "alert": "DDTreeRouterErrorRate",
+            "expr": (f"sum by (host) (rate(smg_http_responses_total{{{rj}, status_code=~\"5..\"}}[{s.rate_window}])) "
+                     f"/ sum by (host) (rate(smg_http_responses_total{{{rj}}}[{s.rate_window}])) "
+                     f"> {s.router_error_ratio:g}"),
+            "for": s.router_error_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": 'router {{ $labels.host }}: {{ $value | printf "%.2f" }} of answers are 5xx',
+                "runbook": "Workers fail or time out behind the router: smg_router_upstream_responses_total by "
+                "error_code names the cause; check the workers and the router's journal.",
+            },
+        },
     ]
 
 
@@ -355,6 +425,22 @@ def dashboard_panels(validated: Sequence[Validated] = ()) -> list[dict]:
           (f"ddtree_config_drift{{{h}}}", "{{host}} drift"),
           (f"ddtree_upstream_staleness_seconds{{{h}}}", "{{host}} staleness s")], "none"),
     ]
+    r = f'job="{ROUTER_JOB}", host=~"$router"'
+    rq = "histogram_quantile({q}, sum by (host, le) (rate(smg_router_request_duration_seconds_bucket{{{sel}}}"
+    rows += [
+        ("Router: healthy workers, pool size",
+         [(f"sum by (host) (smg_worker_health{{{r}}})", "{{host}} healthy"),
+          (f"sum by (host) (smg_worker_pool_size{{{r}}})", "{{host}} registered")], "none"),
+        ("Router: circuit breaker (0 closed, 1 open, 2 half-open) and active requests per worker",
+         [(f"max by (host, worker) (smg_worker_cb_state{{{r}}})", "{{host}} {{worker}} breaker"),
+          (f"sum by (host, worker) (smg_worker_requests_active{{{r}}})", "{{host}} {{worker}} active")], "none"),
+        ("Router: answers by status code",
+         [(f"sum by (host, status_code) (rate(smg_http_responses_total{{{r}}}[$__rate_interval]))",
+           "{{host}} {{status_code}}")], "reqps"),
+        ("Router: request duration",
+         [((rq + "[$__rate_interval])))").format(q="0.5", sel=r), "{{host}} p50"),
+          ((rq + "[$__rate_interval])))").format(q="0.99", sel=r), "{{host}} p99")], "s"),
+    ]
     return [_panel(i + 1, title, targets, unit, x=12 * (i % 2), y=8 * (i // 2))
             for i, (title, targets, unit) in enumerate(rows)]
 
@@ -378,6 +464,9 @@ def render_dashboard(validated: Sequence[Validated] = ()) -> str:
             {"name": "host", "type": "query", "label": "host", "multi": True, "includeAll": True,
              "datasource": {"type": "prometheus", "uid": "${datasource}"},
              "query": "label_values(ddtree_deployment_info, host)", "refresh": 2},
+            {"name": "router", "type": "query", "label": "router", "multi": True, "includeAll": True,
+             "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": "label_values(smg_worker_pool_size, host)", "refresh": 2},
         ]},
         "annotations": {"list": []},
         "panels": dashboard_panels(validated),

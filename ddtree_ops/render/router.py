@@ -67,3 +67,47 @@ def render_router(r: Router) -> list[RenderedFile]:
     if r.api_key is not None:
         files.append(RenderedFile(key_file, r.api_key, mode="0600", secret=True, component="router"))
     return files
+
+
+def local_url(host: str, port: int) -> str:
+    """``http://ADDRESS:PORT`` at which a process on the router host reaches a listener bound to
+    ``host``: the wildcard addresses through loopback (``0.0.0.0`` -> ``127.0.0.1``, ``::`` ->
+    ``[::1]``), any other address as itself (IPv6 bracketed)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(host)
+    if ip.is_unspecified:
+        ip = ipaddress.ip_address("::1" if ip.version == 6 else "127.0.0.1")
+    return f"http://[{ip}]:{port}" if ip.version == 6 else f"http://{ip}:{port}"
+
+
+def router_facts(routers: list[Router], validated: list) -> dict:
+    """What the ``router`` role and ``playbooks/rolling.yml`` need, from the validated routers:
+
+    * ``routers``: router host -> ``{unit, unit_path, unit_content, key_path, user, venv, api,
+      health, workers}``: the unit exactly as :func:`render_router` renders it (the role copies
+      these bytes), the key file's path (its content is not here: the role writes the secret
+      itself, under no_log), the local URLs of smg's API (``--port``) and health listener
+      (``--health-check-port``);
+    * ``router_fronts``: instance host -> ``[{router, api, worker, key_path}]`` (the routers that
+      list it and its URL there).
+    """
+    from ..config.router import worker_url
+
+    out: dict[str, dict] = {}
+    fronts: dict[str, list[dict]] = {}
+    by_url = {worker_url(v): v.deployment.host for v in validated}
+    for r in routers:
+        files = render_router(r)
+        unit = next(f for f in files if f.path.endswith(UNIT_NAME))
+        key = next((f.path for f in files if f.secret), None)
+        api = local_url(r.settings.host, r.settings.port)
+        out[r.host] = {"unit": UNIT_NAME, "unit_path": unit.path, "unit_content": unit.content, "key_path": key,
+                       "user": r.settings.user, "venv": r.settings.venv, "api": api,
+                       "health": local_url(r.settings.host, r.settings.health_port), "workers": list(r.workers),
+                       "config_dir": CONFIG_DIR}
+        for url in r.workers:
+            if url in by_url:
+                fronts.setdefault(by_url[url], []).append({"router": r.host, "api": api, "worker": url,
+                                                           "key_path": key, "python": f"{r.settings.venv}/bin/python"})
+    return {"routers": out, "router_fronts": fronts}
