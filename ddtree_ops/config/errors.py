@@ -497,10 +497,10 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
      "a JSON Web Token (eyJ...)", "eyJ"),
     (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]{0,8192}(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"),
      "a private key (PEM)", "-----BEGIN"),
-    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 8+ characters
+    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 6+ characters
     # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
     (re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-)"
-                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{8,}"),
+                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,}"),
      "a token-shaped secret (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access
