@@ -1314,7 +1314,8 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     of a load pay nothing again), so 2,000 in an unrelated variable cost 7-12 s: reachable values are
     always decrypted, at most :data:`MAX_UNREACHED_DECRYPTS` of the others per host (past that, their
     reuse as plain text is not looked for; docs/configuration.md says so), and of those only plaintexts
-    :func:`_counts_unreached` are kept. A deadline firing while decrypting (inventory's ``TemplateTimeout``) gets ``cause``, ``variable`` and ``fix`` attributes naming decryption,
+    :func:`_counts_unreached` are kept. A deadline firing while decrypting (inventory's
+    ``TemplateTimeout``) gets ``cause``, ``variable`` and ``fix`` attributes naming decryption,
     not Jinja, as the cause.
 
     ``memo`` (one load's, :func:`_memo_get`): a container walked whole before without a vaulted
