@@ -889,6 +889,21 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return buf.getvalue()
 
 
+def _scrubbed(value: Any) -> Any:
+    """``value`` with every string scrubbed (:func:`ddtree_ops.config.errors.scrub`), keys included: the
+    result files hold the server's texts (error lines, ``/server_info`` fields), which :func:`preview`
+    scrubbed already where they were read; this holds for any text that reached the result another way."""
+    from ..config.errors import scrub
+
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
 def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """Write ``bench.json`` (everything), ``levels.csv`` and ``requests.csv`` into ``out_dir``
     (created), each through :func:`ddtree_ops.ops.write.write_file`: ``out_dir`` must be ours and
@@ -900,7 +915,7 @@ def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """
     from ddtree_ops.ops.write import write_file
 
-    doc = result.as_dict()
+    doc = _scrubbed(result.as_dict())
     files = {
         "bench.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
         "levels.csv": _csv([level_row(lv) for lv in result.levels], LEVEL_COLUMNS),
