@@ -199,9 +199,10 @@ _GAPS = [
     ("x" + HF + " end", HF[3:], " end"),
     ("\x1b[2J" + HF, HF[3:], "\x1b[2J"),
     ("id=xhf_CANARYnewcomer3xyz", "CANARYnewcomer3xyz", "id="),
+    ("model m-" + HF, HF[3:], "model m-"), ("DDTREE_" + HF, HF[3:], "DDTREE_"),
 ]
 _GAP_PROSE = ["Bearer tokens are not needed for /health", "bearer authentication is configured upstream",
-              "my_hf_short and hf_transfer and hf_xet stay", "health_timeout_s: 1"]
+              "my_hf_short and hf_transfer and hf_xet stay", "my_hf_Short1 stays", "health_timeout_s: 1"]
 
 
 @pytest.mark.parametrize("text, secret, kept", _GAPS)

@@ -74,3 +74,18 @@ def test_a_server_text_cut_inside_a_token_leaks_no_part_of_it() -> None:
     text = "x" * 150 + " " + HF
     shown = preview(text, 160)
     assert HF[:9] not in shown and len(shown) <= 161
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_every_printed_check_is_scrubbed_whatever_built_it(as_json, capsys) -> None:
+    """The last sink of every check-printing command (health, warmup, bench, release gate): a detail or an
+    extra field built from server text by any path prints scrubbed."""
+    from ddtree_ops.cli import CheckFailed, _print_checks
+
+    with pytest.raises(CheckFailed):
+        _print_checks([{"name": "x", "ok": False, "detail": f"server said Authorization: Bearer {BEARER}"}],
+                      as_json, {"server": {"served_model_name": f"m-{HF}", "note": "health_timeout_s: 1"}})
+    out = capsys.readouterr().out
+    assert not _leaks(out) and "(redacted)" in out
+    if as_json:
+        assert json.loads(out)["server"]["note"] == "health_timeout_s: 1"

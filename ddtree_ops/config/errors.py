@@ -80,6 +80,18 @@ def scrub(text: str) -> str:
     return _redact_named_values(text)
 
 
+def scrub_all(value: Any) -> Any:
+    """``value`` with every string in it (keys included, any depth, nothing cut) passed through :func:`scrub`:
+    for documents made of server text before they are printed or written (a check's detail, ``bench.json``)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k) if isinstance(k, str) else k: scrub_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_all(v) for v in value]
+    return value
+
+
 def _redact_named_values(text: str, pattern: re.Pattern[str] | None = None) -> str:
     """:data:`_NAMED_VALUE` matches redacted by :func:`_redact_named`. A match that is no secret
     gives back its value, which may be a name itself (``argv: --api-key X``, ``export KEY=X``):
@@ -498,10 +510,10 @@ def findings_from_validation_error(
 
 
 _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    # hf_ and api_org_ tokens are recognised glued to the text before them (xhf_..., an ANSI escape's last letter
-    # "\x1b[2Jhf_..."), but not after "_" or "-" (my_hf_short)
-    (re.compile(r"(?<![_-])hf_[A-Za-z0-9]{20,}"), "a Hugging Face token (hf_...)", "hf_"),
-    (re.compile(r"(?<![_-])api_org_[A-Za-z0-9]{20,}"), "a Hugging Face organization token (api_org_...)",
+    # hf_ and api_org_ tokens of the issued length are recognised glued to whatever stands before them (xhf_...,
+    # an ANSI escape's last letter "\x1b[2Jhf_...", m-hf_..., x_hf_...); shorter ones below not after "_" (my_hf_Short1)
+    (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token (hf_...)", "hf_"),
+    (re.compile(r"api_org_[A-Za-z0-9]{20,}"), "a Hugging Face organization token (api_org_...)",
      "api_org_"),
     (re.compile(r"(?<![A-Za-z0-9_-])gh[pousr]_[A-Za-z0-9]{30,}"), "a GitHub token (ghp_...)", "gh"),
     (re.compile(r"(?<![A-Za-z0-9_-])github_pat_[A-Za-z0-9_]{20,}"), "a GitHub token (github_pat_...)", "github_pat_"),
@@ -516,7 +528,7 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
      "a private key (PEM)", "-----BEGIN"),
     # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 6+ characters
     # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
-    (re.compile(r"(?:(?<![_-])hf_|(?<![A-Za-z0-9_-])(?:api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-))"
+    (re.compile(r"(?:(?<!_)hf_|(?<![A-Za-z0-9_-])(?:api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-))"
                 r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,}"),
      "a token-shaped secret (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )

@@ -904,21 +904,6 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return buf.getvalue()
 
 
-def _scrubbed(value: Any) -> Any:
-    """``value`` with every string scrubbed (:func:`ddtree_ops.config.errors.scrub`), keys included: the
-    result files hold the server's texts (error lines, ``/server_info`` fields), which :func:`preview`
-    scrubbed already where they were read; this holds for any text that reached the result another way."""
-    from ..config.errors import scrub
-
-    if isinstance(value, str):
-        return scrub(value)
-    if isinstance(value, dict):
-        return {scrub(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrubbed(v) for v in value]
-    return value
-
-
 def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """Write ``bench.json`` (everything), ``levels.csv`` and ``requests.csv`` into ``out_dir``
     (created), each through :func:`ddtree_ops.ops.write.write_file`: ``out_dir`` must be ours and
@@ -928,9 +913,12 @@ def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     Raises:
         UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
     """
+    from ddtree_ops.config.errors import scrub_all
     from ddtree_ops.ops.write import write_file
 
-    doc = _scrubbed(result.as_dict())
+    # the result holds the server's texts (error lines, /server_info fields), scrubbed where they were read
+    # (sglang.client.preview); scrubbed again here for any text that reached the result another way
+    doc = scrub_all(result.as_dict())
     files = {
         "bench.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
         "levels.csv": _csv([level_row(lv) for lv in result.levels], LEVEL_COLUMNS),

@@ -125,10 +125,10 @@ _SCRUB_SHAPES = (
     # (an issued length, or 6+ characters with a digit or a capital: hf_transfer, sk-learn stay)
     (re.compile(r"\b(?:hf_|gh[opsur]_|github_pat_|sk-|xox[abposr]-)"
                 r"(?:[A-Za-z0-9_-]{20,}|(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,})"), lambda m: "(redacted)"),
-    # hf_ glued to the text before it (xhf_..., an escape's last letter), not after _ or -: the rule of
-    # ddtree_ops.config.errors._TOKEN_SHAPES (issued length, or 6+ characters with a digit or a capital)
-    (re.compile(r"(?<![_-])hf_(?:[A-Za-z0-9]{20,}|(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,})"),
-     lambda m: "(redacted)"),
+    # hf_ glued to the text before it (xhf_..., an escape's last letter, m-hf_...): the rule of
+    # ddtree_ops.config.errors._TOKEN_SHAPES (issued length after anything, 6+ characters with a digit or a
+    # capital not after "_")
+    (re.compile(r"hf_[A-Za-z0-9]{20,}|(?<!_)hf_(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,}"), lambda m: "(redacted)"),
 )
 _NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ \t]*[=:][ \t]*)(?P<vq>[\"']?)"
                     r"(?P<value>[^\s'\",;{}\[\]()]+)")
