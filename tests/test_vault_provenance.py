@@ -6,6 +6,7 @@ fix). And a token-shaped value under a harmless name is never written to a world
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,16 @@ def test_a_short_token_shaped_value_under_a_harmless_name_is_refused(tmp_path, c
 def test_prefixed_words_that_are_no_tokens_are_accepted(tmp_path, capsys, env):
     inv, pw = _inventory(tmp_path, {"ddtree_service": {"env": env}})
     assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 0, capsys.readouterr()
+
+
+def test_the_deploy_action_refuses_a_vaulted_value_reused_as_plain_text(tmp_path):
+    """The same rule in ansible-playbook's path (action ddtree_render, the play's task variables): vault_v is
+    referenced by no Jinja, its text is written into ddtree_model.path by hand."""
+    from test_trust_inventory import _render_action, _vault_task_vars
+
+    plain = "VCANARYreuse9in_play"
+    loader, task_vars = _vault_task_vars(tmp_path, plain, {"ddtree_model": {"path": f"moonshotai/kimi-{plain}"}})
+    result = _render_action(loader, task_vars)
+    dumped = json.dumps(result, default=str)
+    assert result.get("failed") and "ddtree_model.path" in result["msg"] and "vaulted" in result["msg"], result
+    assert plain not in dumped
