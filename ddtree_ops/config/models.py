@@ -1353,18 +1353,8 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
                     if unreached >= MAX_UNREACHED_DECRYPTS:
                         continue
                     unreached += 1
-                try:
-                    text = template(leaf)
-                except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
-                    continue
-                except BaseException as exc:  # a deadline while decrypting: say so, not "Jinja"
-                    exc.__dict__.setdefault("variable", str(name))
-                    exc.__dict__.setdefault("cause", f"decrypting the vaulted values the deployment variables refer to "
-                                                     f"({done} done; one key derivation each)")
-                    exc.__dict__.setdefault("fix", "vault fewer separate values the ddtree_* variables refer to (one "
-                                                   "vaulted file, ansible-vault encrypt, costs one key derivation)")
-                    raise
-                done += 1
+                text, fresh = _plaintext(leaf, str(name), template, memo, done)
+                done += fresh
                 if isinstance(text, str) and (str(name) in reachable or _counts_unreached(text)):
                     register_secret(text)
                     plain.add(text)
@@ -1373,6 +1363,29 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     if holders:
         _add_jinja_holders(all_vars, holders)
     return plain, holders
+
+
+def _plaintext(leaf: Any, name: str, template: Callable[[Any], Any], memo: dict | None, done: int) -> tuple[Any, bool]:
+    """(the plaintext of the vaulted ``leaf`` of variable ``name``, or None when it cannot be decrypted here;
+    whether it was decrypted now). Kept in ``memo`` per vaulted object: decrypting does not depend on the
+    host, and the hosts of a group share their group_vars objects (once per load)."""
+    known = memo.get(("vault-plain", id(leaf))) if memo is not None else None
+    if known is not None and known[0] is leaf:
+        return known[1], False
+    try:
+        text = template(leaf)
+    except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
+        return None, False
+    except BaseException as exc:  # a deadline while decrypting: say so, not "Jinja"
+        exc.__dict__.setdefault("variable", name)
+        exc.__dict__.setdefault("cause", f"decrypting the vaulted values the deployment variables refer to "
+                                         f"({done} done; one key derivation each)")
+        exc.__dict__.setdefault("fix", "vault fewer separate values the ddtree_* variables refer to (one "
+                                       "vaulted file, ansible-vault encrypt, costs one key derivation)")
+        raise
+    if memo is not None:
+        memo[("vault-plain", id(leaf))] = (leaf, text)
+    return text, True
 
 
 def _counts_unreached(text: str) -> bool:
@@ -1413,6 +1426,9 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     # served_model_name); Jinja naming a vaulted variable is caught by name below
     secrets = [s for s in plain | own if len(s) >= 8]
     short = [s for s in plain | own if 4 <= len(s) < 8]
+    # one scan per text for all of them (an inventory may hold hundreds of vaulted values; the pattern text is
+    # the same for every host of a load, so re's cache compiles it once)
+    inside = re.compile("|".join(map(re.escape, sorted(secrets)))) if secrets else None
     word = (re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, sorted(short))) + r")(?![A-Za-z0-9])")
             if short else None)
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b") if holders else None
@@ -1423,7 +1439,7 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
         hits = None if secrets or short else _memo_get(memo, "vaulted-paths", v)
         if hits is None:
             hits = [path for path, leaf in _strings(v)
-                    if _is_vaulted(leaf) or (isinstance(leaf, str) and (any(s in leaf for s in secrets)
+                    if _is_vaulted(leaf) or (isinstance(leaf, str) and ((inside is not None and inside.search(leaf))
                                                                        or (word is not None and word.search(leaf))
                                                                        or looks_like_token(leaf)))]
             if not secrets and not short:
