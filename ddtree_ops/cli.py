@@ -489,6 +489,11 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
 
 def _print_checks(checks: list[dict], as_json: bool, extra: dict | None = None) -> None:
+    """Print the checks (and ``extra``, JSON only), every text scrubbed (``config.errors.scrub_all``): details
+    quote servers, logs and commands; exit 1 (:class:`CheckFailed`) when one failed."""
+    from .config.errors import scrub_all
+
+    checks, extra = scrub_all(checks), scrub_all(extra)
     ok = all(c["ok"] for c in checks)
     if as_json:
         print(json.dumps({"ok": ok, "checks": checks, **(extra or {})}, indent=2, allow_nan=False))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 from helpers import base_hostvars
@@ -74,3 +75,48 @@ def test_the_minimum_deadline_is_the_one_where_health_still_fits():
 def test_rolling_gate_deadline_below_the_minimum_is_refused():
     with pytest.raises(ReleaseError, match=f"at least {GATE_DEADLINE_MIN_S:g}"):
         rolling_settings({"rolling_batches": [1], "rolling_max_fail_percentage": 0, "rolling_gate_deadline_s": 1})
+
+
+_GATE_BASE = HealthOptions(timeout=5.0, failures=1, interval_s=0.5, progress_window_s=1.0)  # the gate's own checks
+
+
+@pytest.mark.parametrize(("deadline", "health_s", "other_s"), [(6.0, 0.35, 0.2), (8.0, 0.975, 0.244),
+                                                                 (20.0, 3.875, 0.969)])
+def test_the_health_probe_gets_a_meaningful_share_of_the_deadline(deadline, health_s, other_s):
+    """/health runs a 1-token generation: it gets GATE_HEALTH_PROBE_SHARE of the request time, the state
+    reads (/server_info, /metrics) the rest, each at least GATE_MIN_TIMEOUT_S; --deadline 8 gave every
+    request 0.39 s before. The figures are the docstring's of gate_health_options."""
+    from ddtree_ops.ops.release import GATE_HEALTH_PROBE_SHARE
+
+    o = gate_health_options(_GATE_BASE, deadline)
+    assert o.health_deadline_s == pytest.approx(health_s, abs=0.001)
+    assert o.timeout == pytest.approx(other_s, abs=0.001)
+    assert o.timeout >= GATE_MIN_TIMEOUT_S and o.health_deadline_s >= o.timeout
+    assert bound_s(o) == pytest.approx(deadline * GATE_HEALTH_SHARE)  # the whole share, not more
+    if o.timeout > GATE_MIN_TIMEOUT_S:  # the split itself, where the floor does not decide it
+        others = bound_s(o) - bound_s(replace(o, timeout=0.0001)) + 0.0001 * 4
+        assert o.health_deadline_s == pytest.approx(others * GATE_HEALTH_PROBE_SHARE / (1 - GATE_HEALTH_PROBE_SHARE),
+                                                    rel=0.01)
+
+
+def _slow_health(delay: float):
+    def behave(c, m, p):
+        time.sleep(delay)
+        c.answer(200, "text/plain", b"")
+    return behave
+
+
+def test_the_gate_at_8_s_waits_for_a_health_probe_of_0_7_s(plan, capsys):
+    """A server whose /health generation takes 0.7 s (well under SGLang's 20 s) is ready for the gate at
+    --deadline 8; with every request at 0.39 s it failed as not ready."""
+    srv = Hostile(_slow_health(0.7), {"/health"})
+    try:
+        t0 = time.monotonic()
+        main(["release", "gate", "--plan", str(plan), "--url", srv.url, "--deadline", "8", "--json"])
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    doc = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["ready"]["ok"], checks["ready"]
+    assert took <= 8 + SLACK_S, took

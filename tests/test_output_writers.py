@@ -216,7 +216,43 @@ CRAFTED = {
     "output tok/s infinite": _doc(output_tok_s=float("inf")),
     "server is a list": {**_doc(), "server": [1]},
     "options is a string": {**_doc(), "options": "x"},
+    "format of a newer ddtree-ops": {"format": 2},
+    "format is a string": {"format": "1"},
+    "format missing": {"format": None},
+    "accept_length negative": _doc(accept_length=-1.0),
+    "accept_length 2**200": _doc(accept_length=2**200),
+    "accept_length_server 2**2000 (no float holds it)": _doc(accept_length_server=2**2000),
+    "accept_length above every draft": _doc(accept_length=5000.0),
+    "ttft negative": _doc(ttft_s={"mean": -1.0, "p50": None, "p99": None}),
+    "output tok/s 2**200": _doc(output_tok_s=2**200),
 }
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"format": 2}, "format = 2: this ddtree-ops reads bench.json format 1 only (a newer ddtree-ops wrote it); "
+                    "compare with the ddtree-ops that wrote it, or re-run ddtree-ops bench"),
+    ({"levels": _doc(accept_length=-1.0)["levels"]},
+     "levels[0]: accept_length -1.0 is not an acceptance length 0..1025 (tokens per verify step) or null; re-run"),
+    ({"levels": _doc(accept_length=2**200)["levels"]}, "levels[0]: accept_length 1606938044258990275541962092341162"),
+])
+def test_bench_compare_names_field_value_rule_and_fix_in_one_line(tmp_path, capsys, changes, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_result().as_dict(), **changes}))
+    rc = main(["bench-compare", str(bad), str(bad), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and needle in " ".join(err.split()), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_accept_length_bound_is_every_draft_token_plus_one():
+    import typing
+
+    from ddtree_ops.config.models import Speculative
+    from ddtree_ops.ops.bench import MAX_ACCEPT_LENGTH
+
+    inner = typing.get_args(Speculative.model_fields["num_draft_tokens"].annotation)[0]  # Optional[Annotated[int,...]]
+    [le] = [m.le for x in inner.__metadata__ for m in getattr(x, "metadata", []) if getattr(m, "le", None)]
+    assert MAX_ACCEPT_LENGTH == le + 1
 
 
 @pytest.mark.parametrize("name", sorted(CRAFTED))

@@ -185,3 +185,47 @@ def test_a_rule_that_says_token_prints_whole():
                 "paste the token alone")
     assert "1-token generation, ~1 s" in f.message() and "paste the token alone" in f.message()
     assert REDACTED not in f.message()
+
+
+# Shapes that got through both scrubbers: a header-ish secret key before the scheme word, an all-lower-case
+# Bearer credential, an hf_ token glued to the text before it (a letter, an ANSI escape's last letter).
+# Each runs through errors.scrub and the preflight zipapp's standard-library copy: they must agree.
+_GAPS = [
+    ("token: Bearer abcdefghijkl", "abcdefghijkl", "token: Bearer "),
+    ("X-Auth-Token: Bearer lowercasecred", "lowercasecred", "X-Auth-Token: Bearer "),
+    ("proxy_auth = Basic dXNlcg", "dXNlcg", "proxy_auth"),
+    ("rejected: bearer abcdefghijklmnopqrstuvw", "abcdefghijklmnopqrstuvw", "rejected: bearer "),
+    ("Bearer onlylowercaseletters here", "onlylowercaseletters", " here"),
+    ("x" + HF + " end", HF[3:], " end"),
+    ("\x1b[2J" + HF, HF[3:], "\x1b[2J"),
+    ("id=xhf_CANARYnewcomer3xyz", "CANARYnewcomer3xyz", "id="),
+    ("model m-" + HF, HF[3:], "model m-"), ("DDTREE_" + HF, HF[3:], "DDTREE_"),
+]
+_GAP_PROSE = ["Bearer tokens are not needed for /health", "bearer authentication is configured upstream",
+              "my_hf_short and hf_transfer and hf_xet stay", "my_hf_Short1 stays", "health_timeout_s: 1"]
+
+
+@pytest.mark.parametrize("text, secret, kept", _GAPS)
+def test_scrubber_gaps_are_closed_in_both_scrubbers(text, secret, kept):
+    from ddtree_ops.ops.preflight import scrub_text
+
+    for out in (scrub(text), scrub_text(text)):
+        assert secret not in out and REDACTED in out and kept in out, out
+
+
+@pytest.mark.parametrize("text", _GAP_PROSE)
+def test_prose_near_the_closed_gaps_stays_in_both_scrubbers(text):
+    from ddtree_ops.ops.preflight import scrub_text
+
+    assert scrub(text) == text
+    assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize("name, unit, count", [("glued hf_", "xhf_", 250_000), ("bearer runs", "bearer ", 140_000),
+                                               ("header keys", "token: Bearer ", 70_000),
+                                               ("glued short hf_", "ahf_Ab3", 140_000)])
+def test_the_closed_gaps_keep_scrub_linear(name, unit, count):
+    small = _cpu_seconds(unit * (count // 4))
+    full = _cpu_seconds(unit * count)
+    ratio = full / max(small, 0.005)
+    assert ratio < 10, f"{name}: {full:.3f} s CPU for 4x the input of {small:.3f} s (x{ratio:.1f}): not linear"

@@ -862,9 +862,11 @@ def test_deadline_kills_what_a_lookup_started(tmp_path):
     assert "longer than 1 s" in r.stdout and ("was killed" in r.stdout or "were killed" in r.stdout), r.stdout
 
 
-def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
-    """Each vaulted string costs a key derivation; one no deployment variable refers to
-    (by name, through other variables' Jinja) is never decrypted, yet still marks its holder."""
+def test_vault_values_the_deployment_does_not_refer_to_are_decrypted_up_to_a_bound(tmp_path, monkeypatch):
+    """Each vaulted string costs a key derivation: those the deployment refers to (by name, through
+    other variables' Jinja) are always decrypted; the others too (their text may be pasted by hand into
+    a plain field), at most MAX_UNREACHED_DECRYPTS per host; every one marks its holder."""
+    import ddtree_ops.config.models as models
     from ddtree_ops.config.models import _reachable_vars, _vault_plaintexts
 
     _, enc = _vaulted(tmp_path, "VCANARY_reachable_secret")
@@ -875,8 +877,12 @@ def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
     assert not {"junk_vaulted", "unrelated"} & _reachable_vars(all_vars)
     decrypted = []
     plain, holders = _vault_plaintexts(all_vars, lambda v: decrypted.append(v) or "plain-of-a-vault")
-    assert len(decrypted) == 2 and plain == {"plain-of-a-vault"}  # used, by_lookup; not the 50
+    assert len(decrypted) == 52 and plain == {"plain-of-a-vault"}  # used, by_lookup and the 50
     assert {"junk_vaulted", "used", "mid", "by_lookup", "unrelated", "ddtree_service"} <= holders
+    monkeypatch.setattr(models, "MAX_UNREACHED_DECRYPTS", 10)
+    decrypted.clear()
+    _vault_plaintexts(all_vars, lambda v: decrypted.append(v) or "plain-of-a-vault")
+    assert len(decrypted) == 12  # the two reachable ones whatever the bound, 10 of the 50
 
 
 def test_decryption_past_the_deadline_names_decryption(tmp_path, capsys, monkeypatch):

@@ -80,6 +80,18 @@ def scrub(text: str) -> str:
     return _redact_named_values(text)
 
 
+def scrub_all(value: Any) -> Any:
+    """``value`` with every string in it (keys included, any depth, nothing cut) passed through :func:`scrub`:
+    for documents made of server text before they are printed or written (a check's detail, ``bench.json``)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k) if isinstance(k, str) else k: scrub_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_all(v) for v in value]
+    return value
+
+
 def _redact_named_values(text: str, pattern: re.Pattern[str] | None = None) -> str:
     """:data:`_NAMED_VALUE` matches redacted by :func:`_redact_named`. A match that is no secret
     gives back its value, which may be a name itself (``argv: --api-key X``, ``export KEY=X``):
@@ -140,6 +152,8 @@ def _redact_named(m: re.Match[str]) -> str | None:
         strong = False
     if not is_secret_name(name) or not (strong or _token_like(value)):
         return None
+    if not quoted and value.lower() in _AUTH_WORDS and re.match(r"\s+\(redacted\)", m.string[m.end():]):
+        return None  # "token: Bearer (redacted)": the scheme word is no secret, its credential is gone already
     start, end = m.span("qvalue" if quoted else "value")
     return m[0][: start - m.start()] + REDACTED + m[0][end - m.start():]
 
@@ -193,9 +207,19 @@ _AUTH_SCHEME = re.compile(
 words are also English (``a 1-token generation``, ``paste the token here``), so only a credential-shaped
 word after one is redacted (:func:`credential_shaped`) unless an ``Authorization`` header stands before it."""
 
-_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
-"""The text before a scheme word is an ``Authorization:`` header (or ``authorization=``): what follows is a
-credential whatever it reads like."""
+_AUTH_HEADER = re.compile(r"(?i)(?:authori[sz]ation|[a-z0-9_-]*(?:token|auth|key|secret|credentials?|bearer))"
+                          r"[\"']?\s*[:=]\s*[\"']?\s*\Z")
+"""The text before a scheme word is an ``Authorization:`` header (or ``authorization=``), or a header-ish key
+that names a secret (``token: Bearer X``, ``X-Auth-Token: Bearer X``, ``proxy_auth = Basic X``): what
+follows is a credential whatever it reads like."""
+
+BEARER_MIN_CREDENTIAL = 10
+"""An all-lower-case word after ``Bearer`` of this many characters or more is a credential (RFC 6750
+``b64token``; a random lower-case token has no digit often enough at 10-23 characters), unless it is one
+of the English words that follow "bearer" in prose (:data:`_BEARER_PROSE`). After ``Basic``, ``Token``,
+``Digest`` a lower-case word stays prose below 24 characters (``a basic check``, ``token generation``)."""
+_BEARER_PROSE = frozenset({"authentication", "authorization", "authorisation", "credential", "credentials",
+                           "authenticated", "authorized", "authorised", "authenticates"})
 
 _CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
 
@@ -211,7 +235,10 @@ def credential_shaped(word: str) -> bool:
 def _redact_auth(m: re.Match[str]) -> str:
     """An :data:`_AUTH_SCHEME` match with its credential redacted when it is one (see there)."""
     header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
-    if not header and not credential_shaped(m["cred"]):
+    cred = m["cred"]
+    bearer = (m["scheme"].lower() == "bearer" and len(cred) >= BEARER_MIN_CREDENTIAL
+              and cred.lower() not in _BEARER_PROSE)
+    if not header and not bearer and not credential_shaped(cred):
         return m[0]
     return f"{m['scheme']}{m['sep']}{REDACTED}"
 _AUTH_WORDS = ("bearer", "basic", "token", "digest", "apikey")
@@ -483,8 +510,10 @@ def findings_from_validation_error(
 
 
 _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"(?<![A-Za-z0-9_-])hf_[A-Za-z0-9]{20,}"), "a Hugging Face token (hf_...)", "hf_"),
-    (re.compile(r"(?<![A-Za-z0-9_-])api_org_[A-Za-z0-9]{20,}"), "a Hugging Face organization token (api_org_...)",
+    # hf_ and api_org_ tokens of the issued length are recognised glued to whatever stands before them (xhf_...,
+    # an ANSI escape's last letter "\x1b[2Jhf_...", m-hf_..., x_hf_...); shorter ones below not after "_" (my_hf_Short1)
+    (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token (hf_...)", "hf_"),
+    (re.compile(r"api_org_[A-Za-z0-9]{20,}"), "a Hugging Face organization token (api_org_...)",
      "api_org_"),
     (re.compile(r"(?<![A-Za-z0-9_-])gh[pousr]_[A-Za-z0-9]{30,}"), "a GitHub token (ghp_...)", "gh"),
     (re.compile(r"(?<![A-Za-z0-9_-])github_pat_[A-Za-z0-9_]{20,}"), "a GitHub token (github_pat_...)", "github_pat_"),
@@ -497,10 +526,10 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str, str], ...] = (
      "a JSON Web Token (eyJ...)", "eyJ"),
     (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]{0,8192}(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"),
      "a private key (PEM)", "-----BEGIN"),
-    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 8+ characters
+    # shorter than the issuers' lengths above (a truncated, test or canary token): the prefix and 6+ characters
     # with a digit or an upper-case letter, so prefixed words (hf_transfer, sk-learn) stay
-    (re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-)"
-                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{8,}"),
+    (re.compile(r"(?:(?<!_)hf_|(?<![A-Za-z0-9_-])(?:api_org_|gh[pousr]_|github_pat_|sk-|xox[abposr]-|glpat-))"
+                r"(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,}"),
      "a token-shaped secret (a token issuer's prefix: hf_, sk-, ghp_, ...)", "hf_"),  # its prefixes: the rows above
 )
 """Shapes of bare access tokens by their issuers' published prefixes: Hugging Face User Access

@@ -56,6 +56,7 @@ from .errors import (
     URL_CREDENTIALS,
     ConfigError,
     Finding,
+    credential_shaped,
     is_secret_name,
     looks_like_token,
     register_secret,
@@ -1225,6 +1226,11 @@ SKIP_VARS = frozenset({"hostvars", "vars", "groups", "omit", "play_hosts", "ansi
 MAX_VAULT_NODES = 200_000
 """Most values the vault walk over all of one host's variables visits."""
 
+MAX_UNREACHED_DECRYPTS = 300
+"""Most vaulted values per host that no deployment variable refers to and that are still decrypted,
+so their plaintext reused by hand in a plain field is refused (~3 ms of key derivation each: ~1 s,
+a tenth of the templating deadline; reachable ones are always decrypted)."""
+
 _JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
 _LITERAL = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
 
@@ -1301,9 +1307,14 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     registered as secrets; the names of the variables that hold one or whose Jinja refers to
     one, transitively).
 
-    Only reachable values are decrypted: each vaulted string costs a key derivation (PBKDF2,
-    ~3 ms), so 2,000 of them in an unrelated variable took 7-12 s, and a value no deployment
-    variable refers to cannot reach a field. A deadline firing while decrypting (inventory's
+    Every vaulted value is decrypted, reachable or not: a value no Jinja carries can still be pasted
+    by hand into a plain field (``ddtree_model.path: kimi-<the vaulted text>``), and
+    :func:`_secret_in_plain_field` refuses any field holding a vault plaintext. Each vaulted string
+    costs a key derivation (PBKDF2, ~3 ms; Ansible keeps derived keys per process, so the other hosts
+    of a load pay nothing again), so 2,000 in an unrelated variable cost 7-12 s: reachable values are
+    always decrypted, at most :data:`MAX_UNREACHED_DECRYPTS` of the others per host (past that, their
+    reuse as plain text is not looked for; docs/configuration.md says so), and of those only plaintexts
+    :func:`_counts_unreached` are kept. A deadline firing while decrypting (inventory's
     ``TemplateTimeout``) gets ``cause``, ``variable`` and ``fix`` attributes naming decryption,
     not Jinja, as the cause.
 
@@ -1317,6 +1328,7 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     reachable = _reachable_vars(all_vars, memo)
     budget = MAX_VAULT_NODES
     done = 0
+    unreached = 0
     for name, value in list(all_vars.items()):
         if name in SKIP_VARS or budget <= 0:
             continue
@@ -1338,20 +1350,12 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
                 vaulted = True
                 holders.add(str(name))
                 if str(name) not in reachable:
-                    continue
-                try:
-                    text = template(leaf)
-                except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
-                    continue
-                except BaseException as exc:  # a deadline while decrypting: say so, not "Jinja"
-                    exc.__dict__.setdefault("variable", str(name))
-                    exc.__dict__.setdefault("cause", f"decrypting the vaulted values the deployment variables refer to "
-                                                     f"({done} done; one key derivation each)")
-                    exc.__dict__.setdefault("fix", "vault fewer separate values the ddtree_* variables refer to (one "
-                                                   "vaulted file, ansible-vault encrypt, costs one key derivation)")
-                    raise
-                done += 1
-                if isinstance(text, str):
+                    if unreached >= MAX_UNREACHED_DECRYPTS:
+                        continue
+                    unreached += 1
+                text, fresh = _plaintext(leaf, str(name), template, memo, done)
+                done += fresh
+                if isinstance(text, str) and (str(name) in reachable or _counts_unreached(text)):
                     register_secret(text)
                     plain.add(text)
         if not vaulted and memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
@@ -1359,6 +1363,38 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
     if holders:
         _add_jinja_holders(all_vars, holders)
     return plain, holders
+
+
+def _plaintext(leaf: Any, name: str, template: Callable[[Any], Any], memo: dict | None, done: int) -> tuple[Any, bool]:
+    """(the plaintext of the vaulted ``leaf`` of variable ``name``, or None when it cannot be decrypted here;
+    whether it was decrypted now). Kept in ``memo`` per vaulted object: decrypting does not depend on the
+    host, and the hosts of a group share their group_vars objects (once per load)."""
+    known = memo.get(("vault-plain", id(leaf))) if memo is not None else None
+    if known is not None and known[0] is leaf:
+        return known[1], False
+    try:
+        text = template(leaf)
+    except Exception:  # noqa: BLE001 - undecryptable here: no plaintext to leak
+        return None, False
+    except BaseException as exc:  # a deadline while decrypting: say so, not "Jinja"
+        exc.__dict__.setdefault("variable", name)
+        exc.__dict__.setdefault("cause", f"decrypting the vaulted values the deployment variables refer to "
+                                         f"({done} done; one key derivation each)")
+        exc.__dict__.setdefault("fix", "vault fewer separate values the ddtree_* variables refer to (one "
+                                       "vaulted file, ansible-vault encrypt, costs one key derivation)")
+        raise
+    if memo is not None:
+        memo[("vault-plain", id(leaf))] = (leaf, text)
+    return text, True
+
+
+def _counts_unreached(text: str) -> bool:
+    """Whether the plaintext of a vaulted value no deployment variable refers to counts as a secret to
+    look for in plain fields (and to scrub): 8 characters or more, or 4-7 that read as a credential
+    (:func:`~.errors.credential_shaped`: a digit, ``+/=~_``, an inner capital: ``qw3n7``, ``hunter2``).
+    A short plain word (a become password ``sglang``) would refuse the service user ``sglang`` and
+    scrub the word out of every message, for a value the deployment never uses."""
+    return len(text) >= 8 or (len(text) >= 4 and credential_shaped(text))
 
 
 def _add_jinja_holders(all_vars: dict[str, Any], holders: set[str]) -> None:
@@ -1390,6 +1426,9 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     # served_model_name); Jinja naming a vaulted variable is caught by name below
     secrets = [s for s in plain | own if len(s) >= 8]
     short = [s for s in plain | own if 4 <= len(s) < 8]
+    # one scan per text for all of them (an inventory may hold hundreds of vaulted values; the pattern text is
+    # the same for every host of a load, so re's cache compiles it once)
+    inside = re.compile("|".join(map(re.escape, sorted(secrets)))) if secrets else None
     word = (re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, sorted(short))) + r")(?![A-Za-z0-9])")
             if short else None)
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b") if holders else None
@@ -1400,7 +1439,7 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
         hits = None if secrets or short else _memo_get(memo, "vaulted-paths", v)
         if hits is None:
             hits = [path for path, leaf in _strings(v)
-                    if _is_vaulted(leaf) or (isinstance(leaf, str) and (any(s in leaf for s in secrets)
+                    if _is_vaulted(leaf) or (isinstance(leaf, str) and ((inside is not None and inside.search(leaf))
                                                                        or (word is not None and word.search(leaf))
                                                                        or looks_like_token(leaf)))]
             if not secrets and not short:
@@ -1412,10 +1451,14 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
         if hits:
             found.append(Finding(
                 "error", f"{k}{hits[0]}", REDACTED,
-                "holds a secret (a vaulted value, or text made from one); only ddtree_hf_token and "
-                "ddtree_secret_env may: this field would land in plan.json / 0644 files and in messages",
-                "put the secret in ddtree_secret_env (or ddtree_hf_token); they land only in the 0600 "
-                "secrets.env", host=host))
+                "holds a secret: a vaulted value of the inventory (carried by Jinja, or its text written in by "
+                "hand: any vaulted value of 8+ characters anywhere in the text, of 4-7 as a whole word), the "
+                "text of ddtree_hf_token / ddtree_secret_env, or a token-shaped value (hf_..., sk-..., ghp_...); "
+                "only ddtree_hf_token and ddtree_secret_env may: this field would land in plan.json / 0644 "
+                "files and in messages",
+                "put the secret in ddtree_secret_env (or ddtree_hf_token), which land only in the 0600 "
+                "secrets.env; text that is no secret must not repeat a vaulted value (un-vault that value "
+                "or change the text)", host=host))
     if found:
         raise ConfigError(found)
 

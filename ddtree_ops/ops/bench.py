@@ -75,6 +75,15 @@ APIS = {"generate": "/generate", "chat": "/v1/chat/completions", "completions": 
 MAX_COUNT = 1 << 53
 """Largest token count accepted from a server (beyond it a float loses integers)."""
 
+BENCH_FORMAT = 1
+"""Format version of the ``bench.json`` :func:`write_results` writes and :func:`load_result` reads (a file of
+another version is refused, not misread)."""
+
+MAX_ACCEPT_LENGTH = 1025
+"""Largest acceptance length (tokens per verify step) a ``bench.json`` level may hold: at most every draft
+token plus the bonus token, and ``num_draft_tokens`` is at most 1024 (``ddtree_ops/config/models.py``
+``Speculative``; ``tests/test_output_writers.py`` holds the two together)."""
+
 MAX_PROMPTS = 100_000
 """Most prompts read from a prompt file (a run sends at most this many distinct prompts)."""
 
@@ -218,7 +227,13 @@ class BenchOptions:
 
 
 def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite number a float can hold (an int of JSON text may be 2**2000: no float, OverflowError)."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 # ------------------------------------------------------------------ prompts
@@ -746,7 +761,7 @@ class BenchResult:
             d.pop("itl_s")
             d["output_tok_s"], d["decode_tok_s"] = r.output_tok_s, r.decode_tok_s
             reqs.append(d)
-        return {"kind": "ddtree-ops-bench", "format": 1, "options": self.options, "server": self.server,
+        return {"kind": "ddtree-ops-bench", "format": BENCH_FORMAT, "options": self.options, "server": self.server,
                 "client": self.client, "plan": self.plan, "started_at": self.started_at,
                 "elapsed_s": self.elapsed_s, "levels": [asdict(lv) for lv in self.levels], "requests": reqs}
 
@@ -898,9 +913,12 @@ def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     Raises:
         UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
     """
+    from ddtree_ops.config.errors import scrub_all
     from ddtree_ops.ops.write import write_file
 
-    doc = result.as_dict()
+    # the result holds the server's texts (error lines, /server_info fields), scrubbed where they were read
+    # (sglang.client.preview); scrubbed again here for any text that reached the result another way
+    doc = scrub_all(result.as_dict())
     files = {
         "bench.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
         "levels.csv": _csv([level_row(lv) for lv in result.levels], LEVEL_COLUMNS),
@@ -928,6 +946,13 @@ def load_result(path: Path) -> dict[str, Any]:
         raise BenchInputError(f"{preview(str(p))}: malformed JSON ({preview(str(exc), 120)})") from None
     if not isinstance(doc, dict) or doc.get("kind") != "ddtree-ops-bench" or not isinstance(doc.get("levels"), list):
         raise BenchInputError(f"{preview(str(p))}: not a bench.json written by ddtree-ops bench (kind, levels)")
+    fmt = doc.get("format")
+    if type(fmt) is not int or fmt != BENCH_FORMAT:
+        newer = type(fmt) is int and fmt > BENCH_FORMAT
+        raise BenchInputError(
+            f"{preview(str(p))}: format = {preview(repr(fmt), 40)}: this ddtree-ops reads bench.json format "
+            f"{BENCH_FORMAT} only{' (a newer ddtree-ops wrote it)' if newer else ''}; compare with the ddtree-ops that "
+            "wrote it, or re-run ddtree-ops bench with this one")
     for key in ("options", "server"):
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise BenchInputError(f"{preview(str(p))}: {key} is a {type(doc[key]).__name__}, not an object; "
@@ -959,18 +984,19 @@ def level_problem(lv: Any) -> str | None:
     for key in ("ok", "failed"):
         if type(lv.get(key)) is not int or lv[key] < 0:
             return f"{key} {preview(repr(lv.get(key)), 40)} is not a count (an integer >= 0)"
-    if not _finite(lv.get("output_tok_s")) or lv["output_tok_s"] < 0:
-        return f"output_tok_s {preview(repr(lv.get('output_tok_s')), 40)} is not a finite number >= 0"
+    if not _finite(lv.get("output_tok_s")) or not 0 <= lv["output_tok_s"] <= MAX_COUNT:
+        return f"output_tok_s {preview(repr(lv.get('output_tok_s')), 40)} is not a number 0..2**53"
     for key in LEVEL_STATS:
         st = lv.get(key)
         if not isinstance(st, dict):
             return f"{key} {preview(repr(st), 40)} is not an object of mean/p50/p99"
         for k in ("mean", "p50", "p99"):
-            if st.get(k) is not None and not _finite(st[k]):
-                return f"{key}.{k} {preview(repr(st[k]), 40)} is not a finite number or null"
+            if st.get(k) is not None and (not _finite(st[k]) or not 0 <= st[k] <= MAX_COUNT):
+                return f"{key}.{k} {preview(repr(st[k]), 40)} is not a number 0..2**53 or null"
     for key in ("accept_length", "accept_length_server"):
-        if lv.get(key) is not None and not _finite(lv[key]):
-            return f"{key} {preview(repr(lv[key]), 40)} is not a finite number or null"
+        if lv.get(key) is not None and (not _finite(lv[key]) or not 0 <= lv[key] <= MAX_ACCEPT_LENGTH):
+            return (f"{key} {preview(repr(lv[key]), 40)} is not an acceptance length 0..{MAX_ACCEPT_LENGTH} "
+                    "(tokens per verify step) or null")
     samples = lv.get("itl_samples_s")
     if samples is not None and (not isinstance(samples, list) or not all(_finite(x) and x > 0 for x in samples)):
         return "itl_samples_s is not a list of finite numbers > 0"

@@ -122,7 +122,13 @@ _SCRUB_SHAPES = (
     (re.compile(r"(?i)([?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|credential|session)"
                 r"[A-Za-z0-9_.-]*=)[^&#\s'\"]+"), lambda m: f"{m[1]}(redacted)"),
     # tokens recognisable by their prefix: Hugging Face hf_, GitHub ghp_/gho_/ghs_/github_pat_, OpenAI sk-, Slack xox?-
-    (re.compile(r"\b(?:hf_|gh[opsur]_|github_pat_|sk-|xox[abposr]-)[A-Za-z0-9_-]{8,}"), lambda m: "(redacted)"),
+    # (an issued length, or 6+ characters with a digit or a capital: hf_transfer, sk-learn stay)
+    (re.compile(r"\b(?:hf_|gh[opsur]_|github_pat_|sk-|xox[abposr]-)"
+                r"(?:[A-Za-z0-9_-]{20,}|(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,})"), lambda m: "(redacted)"),
+    # hf_ glued to the text before it (xhf_..., an escape's last letter, m-hf_...): the rule of
+    # ddtree_ops.config.errors._TOKEN_SHAPES (issued length after anything, 6+ characters with a digit or a
+    # capital not after "_")
+    (re.compile(r"hf_[A-Za-z0-9]{20,}|(?<!_)hf_(?=[a-z_-]{0,63}[0-9A-Z])[A-Za-z0-9_-]{6,}"), lambda m: "(redacted)"),
 )
 _NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ \t]*[=:][ \t]*)(?P<vq>[\"']?)"
                     r"(?P<value>[^\s'\",;{}\[\]()]+)")
@@ -137,15 +143,20 @@ secret-looking (``--api-key X``, ``--hf-token X``); a flag starts a word (``a 1-
 
 
 _CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
-_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
+_AUTH_HEADER = re.compile(r"(?i)(?:authori[sz]ation|[a-z0-9_-]*(?:token|auth|key|secret|credentials?|bearer))"
+                          r"[\"']?\s*[:=]\s*[\"']?\s*\Z")
+_BEARER_PROSE = frozenset({"authentication", "authorization", "authorisation", "credential", "credentials",
+                           "authenticated", "authorized", "authorised", "authenticates"})
 
 
 def _auth_credential(m: re.Match) -> str:
     """An authorization scheme word and the word after it, that word redacted when it reads as a credential
-    (a digit, one of ``+/=~_``, an upper-case letter after the first, or 24+ characters) or when an
-    ``Authorization:`` header stands before: the rule of ``ddtree_ops.config.errors.credential_shaped``."""
+    (a digit, one of ``+/=~_``, an upper-case letter after the first, or 24+ characters; after ``Bearer`` any
+    word of 10+ characters but a few English ones) or when an ``Authorization:`` header or a header-ish secret
+    key (``token: Bearer X``) stands before: the rule of ``ddtree_ops.config.errors._redact_auth``."""
     header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
-    if header or len(m[3]) >= 24 or _CREDENTIAL_SIGN.search(m[3]):
+    bearer = m[1].lower() == "bearer" and len(m[3]) >= 10 and m[3].lower() not in _BEARER_PROSE
+    if header or bearer or len(m[3]) >= 24 or _CREDENTIAL_SIGN.search(m[3]):
         return f"{m[1]}{m[2]}(redacted)"
     return m[0]
 
@@ -154,9 +165,14 @@ def _secret_name(name: str) -> bool:
     return any(_SECRET_WORD.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", name) if w)
 
 
+_SCHEME_WORDS = ("bearer", "basic", "token", "digest", "apikey")
+
+
 def _redact_named(m: re.Match) -> str:
     if not _secret_name(m["name"]) or m["value"] == "(redacted)":
         return m[0]
+    if m["value"].lower() in _SCHEME_WORDS and re.match(r"\s+\(redacted\)", m.string[m.end():]):
+        return m[0]  # "token: Bearer (redacted)": the scheme word is no secret, its credential is gone already
     return m[0][:m.start("value") - m.start()] + "(redacted)"
 
 

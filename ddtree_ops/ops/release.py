@@ -529,6 +529,13 @@ GATE_DEADLINE_MAX_S = 3600.0
 GATE_HEALTH_SHARE = 0.5
 """Share of the gate's deadline its health checks may take when their configured timeouts would
 not fit (:func:`gate_health_options`); the synthetic load gets the rest."""
+GATE_HEALTH_PROBE_SHARE = 0.5
+"""Share of the health checks' request time (their share of the deadline less the local-work
+allowances and the progress window) that the ``/health`` probe gets when the configured timeouts
+do not fit (:func:`gate_health_options`): ``/health`` runs a 1-token generation (SGLang's own
+health timeout is 20 s: ``HEALTH_CHECK_TIMEOUT``, ``http_server.py`` 0.5.13.post1 .. 0.5.23,
+``sglang.health_probe.DEFAULT_HEALTH_CHECK_TIMEOUT_S``), the other requests (``/server_info``
+twice, ``/metrics`` twice) read state, so an equal split gave ``/health`` 0.39 s of an 8 s deadline."""
 GATE_MIN_TIMEOUT_S = 0.2
 """Shortest per-request timeout the gate's health checks are cut to: below it no real server
 answers ``/health`` (which generates a token)."""
@@ -536,8 +543,8 @@ GATE_DEADLINE_MIN_S = 6.0
 """Shortest ``release gate --deadline`` (and ``rolling_gate_deadline_s``), seconds: the one where
 :func:`gate_health_options` still gives every health request :data:`GATE_MIN_TIMEOUT_S` in its
 share (health's ``bound_s``: 5 requests of timeout + 0.25 s local work and one progress window of
-a tenth of the deadline, i.e. 5.6 s; a test recomputes it). A shorter deadline cannot be honoured,
-so it is refused before anything runs instead of being overrun."""
+a tenth of the deadline, i.e. 5.6 s; at 6 s ``/health`` gets 0.35 s, the others 0.2 s; a test recomputes it).
+A shorter deadline cannot be honoured, so it is refused before anything runs instead of being overrun."""
 ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
                                     "rolling_gate_deadline_s": 120}
 """``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
@@ -826,10 +833,16 @@ def floor_check(acc: float, floor: float) -> dict:
 def gate_health_options(base: Any, deadline_s: float) -> Any:
     """``base`` (:class:`~ddtree_ops.ops.health.HealthOptions`) when its ``bound_s`` fits in
     :data:`GATE_HEALTH_SHARE` of ``deadline_s``, else the same checks with the progress window cut
-    to a tenth of the deadline (at most its own) and the per-request timeout solved from
-    ``bound_s`` (linear in the timeout) so the bound is exactly the share. No floor that would
-    overrun the deadline: the timeout is what fits (>= :data:`GATE_MIN_TIMEOUT_S` from
-    :data:`GATE_DEADLINE_MIN_S` on)."""
+    to a tenth of the deadline (at most its own), the ``/health`` probe capped (``health_cap_s``) and
+    the other requests' timeout solved from ``bound_s`` (linear in both) so the bound is exactly the
+    share: of the request time left in the share (less the local-work allowances and the window),
+    ``/health`` gets :data:`GATE_HEALTH_PROBE_SHARE` and the other requests split the rest, each at
+    least :data:`GATE_MIN_TIMEOUT_S` (``/health`` then gets what remains, never less than they do).
+    ``--deadline 8`` gives ``/health`` 0.98 s and the others 0.24 s each (an equal split gave every
+    request 0.39 s); the minimum deadline (:data:`GATE_DEADLINE_MIN_S`, 6 s) 0.35 s and 0.2 s; 20 s:
+    3.9 s and 0.97 s (the gate's own checks: one probe, a 1 s progress window). No floor that would
+    overrun the deadline: below the minimum the timeouts are what fits (``tests/test_gate_deadline.py``
+    recomputes these figures)."""
     from dataclasses import replace
 
     from .health import bound_s
@@ -838,12 +851,20 @@ def gate_health_options(base: Any, deadline_s: float) -> Any:
     if bound_s(base) <= share:
         return base
     window = min(base.progress_window_s, deadline_s / 10)
-    # the /health probe's deadline (SGLang's own health timeout and more, 23 s by default) is cut to
-    # the same per-request timeout here: the gate's deadline is the operator's bound and must hold
-    b1 = bound_s(replace(base, timeout=1.0, progress_window_s=window, health_cap_s=1.0))
-    per = bound_s(replace(base, timeout=2.0, progress_window_s=window, health_cap_s=2.0)) - b1
-    timeout = max((share - (b1 - per)) / per, 0.01)
-    return replace(base, timeout=timeout, progress_window_s=window, health_cap_s=timeout)
+
+    def bound(timeout: float, cap: float) -> float:
+        return bound_s(replace(base, timeout=timeout, progress_window_s=window, health_cap_s=cap))
+
+    # bound = fixed + per_cap * cap + per_timeout * timeout (the /health probe's deadline, SGLang's own
+    # health timeout and more, 23 s by default, is cut to the cap: the gate's deadline must hold)
+    b11 = bound(1.0, 1.0)
+    per_timeout, per_cap = bound(2.0, 1.0) - b11, bound(1.0, 2.0) - b11
+    request_time = max(share - (b11 - per_timeout - per_cap), 0.0)
+    timeout = max(GATE_MIN_TIMEOUT_S, request_time * (1 - GATE_HEALTH_PROBE_SHARE) / per_timeout)
+    cap = (request_time - per_timeout * timeout) / per_cap
+    if cap < timeout:  # too short to favour /health: every request gets the same
+        timeout = cap = request_time / (per_timeout + per_cap)
+    return replace(base, timeout=max(timeout, 0.01), progress_window_s=window, health_cap_s=max(cap, 0.01))
 
 
 def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[list[dict], dict]:

@@ -98,13 +98,23 @@ def _error(where: str, what: str, reachable: bool = True) -> SGLangError:
     return SGLangError(f"{where}: {what}", reachable, what)
 
 
+PREVIEW_SCRUB_MARGIN = 1024
+"""Characters past ``limit`` that :func:`preview` scrubs with the shown part, so a secret that starts
+inside the cut and runs past it is still recognised whole (a token cut in two is no token shape)."""
+
+
 def preview(data: bytes | str, limit: int = PREVIEW_CHARS) -> str:
-    """Server-controlled text, safe to put in one line of a message or log: decoded with
-    replacement, control characters escaped, cut to ``limit`` characters plus ``…``."""
+    """Server-controlled text, safe to put in one line of a message, log or result file: decoded with
+    replacement, secrets redacted (:func:`ddtree_ops.config.errors.scrub`: a server's error body may
+    echo an ``Authorization`` header or a token), control characters escaped, cut to ``limit``
+    characters plus ``…``. Scrubbed before the cut (:data:`PREVIEW_SCRUB_MARGIN`)."""
+    from ..config.errors import scrub
+
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes | bytearray) else str(data)
-    cut = text[:limit]
+    window = scrub(text[: limit + PREVIEW_SCRUB_MARGIN])
+    cut = window[:limit]
     safe = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in cut)
-    return safe + ("…" if len(text) > limit else "")
+    return safe + ("…" if len(window) > limit or len(text) > limit + PREVIEW_SCRUB_MARGIN else "")
 
 
 @dataclass(frozen=True)
