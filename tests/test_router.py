@@ -9,6 +9,7 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,54 @@ def test_launcher_reads_one_line_credential_and_refuses_argv_keys(tmp_path, monk
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
     with pytest.raises(SystemExit, match="CREDENTIALS_DIRECTORY"):
         router_launch.read_credential("api-key")
+
+
+def test_launcher_sets_the_key_for_the_workers_and_as_the_control_plane_admin_key(tmp_path, monkeypatch):
+    """With a key, smg guards its worker API (/workers: add, drain) with it too; neither flag that
+    carries it may come from the command line, in any prefix smg's parser would accept."""
+    import types
+
+    from ddtree_ops import router_launch
+
+    (tmp_path / "api-key").write_text("k3y-value-0123\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    seen = {}
+    fake = types.ModuleType("smg.launch_router")
+    fake.parse_router_args = lambda argv: types.SimpleNamespace(argv=argv, api_key=None, control_plane_api_keys=[])
+    fake.launch_router = lambda args: seen.setdefault("args", args)
+    monkeypatch.setitem(sys.modules, "smg", types.ModuleType("smg"))
+    monkeypatch.setitem(sys.modules, "smg.launch_router", fake)
+    router_launch.main(["api-key", "--port", "30080"])
+    args = seen["args"]
+    assert args.argv == ["--port", "30080"] and args.api_key == "k3y-value-0123"
+    # smg 1.13.0 _parse_control_plane_api_keys' shape: (id, name, key, role)
+    assert args.control_plane_api_keys == [("ddtree-ops", "ddtree-ops", "k3y-value-0123", "admin")]
+    for flag in ("--control-plane-api-keys", "--control-plane-api", "--control-plane-api-keys=a:b:admin:c"):
+        with pytest.raises(SystemExit, match="--control-plane-api-keys must not be given"):
+            router_launch.main(["api-key", flag, "x"])
+
+
+def test_an_inventory_router_names_its_key_by_a_secret_env_name(tmp_path, capsys):
+    """The whole inventory's validate (the same pass deploy.yml's fleet check runs): a router whose
+    api_key_secret names its ddtree_secret_env entry (ROUTER_API_KEY, the documented shape) is valid;
+    the entry's NAME is not a secret, only its value is, and the value never reaches the output."""
+    from ddtree_ops import cli
+
+    inv = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory" / "example", inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    key = "rt-Key-0f-this-test-4417"
+    hosts["routers"] = {"hosts": {"gw-01": {
+        "ansible_host": "10.0.0.9", "ddtree_router": {"api_key_secret": "ROUTER_API_KEY"},
+        "ddtree_secret_env": {"ROUTER_API_KEY": key}}}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    rc = cli.main(["validate", "-i", str(inv)])
+    text = "".join(capsys.readouterr())
+    assert rc == 0, text
+    assert key not in text
+    # and the value itself pasted into a plain router field is refused as before
+    hosts["routers"]["hosts"]["gw-01"]["ddtree_router"]["policy"] = key
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    rc = cli.main(["validate", "-i", str(inv)])
+    text = "".join(capsys.readouterr())
+    assert rc != 0 and key not in text, text

@@ -1235,8 +1235,9 @@ _JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
 _LITERAL = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
 
 
-def _strings(value: Any, limit: int = MAX_VAR_NODES) -> Iterator[tuple[str, Any]]:
-    """``(path-suffix, leaf)`` for every leaf of ``value`` (keys included as leaves), bounded."""
+def _strings(value: Any, limit: int = MAX_VAR_NODES, keys: bool = True) -> Iterator[tuple[str, Any]]:
+    """``(path-suffix, leaf)`` for every leaf of ``value`` (mapping keys included as leaves unless
+    ``keys`` is false), bounded."""
     stack: list[tuple[str, Any]] = [("", value)]
     n = 0
     while stack and n < limit:
@@ -1244,7 +1245,8 @@ def _strings(value: Any, limit: int = MAX_VAR_NODES) -> Iterator[tuple[str, Any]
         n += 1
         if isinstance(v, dict):
             for k, x in v.items():
-                yield path, k
+                if keys:
+                    yield path, k
                 stack.append((f"{path}.{k}" if isinstance(k, str) and len(k) < 64 else f"{path}.<key>", x))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
@@ -1420,7 +1422,9 @@ def _secret_in_plain_field(host: str, raw: dict[str, Any], out: dict[str, Any], 
     load's, :func:`_memo_get`)."""
     from .errors import _is_vaulted
 
-    own = {s for k in SECRET_VARS for _, s in _strings(out.get(k)) if isinstance(s, str)}
+    # the secret values only: a ddtree_secret_env name (ROUTER_API_KEY) is no secret, and the fields
+    # that point at an entry (ddtree_router.api_key_secret) hold exactly that name
+    own = {s for k in SECRET_VARS for _, s in _strings(out.get(k), keys=False) if isinstance(s, str)}
     # a secret is one by provenance, whatever its length: secrets of >= 8 characters anywhere in a value,
     # shorter ones (>= 4, as register_secret keeps) as a whole word of it (a vaulted "qw3n7" reused as
     # served_model_name); Jinja naming a vaulted variable is caught by name below
