@@ -40,6 +40,8 @@ UNIT = "ddtree-sglang.service"
 ROUTER_UNIT = "ddtree-router.service"
 PORT, METRICS = 30080, 29000
 CLIENTS = 4
+API_KEY = "rt-Key-0f-the-host-test-9c2e"
+"""The router's key: smg sends it to the workers and guards its worker API (/workers) with it."""
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
@@ -57,8 +59,10 @@ def _inventory(root: Path, addresses: dict[str, str], **changes) -> Path:
     hosts["all"]["children"]["routers"] = {
         "hosts": {ROUTER: {"ansible_host": addresses[ROUTER]}},
         "vars": {**conn, "ddtree_router": {"policy": "round_robin", "port": PORT, "metrics_port": METRICS,
+                                           "api_key_secret": "ROUTER_API_KEY",
                                            "health": {"interval_secs": 1, "timeout_secs": 1,
-                                                      "failure_threshold": 2, "success_threshold": 1}}}}
+                                                      "failure_threshold": 2, "success_threshold": 1}},
+                 "ddtree_secret_env": {"ROUTER_API_KEY": API_KEY}}}
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     (inv / "group_vars" / "monitoring.yml").unlink(missing_ok=True)
     (inv / "host_vars").mkdir()
@@ -113,7 +117,7 @@ class Load:
 
 
 def _workers(addr: str) -> list[dict]:
-    r = httpx.get(f"http://{addr}:{PORT}/workers", timeout=10)
+    r = httpx.get(f"http://{addr}:{PORT}/workers", timeout=10, headers={"Authorization": f"Bearer {API_KEY}"})
     r.raise_for_status()
     return r.json()["workers"]
 
@@ -165,6 +169,14 @@ def test_router_is_installed_and_requests_reach_both_instances(fleet):
     assert unit.stdout.split() == ["ddtree-router", "active", "verified"], unit.stdout + unit.stderr
     urls = {f"http://{a[h]}:30000" for h in WORKERS}
     assert {w["url"] for w in _workers(a[ROUTER])} == urls
+    # the key guards the worker API: without it (or with another) nobody lists, adds or drains workers
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+        assert httpx.get(f"http://{a[ROUTER]}:{PORT}/workers", timeout=10, headers=headers).status_code == 401
+        assert httpx.post(f"http://{a[ROUTER]}:{PORT}/workers", timeout=10, headers=headers,
+                          json={"url": "http://192.0.2.1:30000"}).status_code == 401
+    cmdline = ssh(a[ROUTER], f"cat /proc/$(systemctl show -p MainPID --value {ROUTER_UNIT})/cmdline | tr '\\0' ' '; "
+                             f"cat /etc/systemd/system/{ROUTER_UNIT}").stdout
+    assert "ddtree_ops.router_launch" in cmdline and API_KEY not in cmdline
     before = _served(a[ROUTER])
     with httpx.Client(timeout=30) as c:
         for _ in range(20):
