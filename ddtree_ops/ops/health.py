@@ -11,6 +11,8 @@ Check names are stable (``--json`` consumers rely on them), in this order:
 ``progress``       requests running or queued -> generation counters move within the window
 ``accept_length``  informational: ``avg_spec_accept_length`` from ``/server_info`` (since the server
                    started: :data:`ACCEPT_WINDOW`)
+``node``           (a plan of a node of rank >= 1 of a multi-node server, instead of the checks
+                   after ``ready``) the node's health-only server answers: its ranks joined rank 0
 =================  ==========================================================================
 
 A check that cannot run because an earlier one failed (no ``ready`` when not reachable;
@@ -341,7 +343,13 @@ def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
 
 
 def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given: bool) -> list[Check]:
-    """After ``ready``: warm, drift, progress, accept_length."""
+    """After ``ready``: warm, drift, progress, accept_length; ``node`` alone on a node of rank >= 1."""
+    if o.plan_doc is not None and o.plan_doc.node_rank > 0:
+        # SGLang's health-only server (0.5.23 entrypoints/engine.py, launch_dummy_health_check_server):
+        # /health answers once this node's ranks joined rank 0; there is no /server_info to compare
+        return checks + [Check("node", True, f"node rank {o.plan_doc.node_rank} of {o.plan_doc.nnodes}: its "
+                                             "scheduler ranks joined rank 0, which serves the API (check rank 0 for "
+                                             "drift and acceptance)")]
     if o.warm_marker is not None:
         checks.append(_warm(o))
     try:
