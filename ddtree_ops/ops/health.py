@@ -61,7 +61,7 @@ from .drift import drift_fix, find_drift
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
 
-CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")
+CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length", "node")
 """Every check name ``ddtree-ops health`` can report, in report order."""
 
 PROGRESS_COUNTERS = (
@@ -402,10 +402,24 @@ def check_health(url: str, timeout: float = 5.0, options: HealthOptions | None =
 def _check(c: SGLangClient, o: HealthOptions, options_given: bool) -> list[Check]:
     reachable, ready = _probe_ready(c, o)
     if not reachable.ok:
-        return [reachable]
+        return [_nodes_hint(reachable, o)]
     if not ready.ok:
-        return [reachable, ready]
+        return [reachable, _nodes_hint(ready, o)]
     return _deep(c, o, [reachable, ready], options_given)
+
+
+def _nodes_hint(failed: Check, o: HealthOptions) -> Check:
+    """``failed`` with the other nodes named, on a node of a multi-node server: rank 0 answers only
+    once every node has joined its store, and every rank exits when a node dies (SGLang 0.5.23
+    ``model_executor/model_runner.py`` ``init_torch_distributed``; :mod:`ddtree_ops.config.multinode`)."""
+    doc = o.plan_doc
+    if doc is None or doc.nnodes <= 1:
+        return failed
+    server = ((doc.document.get("deployment") or {}).get("server") or {})
+    nodes = [str(n)[:64] for n in ((server.get("multinode") or {}).get("nodes") or [])][:16]
+    others = ", ".join(f"{n} (rank {i})" for i, n in enumerate(nodes) if i != doc.node_rank) or "the other nodes"
+    return Check(failed.name, False, f"{failed.detail}; node rank {doc.node_rank} of a {doc.nnodes}-node server: "
+                 f"it waits for (or died with) {others}: check those nodes (ddtree-ops fleet status)")
 
 
 def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: float = 1.0,
