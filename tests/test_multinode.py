@@ -243,10 +243,22 @@ def test_sim_rank_0_waits_for_the_other_node_and_dies_with_it(tmp_path):
         assert _until(lambda: _status(p0) == 200), (tmp_path / "rank0.log").read_text()
         assert _until(lambda: _status(p1) == 200)
         assert _status(p1, "/server_info") == 404 and _status(p1, "/metrics") == 200  # health-only server
+        from ddtree_ops.config.plandoc_model import load_plan
+        from ddtree_ops.ops.health import HealthOptions, check_health
+        from ddtree_ops.render.files import plan_json
+
+        v0, v1 = _both()
+        for v in (v0, v1):
+            (tmp_path / f"{v.deployment.host}.json").write_text(plan_json(v))
+        doc1 = load_plan(str(tmp_path / "b300-01.json")), load_plan(str(tmp_path / "b300-02.json"))
+        checks = check_health(f"http://127.0.0.1:{p1}", options=HealthOptions(failures=1, plan_doc=doc1[1]))
+        assert [(c.name, c.ok) for c in checks] == [("reachable", True), ("ready", True), ("node", True)], checks
         r1.terminate()
         assert r0.wait(timeout=20) == 1
         log = (tmp_path / "rank0.log").read_text()
         assert "ncclRemoteError" in log and "node rank 1" in log
+        checks = check_health(f"http://127.0.0.1:{p0}", options=HealthOptions(failures=1, plan_doc=doc1[0]))
+        assert not checks[-1].ok and "b300-02 (rank 1)" in checks[-1].detail, checks
     finally:
         for p in procs:
             if p.poll() is None:
@@ -260,3 +272,21 @@ def test_sim_rank_0_gives_up_after_dist_timeout_naming_the_missing_node(tmp_path
     log = (tmp_path / "rank0.log").read_text()
     assert "Timed out after 2 seconds waiting for clients. 1/2 clients joined." in log
     assert "node ranks 1 never joined rank 0" in log
+
+
+def test_preflight_checks_rank_0s_store_port_and_health_skips_server_info_on_rank_1(tmp_path):
+    import json as _json
+
+    from ddtree_ops.config.plandoc_model import load_plan
+    from ddtree_ops.ops.preflight import expect_from
+    from ddtree_ops.render.files import plan_json
+
+    v0, v1 = _both()
+    e0 = expect_from(None, _json.loads(plan_json(v0)))
+    e1 = expect_from(None, _json.loads(plan_json(v1)))
+    assert (30200, "ddtree-sglang.service", None, "ddtree_server.multinode.dist_init_port") in e0.ports
+    assert not any(p[3] == "ddtree_server.multinode.dist_init_port" for p in e1.ports)
+    path = tmp_path / "plan.json"
+    path.write_text(plan_json(v1))
+    doc = load_plan(str(path))
+    assert (doc.node_rank, doc.nnodes, doc.dist_init_port) == (1, 2, None)

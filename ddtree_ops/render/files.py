@@ -186,6 +186,7 @@ def plan_document(v: Validated) -> dict:
         "url": d.server.local_url,
         "rendezvous_port": d.server.rendezvous_port,
         "node_rank": d.node_rank,
+        "dist_init_port": d.server.dist_init_port if d.serves_http else None,
         "nnodes": d.server.nnodes,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
