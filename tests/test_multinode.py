@@ -24,6 +24,7 @@ from ddtree_ops.config.fleet import fleet_findings
 from ddtree_ops.config.router import validate_routers
 from ddtree_ops.render.argv import build_argv
 from ddtree_ops.render.files import prometheus_document, ready_commands, render_host
+from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB
 
 NODES = {"b300-01": "10.0.0.1", "b300-02": "10.0.0.2"}
 
@@ -62,7 +63,9 @@ def test_two_nodes_render_their_rank_and_rank_0s_store():
     assert any(f.component == "exporter" for f in render_host(v0))
     assert not any(f.component == "exporter" for f in render_host(v1))
     jobs = {j["job_name"]: j for j in prometheus_document([v0, v1])["scrape_configs"]}
-    assert [t["labels"]["host"] for t in jobs["ddtree_exporter"]["static_configs"]] == ["b300-01"]
+    assert [t["labels"]["host"] for t in jobs[EXPORTER_JOB]["static_configs"]] == ["b300-01"]
+    # every node's SGLang /metrics (rank 1: the health-only server's) stays a target: up == 0 names a dead node
+    assert [t["labels"]["host"] for t in jobs[SGLANG_JOB]["static_configs"]] == ["b300-01", "b300-02"]
     assert fleet_findings([v0, v1]) == []
 
 
@@ -158,6 +161,9 @@ def test_dist_timeout_warns_below_the_start_window_and_is_not_an_extra_arg():
     assert any(w.field == "ddtree_server.multinode.dist_timeout_s" for w in v.warnings)
     (f,) = _errors("b300-01", _hv("b300-01", {"extra_args": {"--dist-timeout": 60}}))
     assert f.field == "ddtree_server.extra_args.--dist-timeout" and "dist_timeout_s" in f.fix
+    single = copy.deepcopy(base_hostvars())  # on one machine --dist-timeout stays an ordinary extra arg
+    single["ddtree_server"]["extra_args"] = {"--dist-timeout": 60}
+    validate_hostvars("b300-01", single)
 
 
 @pytest.mark.parametrize("flag", ["--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--nnodes=2"])
