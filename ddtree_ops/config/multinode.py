@@ -120,7 +120,9 @@ def rule_multinode(d: Deployment, p: Plan) -> Iterator[Finding]:
     """One node's own view of its multi-node server: it is one of the nodes, ``tp_size``
     divides over them (SGLang's assertion), data parallelism stays on one machine (not modelled:
     SGLang places DP replicas across nodes through its DP controller), the store port is free
-    of the node's other ports, and ``dist_timeout`` covers the start window."""
+    of the node's other ports, and ``dist_timeout`` covers the start window. Sources: the module
+    docstring (0.5.23 ``entrypoints/engine.py``, ``server_args.py`` ``check_server_args``,
+    ``arg_groups/fields/parallel.py``)."""
     mn = d.server.multinode
     if mn is None:
         return
@@ -182,7 +184,8 @@ def multinode_findings(validated: Iterable[Validated], addresses: dict[str, str]
     Returns:
         One error per problem: a node listed but not in the inventory (or not valid), a node
         whose pinned build / class / settings differ from rank 0's, two nodes on one machine,
-        ``dist_init_addr`` not rank 0's address.
+        ``dist_init_addr`` not rank 0's address. Sources: the module docstring (one store at
+        rank 0's ``--dist-init-addr``, ``model_runner.py`` ``init_torch_distributed``).
     """
     from .scrape import machine_name
 
