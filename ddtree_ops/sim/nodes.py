@@ -109,9 +109,10 @@ def rendezvous(sa: dict[str, Any], keep: list[object]) -> int | None:
         joined: dict[int, socket.socket] = {}
         while len(joined) < nnodes - 1:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0:  # torch reports timeout + 1 s (61 for --dist-timeout 60: SGLang 0.5.17 on an H200, recorded)
+                waited = int(timeout) + 1
                 logger.error("torch.distributed.DistStoreError: Timed out after %d seconds waiting for clients. "
-                             "%d/%d clients joined.", int(timeout), len(joined) + 1, nnodes)
+                             "%d/%d clients joined.", waited, len(joined) + 1, nnodes)
                 missing = sorted(set(range(1, nnodes)) - set(joined))
                 logger.error("[sim] node ranks %s never joined rank 0", ",".join(map(str, missing)))
                 return 1
