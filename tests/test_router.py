@@ -222,8 +222,8 @@ def test_multi_node_flags_in_extra_args_are_refused(flag):
         validate_hostvars("h1", hv)
     (f,) = [f for f in exc.value.findings if f.level == "error"]
     assert f.field == "ddtree_server.extra_args"
-    assert "multi-node deployments are not modelled: the instance would be accounted as single-node (GPUs, ports, " \
-           "health)" in f.rule and flag in f.rule and "router" in f.fix
+    assert "ddtree-ops renders the multi-node flags from ddtree_server.multinode" in f.rule and flag in f.rule
+    assert "ddtree_server.multinode.nodes" in f.fix
 
 
 def test_other_flags_sharing_a_start_are_not_multi_node():

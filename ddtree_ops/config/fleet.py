@@ -16,6 +16,9 @@ one finding naming both instances:
 * directories: config, state, cache, runtime (``RuntimeDirectory``) and the Prometheus
   multiprocess directory (:func:`~.instance.state_dirs`); one inside another also clashes;
 * GPUs: :func:`~.instance.gpu_set` (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id``, tp x dp);
+* rank 0 of a multi-node server also holds its torch.distributed store port
+  (``ddtree_server.multinode.dist_init_port``) on its machine; the nodes of one such server are
+  checked against each other by :func:`~.multinode.multinode_findings`;
 * the service account (``ddtree_service.user``: its home is the instance's state directory);
 * a shared SGLang venv (``ddtree_service.sglang_venv``) must hold one SGLang pin.
 
@@ -35,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from .errors import Finding
 from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
+from .multinode import multinode_findings
 from .scrape import machine_name, scrape_host
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"
@@ -78,8 +82,11 @@ def instance_waves(validated: Iterable[Validated]) -> dict[str, int]:
 
 def _ports(v: Validated) -> list[tuple[str, int]]:
     d = v.deployment
-    return [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
-            ("ddtree_server.nccl_port", d.server.rendezvous_port)]
+    ports = [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
+             ("ddtree_server.nccl_port", d.server.rendezvous_port)]
+    if d.server.dist_init_port is not None and d.node_rank == 0:  # rank 0's store listens on its machine
+        ports.append(("ddtree_server.multinode.dist_init_port", d.server.dist_init_port))
+    return ports
 
 
 def _gpus(v: Validated) -> tuple[int, ...]:
@@ -197,6 +204,7 @@ def fleet_findings(validated: Iterable[Validated], focus: set[str] | None = None
                 "replaces the first, and Prometheus would scrape one target for two hosts)", fix, SOURCE,
                 host=host_r))
     out += _class_clashes(unique, focus)
+    out += multinode_findings(unique.values(), {h: machine_names(v)[0] for h, v in unique.items()}, focus)
     return out
 
 

@@ -86,9 +86,11 @@ def _extra_int(d: Deployment, names: tuple[str, ...]) -> int:
 
 def rank_gpus(d: Deployment) -> tuple[int, ...]:
     """GPU ordinals (relative to ``base_gpu_id``, among the visible GPUs) of every rank of the
-    instance, by SGLang's own placement (module docstring): tp ranks ``gpu_id_step`` apart,
+    instance on this machine, by SGLang's own placement (module docstring): tp ranks ``gpu_id_step`` apart,
     pipeline stages ``tp`` apart, data-parallel replicas ``tp x pp x gpu_id_step`` apart unless
-    DP attention shares the TP GPUs.
+    DP attention shares the TP GPUs. A multi-node server (``ddtree_server.multinode``) places
+    ``tp_size // nnodes`` TP ranks on each machine (0.5.23 ``entrypoints/engine.py``
+    ``_launch_subprocesses``: ``gpu_id = base_gpu_id + tp_rank % tp_size_per_node``).
 
     Raises:
         GpuSetError: ``--pp-size`` / ``--gpu-id-step`` in ``extra_args`` not an integer 1-64.
@@ -97,6 +99,9 @@ def rank_gpus(d: Deployment) -> tuple[int, ...]:
     pp = _extra_int(d, PP_FLAGS)
     step = _extra_int(d, (STEP_FLAG,))
     dp = 1 if d.server.extra_args.get(DP_ATTENTION_FLAG) is True else d.server.dp_size
+    n = d.server.nnodes
+    if n > 1:  # this machine's share: tp_size // nnodes TP ranks (each pipeline stage's), engine.py
+        tp = max(1, tp // n)
     return tuple(sorted({r * tp * pp * step + p * tp + t * step
                          for r in range(dp) for p in range(pp) for t in range(tp)}))
 

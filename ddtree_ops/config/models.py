@@ -564,6 +564,41 @@ NCCL_PORT_OFFSET = 100
 ports; a clash with another instance's port on the machine is refused by :mod:`~.fleet`."""
 
 
+class MultiNode(_Model):
+    """One SGLang server spread over several machines of one host class
+    (:mod:`~.multinode` has the rules and their sources).
+
+    Attributes:
+        nodes: the inventory hosts that run the server, in node-rank order (2-16 distinct
+            names); this host's position is its ``--node-rank``. Rank 0 serves HTTP; the others
+            run only their scheduler ranks and SGLang's health-only server.
+        dist_init_addr: rank 0's address as the other nodes reach it (its ``ansible_host``;
+            checked against it across the inventory): SGLang ``--dist-init-addr`` host part.
+        dist_init_port: port of the torch.distributed TCP store rank 0 listens on (SGLang
+            ``--dist-init-addr`` port part); unset: ``ddtree_server.port`` +
+            :data:`~.multinode.DIST_INIT_PORT_OFFSET`.
+        dist_timeout_s: SGLang ``--dist-timeout`` (torch.distributed's timeout for the
+            rendezvous and the collectives); unset: ``ddtree_service.start_timeout_s``, so a node
+            started anywhere inside the start window still joins.
+    """
+
+    nodes: Annotated[list[Annotated[str, Field(max_length=MAX_NAME)]], Field(min_length=2, max_length=16)]
+    dist_init_addr: HostText
+    dist_init_port: Port | None = None
+    dist_timeout_s: _bounded(0, 86400, gt=True) | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str]) -> list[str]:
+        for name in v:
+            problem = inventory_name_problem(name)
+            if problem:
+                raise _fail(f"{name[:80]!r}: {problem}", "list the inventory host names of the nodes, rank 0 first")
+        if len(set(v)) != len(v):
+            raise _fail("lists a host twice (each node is one machine with one rank)", "list each node once")
+        return v
+
+
 class Server(_Model):
     """SGLang server settings (metrics are always enabled).
 
@@ -603,6 +638,8 @@ class Server(_Model):
         base_gpu_id: first GPU of the instance (SGLang ``--base-gpu-id``; rank r uses GPU
             ``base_gpu_id + r``, counted among the GPUs ``CUDA_VISIBLE_DEVICES`` leaves
             visible); unset: 0, not rendered. See :func:`gpu_set`.
+        multinode: the server spans several machines (:class:`MultiNode`); ``tp_size`` is then
+            the total over all nodes (tp_size / nnodes GPUs on each).
     """
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
@@ -621,6 +658,24 @@ class Server(_Model):
     extra_args: Annotated[dict[str, Any], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
     nccl_port: Port | None = None
     base_gpu_id: _bounded(0, 63) | None = None
+    multinode: MultiNode | None = None
+
+    @property
+    def nnodes(self) -> int:
+        """Machines the server spans (SGLang ``--nnodes``): 1 unless :attr:`multinode` is set."""
+        return len(self.multinode.nodes) if self.multinode else 1
+
+    @property
+    def dist_init_port(self) -> int | None:
+        """Rank 0's torch.distributed store port of a multi-node server; None on one machine."""
+        from .multinode import DIST_INIT_PORT_OFFSET
+
+        if self.multinode is None:
+            return None
+        if self.multinode.dist_init_port is not None:
+            return self.multinode.dist_init_port
+        up = self.port + DIST_INIT_PORT_OFFSET
+        return up if up <= 65535 else self.port - DIST_INIT_PORT_OFFSET
 
     @field_validator("extra_args")
     @classmethod
@@ -1069,6 +1124,20 @@ class Deployment(_Model):
     def host_class_def(self) -> HostClass | None:
         """The host's class (:attr:`host_class` in :attr:`host_class_table`), or None when unknown."""
         return self.host_class_table.get(self.host_class)
+
+    @property
+    def node_rank(self) -> int:
+        """This host's SGLang ``--node-rank``: its position in ``ddtree_server.multinode.nodes``
+        (0 on one machine, or when the host is not listed: :func:`~.multinode.rule_multinode`
+        refuses that)."""
+        mn = self.server.multinode
+        return mn.nodes.index(self.host) if mn and self.host in mn.nodes else 0
+
+    @property
+    def serves_http(self) -> bool:
+        """Whether this host's SGLang serves the API (rank 0); a non-zero rank serves only
+        SGLang's health-only server (:mod:`~.multinode`)."""
+        return self.node_rank == 0
 
     def risk_reason(self, rule: str) -> str | None:
         for r in self.accepted_risks:

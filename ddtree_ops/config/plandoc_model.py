@@ -233,6 +233,12 @@ class PlanDoc(_Doc):
         paths: state and cache directories.
         deployment: the parts of the deployment readers use.
         plan: the derived plan.
+        node_rank, nnodes: this node's rank and the node count of a multi-node server
+            (``ddtree_server.multinode``; 0 and 1 on one machine and in documents written
+            before the fields existed). A node of rank >= 1 serves only SGLang's health-only
+            server, so health skips the checks that read ``/server_info``.
+        dist_init_port: rank 0's torch.distributed store port (``--dist-init-addr``) on rank 0 of a
+            multi-node server; null elsewhere (the preflight checks it is free).
         document: (property) the whole document as read, unknown keys included.
     """
 
@@ -246,6 +252,9 @@ class PlanDoc(_Doc):
     deployment: PlanDeployment
     plan: PlanSizes
     sglang_base_version: Annotated[str, Field(min_length=1, max_length=64)]
+    node_rank: Annotated[StrictInt, Field(ge=0, le=15)] = 0
+    nnodes: Annotated[StrictInt, Field(ge=1, le=16)] = 1
+    dist_init_port: Port | None = None
     _document: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")

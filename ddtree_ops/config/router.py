@@ -28,6 +28,7 @@ from .errors import Finding, findings_from_validation_error
 from .instance import DP_ATTENTION_FLAG
 from .load import Validated
 from .models import HostText, Port, _bounded, _fail, _Model, inventory_name_problem
+from .multinode import ENGINE_SOURCE as MULTINODE_SOURCE
 
 ROUTER_GROUP = "routers"
 """Inventory group of the router hosts (each needs ``ddtree_router``)."""
@@ -327,14 +328,23 @@ def _prefixed(f: Finding) -> Finding:
 
 
 def _chosen(host: str, s: RouterSettings, instances: dict[str, Validated], found: list[Finding]) -> list[Validated]:
+    """The workers: every instance (``instances`` empty) or the listed ones; of a multi-node server
+    (``ddtree_server.multinode``) only rank 0, the one node serving the API (a node of rank >= 1
+    answers only ``/health``: :mod:`.multinode`)."""
     if not s.instances:
         if not instances:
             found.append(_finding(host, f"{ROUTER_VAR}.instances", [], "no valid SGLang instance to route to",
                                   "fix the instances' errors first, or add instances under sglang_servers", ""))
-        return [instances[h] for h in sorted(instances)]
+        return [instances[h] for h in sorted(instances) if instances[h].deployment.serves_http]
     out = []
     for name in s.instances:
-        if name not in instances:
+        if name in instances and not instances[name].deployment.serves_http:
+            rank0 = instances[name].deployment.server.multinode.nodes[0]
+            found.append(_finding(host, f"{ROUTER_VAR}.instances", name,
+                                  f"is node rank {instances[name].deployment.node_rank} of a multi-node server: it "
+                                  "serves no API (SGLang's health-only server), only rank 0 does",
+                                  f"list {rank0} (rank 0) instead", MULTINODE_SOURCE))
+        elif name not in instances:
             found.append(_finding(host, f"{ROUTER_VAR}.instances", name,
                                   "names no valid SGLang instance of this inventory",
                                   "list inventory names of hosts under sglang_servers (ddtree-ops validate lists "

@@ -16,6 +16,7 @@ from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .memory_reserve import rule_memory_reserve
 from .models import NCCL_PORT_OFFSET, Deployment
+from .multinode import rule_multinode
 from .plan import EAGLE_SIZED, SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .scrape import rule_sglang_scrape
@@ -304,6 +305,16 @@ def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
         gpus = len(rank_gpus(d))
     except GpuSetError:
         return  # rule_gpu_set names the bad flag
+    n = d.server.nnodes
+    tp_here = max(1, d.server.tp_size // n)
+    if n > 1:
+        if gpus > hc.gpu_count or hc.gpu_count % tp_here:
+            yield _err(f"{SRV}.tp_size", d.server.tp_size,
+                       f"each of the {n} nodes runs tp_size / nnodes = {tp_here} TP ranks ({gpus} GPUs with pp_size), "
+                       f"which must fit the {hc.gpu_count} GPUs of a {hc.name} host and divide {hc.gpu_count}",
+                       f"use tp_size = {n} x (1, 2, 4 or {hc.gpu_count}), e.g. {n * hc.gpu_count}",
+                       "sglang/srt/entrypoints/engine.py _launch_subprocesses (tp_size_per_node)")
+        return
     if gpus > hc.gpu_count or hc.gpu_count % d.server.tp_size:
         yield _err(
             f"{SRV}.tp_size",
@@ -311,7 +322,8 @@ def rule_tp_fits(d: Deployment, p: Plan) -> Iterator[Finding]:
             f"the instance's {gpus} GPUs (tp_size x "
             f"dp_size{' x pp_size' if gpus != d.server.tp_size * d.server.dp_size else ''}) "
             f"must fit the {hc.gpu_count} GPUs of a {hc.name} host and tp_size must divide {hc.gpu_count}",
-            f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}",
+            f"use tp_size in 1, 2, 4, {hc.gpu_count} with tp_size x dp_size <= {hc.gpu_count}, or spread the "
+            "server over several machines (ddtree_server.multinode)",
         )
 
 
@@ -608,6 +620,7 @@ RULES: list[Rule] = [
     rule_sglang_env,
     rule_build_driver_floor,
     rule_tp_fits,
+    rule_multinode,  # one node's view of a server over several machines (fleet: multinode_findings)
     rule_gpu_set,
     rule_ports,
     rule_runtime_state,

@@ -11,6 +11,8 @@ Check names are stable (``--json`` consumers rely on them), in this order:
 ``progress``       requests running or queued -> generation counters move within the window
 ``accept_length``  informational: ``avg_spec_accept_length`` from ``/server_info`` (since the server
                    started: :data:`ACCEPT_WINDOW`)
+``node``           (a plan of a node of rank >= 1 of a multi-node server, instead of the checks
+                   after ``ready``) the node's health-only server answers: its ranks joined rank 0
 =================  ==========================================================================
 
 A check that cannot run because an earlier one failed (no ``ready`` when not reachable;
@@ -59,7 +61,7 @@ from .drift import drift_fix, find_drift
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
 
-CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length")
+CHECK_NAMES = ("reachable", "ready", "warm", "drift", "progress", "accept_length", "node")
 """Every check name ``ddtree-ops health`` can report, in report order."""
 
 PROGRESS_COUNTERS = (
@@ -341,7 +343,13 @@ def _progress_of(c: SGLangClient, o: HealthOptions) -> Check:
 
 
 def _deep(c: SGLangClient, o: HealthOptions, checks: list[Check], options_given: bool) -> list[Check]:
-    """After ``ready``: warm, drift, progress, accept_length."""
+    """After ``ready``: warm, drift, progress, accept_length; ``node`` alone on a node of rank >= 1."""
+    if o.plan_doc is not None and o.plan_doc.node_rank > 0:
+        # SGLang's health-only server (0.5.23 entrypoints/engine.py, launch_dummy_health_check_server):
+        # /health answers once this node's ranks joined rank 0; there is no /server_info to compare
+        return checks + [Check("node", True, f"node rank {o.plan_doc.node_rank} of {o.plan_doc.nnodes}: its "
+                                             "scheduler ranks joined rank 0, which serves the API (check rank 0 for "
+                                             "drift and acceptance)")]
     if o.warm_marker is not None:
         checks.append(_warm(o))
     try:
@@ -394,10 +402,24 @@ def check_health(url: str, timeout: float = 5.0, options: HealthOptions | None =
 def _check(c: SGLangClient, o: HealthOptions, options_given: bool) -> list[Check]:
     reachable, ready = _probe_ready(c, o)
     if not reachable.ok:
-        return [reachable]
+        return [_nodes_hint(reachable, o)]
     if not ready.ok:
-        return [reachable, ready]
+        return [reachable, _nodes_hint(ready, o)]
     return _deep(c, o, [reachable, ready], options_given)
+
+
+def _nodes_hint(failed: Check, o: HealthOptions) -> Check:
+    """``failed`` with the other nodes named, on a node of a multi-node server: rank 0 answers only
+    once every node has joined its store, and every rank exits when a node dies (SGLang 0.5.23
+    ``model_executor/model_runner.py`` ``init_torch_distributed``; :mod:`ddtree_ops.config.multinode`)."""
+    doc = o.plan_doc
+    if doc is None or doc.nnodes <= 1:
+        return failed
+    server = ((doc.document.get("deployment") or {}).get("server") or {})
+    nodes = [str(n)[:64] for n in ((server.get("multinode") or {}).get("nodes") or [])][:16]
+    others = ", ".join(f"{n} (rank {i})" for i, n in enumerate(nodes) if i != doc.node_rank) or "the other nodes"
+    return Check(failed.name, False, f"{failed.detail}; node rank {doc.node_rank} of a {doc.nnodes}-node server: "
+                 f"it waits for (or died with) {others}: check those nodes (ddtree-ops fleet status)")
 
 
 def wait_ready(url: str, deadline_s: float, timeout: float = 5.0, interval_s: float = 1.0,

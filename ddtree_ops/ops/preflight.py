@@ -443,6 +443,9 @@ def plan_fields(plan: dict) -> dict:
         # the --nccl-port rendered (derived by the writer); absent in plans written before it was
         "rendezvous_port": get("rendezvous_port", f"an integer {PORT_MIN}..65535", port)
         if "rendezvous_port" in plan else None,
+        # rank 0 of a multi-node server: its torch.distributed store (null elsewhere; absent before it was)
+        "dist_init_port": get("dist_init_port", f"an integer {PORT_MIN}..65535 or null", opt(port))
+        if "dist_init_port" in plan else None,
         "model_path": get("deployment.model.path", "a string", text()),
         "state": get("paths.state", "an absolute path or null", opt(absolute)),
         "cache": get("paths.cache", "an absolute path or null", opt(absolute)),
@@ -485,6 +488,8 @@ def expect_from(host_class: str | None, plan: dict | None) -> Expect:
         e.ports = [(f["port"], e.unit, bind, "ddtree_server.port")]
         if f["rendezvous_port"] is not None:  # SGLang's TP ranks meet there on any address (--nccl-port)
             e.ports.append((f["rendezvous_port"], e.unit, None, "ddtree_server.nccl_port"))
+        if f["dist_init_port"] is not None:  # the other nodes meet rank 0 there (--dist-init-addr)
+            e.ports.append((f["dist_init_port"], e.unit, None, "ddtree_server.multinode.dist_init_port"))
         if f["exporter_port"] is not None:
             e.ports.append((f["exporter_port"], f["exporter_unit"], None, "ddtree_ops.exporter_port"))
         model = f["model_path"] or ""

@@ -10,6 +10,7 @@ The flag dialect follows the pinned version (:mod:`ddtree_ops.config.versions`):
 from __future__ import annotations
 
 from ..config.models import Deployment
+from ..config.multinode import node_argv
 from ..config.plan import Plan
 from ..config.versions import GraphFlagDialect, version_info
 
@@ -102,6 +103,8 @@ def _server_flags(d: Deployment, plan: Plan) -> list[str]:
     argv += ["--nccl-port", str(srv.rendezvous_port)]
     if srv.base_gpu_id:
         argv += ["--base-gpu-id", str(srv.base_gpu_id)]
+    # one server over several machines: this node's rank and rank 0's store (config.multinode)
+    argv += node_argv(d)
     if srv.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", repr(srv.mem_fraction_static)]
     if srv.max_running_requests is not None:

@@ -182,6 +182,9 @@ def plan_document(v: Validated) -> dict:
         "exporter_unit": exporter_unit_name(v),
         "url": d.server.local_url,
         "rendezvous_port": d.server.rendezvous_port,
+        "node_rank": d.node_rank,
+        "dist_init_port": d.server.dist_init_port if d.serves_http else None,
+        "nnodes": d.server.nnodes,
         "paths": {"config": d.service.config_path, "state": d.service.state_path,
                   "cache": d.service.cache_path, "venv": d.service.venv,
                   "sglang_venv": d.service.sglang_venv_path,
@@ -261,11 +264,20 @@ def ready_commands(v: Validated) -> list[list[str]]:
     2. ``ddtree-ops warmup --plan plan.json --marker warm.json``: every batch size of the
        plan, bounded by ``warmup_deadline_s``; writes the warm marker in the unit's
        ``RuntimeDirectory`` when it succeeds.
+
+    A node of rank >= 1 of a multi-node server (``ddtree_server.multinode``) gets only the first:
+    SGLang answers its ``/health`` once its scheduler ranks have joined rank 0 (0.5.23
+    ``entrypoints/engine.py``, ``launch_dummy_health_check_server``); rank 0 is warmed up and
+    serves the API, and is ready only once every node has joined.
     """
     d, svc = v.deployment, v.deployment.service
     url = d.server.local_url
     py = [f"{svc.venv}/bin/python", "-m", "ddtree_ops"]
     plan_json = f"{svc.config_path}/plan.json"
+    health = [*py, "health", url, "--wait", str(svc.start_timeout_s), "--timeout", str(d.ops.health_timeout_s),
+              "--plan", plan_json]
+    if not d.serves_http:  # a node of rank >= 1: SGLang's health-only server once its ranks joined rank 0
+        return [health]
     return [
         [*py, "health", url, "--wait", str(svc.start_timeout_s), "--timeout", str(d.ops.health_timeout_s),
          "--plan", plan_json],
@@ -313,7 +325,8 @@ def render_host(v: Validated) -> list[RenderedFile]:
         RenderedFile(env_file, jenv.get_template("sglang.env.j2").render(ctx, env=service_env(v))),
         RenderedFile(f"{cfg}/plan.json", plan_json(v)),
     ]
-    files.append(exporter_unit(v))
+    if d.serves_http:  # the exporter reads /server_info, which only rank 0 of a multi-node server serves
+        files.append(exporter_unit(v))
     files.append(devices_unit(v))
     secrets = {k: s.get_secret_value() for k, s in d.secret_env.items()}
     if d.hf_token is not None:
@@ -415,7 +428,8 @@ def prometheus_document(validated: list[Validated], scrape_interval: str = "15s"
         # the exporter sets host/host_class/model itself; keep its values
         {"job_name": EXPORTER_JOB, "metrics_path": "/metrics", "scrape_timeout": str(scrape_timeout),
          "honor_labels": True,
-         "static_configs": static(lambda v: f"{scrape_address(v)}:{v.deployment.ops.exporter_port}")},
+         "static_configs": static(lambda v: f"{scrape_address(v)}:{v.deployment.ops.exporter_port}"
+                                  if v.deployment.serves_http else None)},
     ]
     if routers:
         doc["scrape_configs"].append(

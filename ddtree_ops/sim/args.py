@@ -191,7 +191,8 @@ def build_parser(version: str = DEFAULT_VERSION, build: str = DEFAULT_BUILD) -> 
     a("--enable-two-batch-overlap", action="store_true")
     a("--nnodes", type=int, default=1)
     a("--node-rank", type=int, default=0)
-    a("--dist-init-addr", type=str, default=None)
+    a("--dist-init-addr", "--nccl-init-addr", type=str, default=None, dest="dist_init_addr")
+    a("--dist-timeout", type=int, default=None)
     a("--device", type=str, default="cuda")
     a("--base-gpu-id", type=int, default=0)
     a("--nccl-port", type=int, default=None)
@@ -500,6 +501,11 @@ def _resolve_defaults(sa: dict[str, Any], ver: tuple[int, int, int], build: str)
         sa.setdefault("speculative_ddtree_budget", None)
     if sa["tp_size"] < 1 or sa["dp_size"] < 1 or sa["tp_size"] % sa["dp_size"]:
         raise SimArgumentError(f"tp_size={sa['tp_size']} must be a positive multiple of dp_size={sa['dp_size']}.")
+    # the first as ServerArgs.check_server_args (sglang/srt/server_args.py); the rank bound is the simulator's own
+    if sa["nnodes"] < 1 or sa["tp_size"] * sa["pp_size"] % sa["nnodes"]:
+        raise SimArgumentError("tp_size must be divisible by number of nodes")
+    if not 0 <= sa["node_rank"] < sa["nnodes"]:
+        raise SimArgumentError(f"node_rank={sa['node_rank']} must be less than nnodes={sa['nnodes']}.")
 
 
 def _resolve_speculative(

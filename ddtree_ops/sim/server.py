@@ -4,7 +4,8 @@ Phases, as SGLang's launch: ``loading`` (weights; port CLOSED; graphs "captured"
 end) for ``SGLANG_SIM_LOAD_SECONDS`` (default 2.0) -> ``warming`` (port open, every
 endpoint but ``/_sim/*`` answers 503, the server runs its own 1-request warmup, which
 goes through a verify pass) for at least ``SGLANG_SIM_WARMUP_SECONDS`` (default 1.0) ->
-``ready``. SIGTERM/SIGINT exit 0 at once.
+``ready``. SIGTERM/SIGINT exit 0 at once. With ``--nnodes`` > 1 every node first meets rank 0
+(:mod:`ddtree_ops.sim.nodes`); a node of rank >= 1 then serves only the health endpoints.
 
 Endpoints (JSON shapes as SGLang):
 
@@ -58,6 +59,7 @@ from typing import Any
 
 import prometheus_client
 
+from ddtree_ops.sim import nodes
 from ddtree_ops.sim.args import SimArgumentError, SimConfig, parse_args, parse_version
 from ddtree_ops.sim.engine import Engine, Request, count_tokens, filler_ids, filler_text
 from ddtree_ops.sim.metrics import CONTENT_TYPE, SimMetrics
@@ -754,6 +756,29 @@ _KEEP: list[object] = []
 """Objects held for the life of the process (the rendezvous socket, the multiprocess directory)."""
 
 
+def _bind_rendezvous(sa: dict[str, Any]) -> int | None:
+    """Hold the ``--nccl-port`` store as SGLang's TP ranks do; an exit status when it cannot bind."""
+    # torch.distributed's TCP store of the TP ranks listens on --nccl-port (SGLang: dist_init_method
+    # tcp://127.0.0.1:<nccl_port>); a second instance on the same port fails here, as real SGLang does
+    rendezvous = None
+    if sa.get("nccl_port"):
+        rendezvous = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            rendezvous.bind(("127.0.0.1", int(sa["nccl_port"])))
+            rendezvous.listen(8)
+        except OSError as exc:
+            logger.error(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)",
+                sa["nccl_port"],
+                exc,
+            )
+            rendezvous.close()
+            return 1
+    _KEEP.append(rendezvous)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ddtree_ops.sim``. Returns an exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -773,23 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("server_args=%s", json.dumps({k: v for k, v in sa.items() if k != "cuda_graph_config"}))
     logger.info("[sim] version=%s build=%s", cfg.version, cfg.build)
 
-    # torch.distributed's TCP store of the TP ranks listens on --nccl-port (SGLang: dist_init_method
-    # tcp://127.0.0.1:<nccl_port>); a second instance on the same port fails here, as real SGLang does
-    rendezvous = None
-    if sa.get("nccl_port"):
-        rendezvous = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            rendezvous.bind(("127.0.0.1", int(sa["nccl_port"])))
-            rendezvous.listen(8)
-        except OSError as exc:
-            logger.error(
-                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                "network address. port: %s, useIPv6: 0, code: -98, name: EADDRINUSE (%s)",
-                sa["nccl_port"],
-                exc,
-            )
-            rendezvous.close()
-            return 1
+    status = _bind_rendezvous(sa)
+    if status is not None:
+        return status
     multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if multiproc:  # SGLang set_prometheus_multiproc_dir: a temporary directory inside the given one
         import tempfile
@@ -801,7 +812,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = holder.name
         _KEEP.append(holder)
-    _KEEP.append(rendezvous)
+
+    # several machines (--nnodes): every node meets rank 0's store before the load (sim/nodes.py)
+    status = nodes.rendezvous(sa, _KEEP)
+    if status is not None:
+        return status
 
     load_seconds = _env_float("SGLANG_SIM_LOAD_SECONDS", 2.0)
     warmup_seconds = _env_float("SGLANG_SIM_WARMUP_SECONDS", 1.0)
@@ -837,6 +852,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max_running_requests=%d, context_len=%d, available_gpu_mem=60.91 GB",
                 cfg.max_total_num_tokens, sa["chunked_prefill_size"], sa["max_prefill_tokens"],
                 cfg.max_running_requests, cfg.context_length)
+    if int(sa.get("node_rank") or 0) > 0:  # no tokenizer, no API: SGLang's health-only server
+        return nodes.serve_dummy_health(sa["host"], sa["port"], bool(sa.get("enable_metrics")))
     app.engine.start()
 
     # ---- phase 2: port open, warming ----

@@ -104,3 +104,32 @@ def recap(output: str, host: str = HOST) -> dict[str, int]:
     m = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.M)
     assert m, output[-3000:]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def link_hosts(addresses: dict[str, str]) -> list[list[str]]:
+    """Route the test hosts of ``addresses`` (name -> 10.213.I.2) to each other through the root
+    network namespace (``testhost.sh`` gives each only its own /30 and no default route): a route
+    to every other host's /30 in each host's namespace, and IPv4 forwarding on the hosts' veth
+    ends only (``net.ipv4.conf.<veth>.forwarding``: the interface a packet enters decides, so
+    nothing else of this machine starts forwarding). Returns the commands that undo it
+    (:func:`unlink_hosts`)."""
+    undo: list[list[str]] = []
+    for name, addr in addresses.items():
+        gw = re.sub(r"\.2$", ".1", addr)
+        for other, oaddr in addresses.items():
+            if other == name:
+                continue
+            net = re.sub(r"\.2$", ".0", oaddr) + "/30"
+            subprocess.run(["ip", "-n", name, "route", "replace", net, "via", gw], check=True, timeout=10)
+            undo.append(["ip", "-n", name, "route", "del", net, "via", gw])
+        key = f"net.ipv4.conf.{name}.forwarding"
+        old = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, check=True, timeout=10).stdout
+        subprocess.run(["sysctl", "-q", "-w", f"{key}=1"], check=True, timeout=10)
+        undo.append(["sysctl", "-q", "-w", f"{key}={old.strip()}"])
+    return undo
+
+
+def unlink_hosts(undo: list[list[str]]) -> None:
+    """Undo :func:`link_hosts` (a host already down has lost its routes and veth with it)."""
+    for cmd in undo:
+        subprocess.run(cmd, capture_output=True, timeout=10)

@@ -1,0 +1,304 @@
+"""One SGLang server over several machines (``ddtree_server.multinode``, ``ddtree_ops.config.multinode``):
+validation per node and across the nodes, the per-node argv and units, the router's workers, and the
+simulator's rendezvous (rank 0 waits for the others; a missing node keeps it unready; a dying node
+makes it exit as SGLang does)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, base_hostvars
+
+from ddtree_ops.cli import main
+from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config.fleet import fleet_findings
+from ddtree_ops.config.router import validate_routers
+from ddtree_ops.render.argv import build_argv
+from ddtree_ops.render.files import prometheus_document, ready_commands, render_host
+from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB
+
+NODES = {"b300-01": "10.0.0.1", "b300-02": "10.0.0.2"}
+
+
+def _hv(host: str, server: dict | None = None, **sections) -> dict:
+    hv = copy.deepcopy(base_hostvars())
+    hv["ansible_host"] = NODES.get(host, "10.0.0.9")
+    mn = {"nodes": list(NODES), "dist_init_addr": "10.0.0.1"}
+    hv["ddtree_server"] = {**hv["ddtree_server"], "tp_size": 16, "multinode": mn, **(server or {})}
+    for key, value in sections.items():
+        hv[f"ddtree_{key}"] = {**hv.get(f"ddtree_{key}", {}), **value}
+    return hv
+
+
+def _both(server: dict | None = None, **sections):
+    return [validate_hostvars(h, _hv(h, server, **sections)) for h in NODES]
+
+
+def _errors(host: str, hv: dict) -> list:
+    with pytest.raises(ConfigError) as exc:
+        validate_hostvars(host, hv)
+    return [f for f in exc.value.findings if f.level == "error"]
+
+
+def test_two_nodes_render_their_rank_and_rank_0s_store():
+    v0, v1 = _both()
+    a0, a1 = build_argv(v0.deployment, v0.plan), build_argv(v1.deployment, v1.plan)
+    for argv, rank in ((a0, "0"), (a1, "1")):
+        i = argv.index("--nnodes")
+        assert argv[i:i + 8] == ["--nnodes", "2", "--node-rank", rank, "--dist-init-addr", "10.0.0.1:30200",
+                                 "--dist-timeout", "3600"]
+        assert argv[argv.index("--tp-size") + 1] == "16"
+    # rank 0: health + warmup + exporter; rank 1: health only, no exporter, no exporter target
+    assert [c[3] for c in ready_commands(v0)] == ["health", "warmup"]
+    assert [c[3] for c in ready_commands(v1)] == ["health"]
+    assert any(f.component == "exporter" for f in render_host(v0))
+    assert not any(f.component == "exporter" for f in render_host(v1))
+    jobs = {j["job_name"]: j for j in prometheus_document([v0, v1])["scrape_configs"]}
+    assert [t["labels"]["host"] for t in jobs[EXPORTER_JOB]["static_configs"]] == ["b300-01"]
+    # every node's SGLang /metrics (rank 1: the health-only server's) stays a target: up == 0 names a dead node
+    assert [t["labels"]["host"] for t in jobs[SGLANG_JOB]["static_configs"]] == ["b300-01", "b300-02"]
+    assert fleet_findings([v0, v1]) == []
+
+
+def test_ipv6_store_address_is_bracketed():
+    hv = _hv("b300-01", {"multinode": {"nodes": list(NODES), "dist_init_addr": "fd00::1", "dist_init_port": 25000}})
+    v = validate_hostvars("b300-01", hv)
+    argv = build_argv(v.deployment, v.plan)
+    assert argv[argv.index("--dist-init-addr") + 1] == "[fd00::1]:25000"
+
+
+def test_gpus_are_accounted_per_machine():
+    # tp 16 over 2 b300 nodes: 8 each, fits; alone it is refused with the multinode fix
+    validate_hostvars("b300-01", _hv("b300-01"))
+    single = copy.deepcopy(base_hostvars())
+    single["ddtree_server"]["tp_size"] = 16
+    (f,) = _errors("b300-01", single)
+    assert f.field == "ddtree_server.tp_size" and "must fit the 8 GPUs of a b300 host" in f.rule
+    assert "ddtree_server.multinode" in f.fix
+    # 32 over 2 nodes is 16 per node: refused, per node
+    (f,) = _errors("b300-01", _hv("b300-01", {"tp_size": 32}))
+    assert f.field == "ddtree_server.tp_size" and "each of the 2 nodes runs tp_size / nnodes = 16" in f.rule
+    # not divisible by the node count: SGLang's own assertion
+    three = _hv("b300-01", {"tp_size": 15})
+    rules = [f.rule for f in _errors("b300-01", three)]
+    assert any("tp_size must be divisible by number of nodes" in r for r in rules), rules
+
+
+def test_node_must_be_listed_and_dp_stays_on_one_machine():
+    fields = {f.field for f in _errors("b300-03", _hv("b300-03"))}
+    assert "ddtree_server.multinode.nodes" in fields
+    (f,) = [f for f in _errors("b300-01", _hv("b300-01", {"dp_size": 2})) if f.field == "ddtree_server.dp_size"]
+    assert "across nodes is not modelled" in f.rule
+
+
+@pytest.mark.parametrize("nodes, needle", [(["b300-01"], "at least 2"), (["b300-01", "b300-01"], "twice"),
+                                           (["b300-01", "Bad_Name"], "Bad_Name")])
+def test_bad_node_lists(nodes, needle):
+    hv = _hv("b300-01", {"multinode": {"nodes": nodes, "dist_init_addr": "10.0.0.1"}})
+    text = " ".join(f.message() for f in _errors("b300-01", hv))
+    assert "ddtree_server.multinode.nodes" in text and needle in text, text
+
+
+def test_store_port_clashes_on_the_node_and_on_rank_0s_machine():
+    hv = _hv("b300-01", {"multinode": {"nodes": list(NODES), "dist_init_addr": "10.0.0.1", "dist_init_port": 30100}})
+    (f,) = _errors("b300-01", hv)
+    assert f.field == "ddtree_server.multinode.dist_init_port" and "ddtree_server.nccl_port" in f.rule
+    # another instance on rank 0's machine holding the store port (its own SGLang port)
+    v0, v1 = _both()
+    other = copy.deepcopy(base_hostvars())
+    other.update(ansible_host="10.0.0.1")
+    other["ddtree_server"] = {**other["ddtree_server"], "tp_size": 4, "port": 30200, "nccl_port": 30300}
+    other["ddtree_ops"] = {"exporter_port": 19500}
+    other["ddtree_service"] = {"name": "other", "user": "other"}
+    o = validate_hostvars("b300-01-b", other)
+    found = [f for f in fleet_findings([v0, v1, o]) if "30200" in f.message()]
+    assert found and "ddtree_server.multinode.dist_init_port" in found[0].message(), [f.message() for f in found]
+
+
+def test_every_node_same_build_class_and_settings():
+    v0 = validate_hostvars("b300-01", _hv("b300-01"))
+    hv1 = _hv("b300-02")
+    hv1["ddtree_sglang"] = {**hv1["ddtree_sglang"], "commit": "0" * 40}
+    v1 = validate_hostvars("b300-02", hv1)
+    (f,) = fleet_findings([v0, v1])
+    assert f.field == "ddtree_sglang" and f.host == "b300-02" and "same pinned build" in f.rule
+    hv1 = _hv("b300-02", {"max_running_requests": 8})
+    (f,) = fleet_findings([v0, validate_hostvars("b300-02", hv1)])
+    assert f.field == "ddtree_server"
+
+
+def test_missing_node_wrong_store_address_and_shared_machine():
+    v0, v1 = _both()
+    (f,) = fleet_findings([v0])
+    assert f.field == "ddtree_server.multinode.nodes" and f.value == "b300-02" and "not a valid host" in f.rule
+    hv = {h: _hv(h, {"multinode": {"nodes": list(NODES), "dist_init_addr": "10.0.0.7"}}) for h in NODES}
+    found = fleet_findings([validate_hostvars(h, x) for h, x in hv.items()])
+    assert [f.field for f in found] == ["ddtree_server.multinode.dist_init_addr"] and "10.0.0.1" in found[0].fix
+    hv = {h: _hv(h) for h in NODES}
+    hv["b300-02"]["ansible_host"] = "10.0.0.1"
+    found = fleet_findings([validate_hostvars(h, x) for h, x in hv.items()])
+    assert any("each node is its own machine" in f.rule for f in found), [f.message() for f in found]
+
+
+def test_dflash_pipeline_rule_applies_to_a_multinode_server():
+    hv = _hv("b300-01", {"extra_args": {"--pp-size": 2}})
+    text = " ".join(f.message() for f in _errors("b300-01", hv))
+    assert "pipeline parallel size 1" in text, text
+
+
+def test_dist_timeout_warns_below_the_start_window_and_is_not_an_extra_arg():
+    hv = _hv("b300-01", {"multinode": {"nodes": list(NODES), "dist_init_addr": "10.0.0.1", "dist_timeout_s": 60}})
+    v = validate_hostvars("b300-01", hv)
+    assert any(w.field == "ddtree_server.multinode.dist_timeout_s" for w in v.warnings)
+    (f,) = _errors("b300-01", _hv("b300-01", {"extra_args": {"--dist-timeout": 60}}))
+    assert f.field == "ddtree_server.extra_args.--dist-timeout" and "dist_timeout_s" in f.fix
+    single = copy.deepcopy(base_hostvars())  # on one machine --dist-timeout stays an ordinary extra arg
+    single["ddtree_server"]["extra_args"] = {"--dist-timeout": 60}
+    validate_hostvars("b300-01", single)
+
+
+@pytest.mark.parametrize("flag", ["--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--nnodes=2"])
+def test_multi_node_flags_in_extra_args_point_at_the_fields(flag):
+    hv = copy.deepcopy(base_hostvars())
+    hv["ddtree_server"] = {**hv["ddtree_server"], "extra_args": {flag: 2}}
+    (f,) = _errors("h1", hv)
+    assert f.field == "ddtree_server.extra_args" and flag in f.rule
+    assert "ddtree_server.multinode.nodes" in f.fix and "router" not in f.fix
+
+
+def test_router_fronts_rank_0_only():
+    v0, v1 = _both()
+    routers = {"gw": {"ansible_host": "10.0.0.50", "ddtree_router": {}}}
+    (r,), found = validate_routers(routers, [v0, v1])
+    assert found == [] and len(r.workers) == 1 and "10.0.0.1" in r.workers[0]
+    routers = {"gw": {"ansible_host": "10.0.0.50", "ddtree_router": {"instances": ["b300-02"]}}}
+    _, found = validate_routers(routers, [v0, v1])
+    assert any("list b300-01 (rank 0)" in f.fix for f in found), [f.message() for f in found]
+
+
+def test_validate_accepts_a_two_node_inventory(tmp_path, capsys):
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    hosts = {h: {"ansible_host": a} for h, a in NODES.items()}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": hosts}}}}))
+    gv = _hv("b300-01")
+    gv.pop("ansible_host")
+    (inv / "group_vars" / "sglang_servers.yml").write_text(yaml.safe_dump(gv))
+    assert main(["validate", "-i", str(inv)]) == 0, capsys.readouterr()
+    (inv / "hosts.yml").write_text(yaml.safe_dump(
+        {"sglang_servers": {"children": {"b300": {"hosts": {"b300-01": hosts["b300-01"]}}}}}))
+    assert main(["validate", "-i", str(inv)]) == 2
+    assert "node b300-02 of b300-01's server is not a valid host" in " ".join(capsys.readouterr().err.split())
+
+
+# ---- the simulator ----
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sim(tmp: Path, rank: int, port: int, store: int, timeout: int = 30) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "ddtree_ops.sim", "--model-path", "m", "--tp-size", "2", "--nnodes", "2",
+            "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{store}", "--dist-timeout", str(timeout),
+            "--port", str(port), "--nccl-port", str(_free_port()), "--enable-metrics"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SGLANG_SIM_LOAD_SECONDS": "0.2",
+           "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
+    log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _status(port: int, path: str = "/health") -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _until(pred, deadline_s: float = 20.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sim_rank_0_waits_for_the_other_node_and_dies_with_it(tmp_path):
+    p0, p1, store = _free_port(), _free_port(), _free_port()
+    r0 = _sim(tmp_path, 0, p0, store)
+    procs = [r0]
+    try:
+        time.sleep(2.0)
+        assert r0.poll() is None and _status(p0) is None  # waiting at the store: port closed, not ready
+        r1 = _sim(tmp_path, 1, p1, store)
+        procs.append(r1)
+        assert _until(lambda: _status(p0) == 200), (tmp_path / "rank0.log").read_text()
+        assert _until(lambda: _status(p1) == 200)
+        assert _status(p1, "/server_info") == 404 and _status(p1, "/metrics") == 200  # health-only server
+        from ddtree_ops.config.plandoc_model import load_plan
+        from ddtree_ops.ops.health import HealthOptions, check_health
+        from ddtree_ops.render.files import plan_json
+
+        v0, v1 = _both()
+        for v in (v0, v1):
+            (tmp_path / f"{v.deployment.host}.json").write_text(plan_json(v))
+        doc1 = load_plan(str(tmp_path / "b300-01.json")), load_plan(str(tmp_path / "b300-02.json"))
+        checks = check_health(f"http://127.0.0.1:{p1}", options=HealthOptions(failures=1, plan_doc=doc1[1]))
+        assert [(c.name, c.ok) for c in checks] == [("reachable", True), ("ready", True), ("node", True)], checks
+        r1.terminate()
+        assert r0.wait(timeout=20) == 1
+        log = (tmp_path / "rank0.log").read_text()
+        assert "ncclRemoteError" in log and "node rank 1" in log
+        checks = check_health(f"http://127.0.0.1:{p0}", options=HealthOptions(failures=1, plan_doc=doc1[0]))
+        assert not checks[-1].ok and "b300-02 (rank 1)" in checks[-1].detail, checks
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_sim_rank_0_gives_up_after_dist_timeout_naming_the_missing_node(tmp_path):
+    r0 = _sim(tmp_path, 0, _free_port(), _free_port(), timeout=2)
+    assert r0.wait(timeout=30) == 1
+    log = (tmp_path / "rank0.log").read_text()
+    # the real line (SGLang 0.5.17, --dist-timeout 60, tests/fixtures/gpu/multinode-sglang-0.5.17-h200-2026-12-02)
+    real = (REPO / "tests/fixtures/gpu/multinode-sglang-0.5.17-h200-2026-12-02/A_rank0_alone.log").read_text()
+    line = re.compile(r"torch\.distributed\.DistStoreError: Timed out after (\d+) seconds waiting for clients\. "
+                      r"1/2 clients joined\.")
+    assert [int(x) for x in line.findall(real)] == [61]
+    assert [int(x) for x in line.findall(log)] == [3], log
+    assert "node ranks 1 never joined rank 0" in log
+
+
+def test_preflight_checks_rank_0s_store_port_and_health_skips_server_info_on_rank_1(tmp_path):
+    import json as _json
+
+    from ddtree_ops.config.plandoc_model import load_plan
+    from ddtree_ops.ops.preflight import expect_from
+    from ddtree_ops.render.files import plan_json
+
+    v0, v1 = _both()
+    e0 = expect_from(None, _json.loads(plan_json(v0)))
+    e1 = expect_from(None, _json.loads(plan_json(v1)))
+    assert (30200, "ddtree-sglang.service", None, "ddtree_server.multinode.dist_init_port") in e0.ports
+    assert not any(p[3] == "ddtree_server.multinode.dist_init_port" for p in e1.ports)
+    path = tmp_path / "plan.json"
+    path.write_text(plan_json(v1))
+    doc = load_plan(str(path))
+    assert (doc.node_rank, doc.nnodes, doc.dist_init_port) == (1, 2, None)
