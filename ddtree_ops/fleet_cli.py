@@ -31,7 +31,7 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 def _vault(v: list[str] | None) -> list[str] | None:
-    from .cli import _vault_files
+    from .cli_common import _vault_files
 
     return _vault_files(v)
 
@@ -89,7 +89,7 @@ def _targets(inventory: str | None, limit: str | None, vault: list[str] | None,
     known_hosts file. Raises ConfigError (exit 2) for an invalid inventory."""
     import fabric  # noqa: F401 - missing: one line naming the extra (cli._missing_module), before any work
 
-    from .cli import DEFAULT_INVENTORY
+    from .cli_common import DEFAULT_INVENTORY
     from .config import ConfigError, validate_hostvars
     from .config.inventory import load_hostvars
     from .ops.fleet_ssh import CONNECTION_VARS, host_key_checking_off, target_of
@@ -130,7 +130,7 @@ def _limits(known: Path, targets: list[Target], parallel: int, timeout: float, d
 
 
 def _fail_if(bad: bool) -> None:
-    from .cli import CheckFailed
+    from .cli_common import CheckFailed
 
     if bad:
         raise CheckFailed()
@@ -169,7 +169,7 @@ def status_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Va
     else:
         from rich.table import Table
 
-        from .cli import out
+        from .cli_common import out
 
         table = Table("host", "release", "unit", "ready", "warm", "accept len", "tok/s", "drift", "problem")
         for r in rows:
@@ -210,7 +210,7 @@ def logs_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Vaul
                           "checks": [{"name": g.host, "ok": g.ok, "detail": g.error or f"{len(g.lines)} lines"}
                                      for g in got]}, indent=2, allow_nan=False))
     else:
-        from .cli import err, out, say
+        from .cli_common import err, out, say
 
         for g in got:
             for line in g.lines:
@@ -235,7 +235,7 @@ GateDeadlineOpt = Annotated[float | None, typer.Option(
 def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: list[str] | None,
              known_hosts: Path | None, batch: int, gate: float | None, timeout: float, deadline: float | None,
              as_json: bool, gate_deadline: float | None = None) -> None:
-    from .cli import err, out, say
+    from .cli_common import err, out, say
     from .ops import fleet_ssh
 
     _range("--batch", batch, 1, 100)

@@ -20,12 +20,14 @@ damaged file is one line (exit 2), never a hang, a traceback or unbounded memory
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import stat
 from typing import Any
+
+from ._core.bounded import depth as _depth
+from ._core.bounded import read_at_most
+from ._core.strictjson import StrictJSONError, Words, loads
 
 MAX_BYTES = 4 << 20
 """Largest plan.json read (bytes); rendered ones are a few KiB."""
@@ -37,8 +39,6 @@ MAX_INT = 1 << 63
 """Integers must satisfy ``-MAX_INT < x < MAX_INT`` (byte counts, ports, sizes fit)."""
 
 _FIX = "Fix: use the host's /etc/ddtree-ops/<name>/plan.json (written by ddtree-ops render / deploy.yml)"
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069"
                       r"\ufeff\ufff9-\ufffb]")
 """Controls and invisible format characters (bidi overrides such as U+202E reorder what a terminal shows)."""
@@ -83,71 +83,28 @@ class PlanFileError(ValueError):
         super().__init__(f"{option} {shown(path)}: {problem}. {_FIX}")
 
 
-class _Bad(Exception):
-    pass
-
-
 def shown(text: object, limit: int = 200) -> str:
     """``text`` for a message: control characters as ``?``, cut to ``limit`` characters + "…"."""
     s = _CONTROL.sub("?", str(text))
     return s if len(s) <= limit else s[:limit] + "…"
 
 
-def _int(s: str) -> int:
-    if len(s.lstrip("-")) > 19:
-        raise _Bad(f"integer of {len(s.lstrip('-'))} digits is out of range (|x| < 2**63)")
-    x = int(s)
-    if not -MAX_INT < x < MAX_INT:
-        raise _Bad(f"integer {x} is out of range (|x| < 2**63)")
-    return x
-
-
-def _float(s: str) -> float:
-    x = float(s)
-    if not math.isfinite(x):
-        raise _Bad(f"number {shown(s, 40)} is not finite (overflows a float)")
-    return x
-
-
-def _constant(s: str) -> Any:
-    raise _Bad(f"{s} is not JSON (RFC 8259 has no NaN/Infinity)")
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    doc: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in doc:
-            raise _Bad(f"duplicate key {shown(k, 60)!r} in one object (JSON parsers disagree on which wins)")
-        doc[k] = v
-    return doc
-
-
-def read_at_most(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``fd``'s current offset to its end, read in 1 MiB chunks (the
-    bounded read of every file ddtree-ops takes from a user: plan.json, checkpoint configs, the
-    logs ``diagnose`` reads). Raises OSError as ``os.read`` does."""
-    chunks: list[bytes] = []
-    while limit > 0:
-        chunk = os.read(fd, min(limit, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        limit -= len(chunk)
-    return b"".join(chunks)
+_WORDS = Words(
+    max_int_digits=19,
+    long_int=lambda digits: f"integer of {digits} digits is out of range (|x| < 2**63)",
+    max_int=MAX_INT,
+    big_int=lambda x: f"integer {x} is out of range (|x| < 2**63)",
+    not_finite=lambda s: f"number {shown(s, 40)} is not finite (overflows a float)",
+    constant=lambda s: f"{s} is not JSON (RFC 8259 has no NaN/Infinity)",
+    duplicate=lambda k: f"duplicate key {shown(k, 60)!r} in one object (JSON parsers disagree on which wins)",
+)
+"""plan.json's limits and wording of the strict parser (:mod:`ddtree_ops._core.strictjson`)."""
 
 
 def depth(data: bytes) -> int:
     """Deepest nesting of ``[``/``{`` in JSON text ``data`` (strings skipped), stopping early
-    once past :data:`MAX_DEPTH`; a flat scan, no recursion."""
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", data))
-    d = deepest = 0
-    for c in brackets:
-        d = d + 1 if c in b"[{" else d - 1
-        if d > deepest:
-            deepest = d
-            if deepest > MAX_DEPTH:
-                break
-    return deepest
+    once past :data:`MAX_DEPTH` (:func:`ddtree_ops._core.bounded.depth`)."""
+    return _depth(data, MAX_DEPTH)
 
 
 def parse_plan_doc(data: bytes) -> dict[str, Any]:
@@ -165,9 +122,8 @@ def parse_plan_doc(data: bytes) -> dict[str, Any]:
     if depth(data) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} arrays/objects: not a plan.json")
     try:
-        doc = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant,
-                         object_pairs_hook=_object)
-    except _Bad as exc:
+        doc = loads(text, _WORDS)
+    except StrictJSONError as exc:
         raise ValueError(str(exc)) from None
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} arrays/objects: not a plan.json") from None
@@ -216,3 +172,28 @@ def read_plan_doc(path: str | os.PathLike[str], option: str = "--plan") -> dict[
         return parse_plan_doc(data)
     except ValueError as exc:
         raise PlanFileError(option, str(path), str(exc)) from None
+
+
+class PlanSchemaError(PlanFileError):
+    """A plan.json of a ``schema_version`` this ddtree-ops cannot read (:func:`schema_problem`);
+    ``str()`` is ``OPTION PATH: problem`` (the problem names its own fix)."""
+
+    def __init__(self, option: str, path: str, problem: str):
+        ValueError.__init__(self, f"{option} {shown(path)}: {problem}")
+        self.problem = problem
+
+
+def load_plan_doc(path: str | os.PathLike[str], option: str = "--plan") -> dict[str, Any]:
+    """:func:`read_plan_doc`, then :func:`schema_problem`: the loader of the standard-library
+    readers (``preflight``, ``diagnose``); the typed one is
+    :func:`ddtree_ops.config.plandoc_model.load_plan`, on :func:`read_plan_doc` too.
+
+    Raises:
+        PlanFileError: what :func:`read_plan_doc` refuses; :class:`PlanSchemaError` for a
+            ``schema_version`` that is no integer >= 1 or newer than :data:`SCHEMA_VERSION`.
+    """
+    doc = read_plan_doc(path, option)
+    problem = schema_problem(doc)
+    if problem:
+        raise PlanSchemaError(option, str(path), problem)
+    return doc

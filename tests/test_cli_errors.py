@@ -1,4 +1,4 @@
-"""How the CLI reports what no command handled (``ddtree_ops.cli.KNOWN_ERRORS``).
+"""How the CLI reports what no command handled (``ddtree_ops.cli_common.KNOWN_ERRORS``).
 
 Exit codes: 2 usage / environment (named), 70 internal error (a bug: "please report"),
 130 interrupted; never a traceback unless DDTREE_DEBUG=1 asks for one; secrets scrubbed."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers import REPO
 
-from ddtree_ops import cli
+from ddtree_ops import cli, cli_common
 
 
 def _boom(exc: BaseException):
@@ -26,7 +26,7 @@ def test_internal_error_is_exit_70_one_line_and_asks_for_a_report(monkeypatch, c
     monkeypatch.setattr(cli, "_validate_all", _boom(RuntimeError("the impossible happened")))
     rc = cli.main(["validate", "-i", "inventory/example"])
     io = capsys.readouterr()
-    assert rc == cli.EXIT_INTERNAL == 70
+    assert rc == cli_common.EXIT_INTERNAL == 70
     lines = [ln for ln in io.err.splitlines() if ln.strip()]
     assert len(lines) == 1, io.err
     assert "internal error: RuntimeError: the impossible happened" in lines[0]
@@ -76,7 +76,7 @@ def test_environment_errors_are_named_exit_2(monkeypatch, capsys, exc, expect):
 
 def test_interrupt_is_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_validate_all", _boom(KeyboardInterrupt()))
-    assert cli.main(["validate", "-i", "inventory/example"]) == cli.EXIT_INTERRUPTED == 130
+    assert cli.main(["validate", "-i", "inventory/example"]) == cli_common.EXIT_INTERRUPTED == 130
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -87,13 +87,13 @@ def _render(**over) -> dict:
 # --- Prometheus job names ---------------------------------------------------------------------
 
 def test_job_names_have_one_definition():
-    from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB
+    from ddtree_ops.render.files import EXPORTER_JOB, SGLANG_JOB
 
     jobs = "|".join(re.escape(j) for j in (EXPORTER_JOB, SGLANG_JOB))
     literal = rf"""(?i)job(_name)?["']?\s*[:=]\s*\\?["']?({jobs})\b"""
     assert not _hits(literal, ANSIBLE + TEMPLATES + PLUGINS + SCRIPTS)
-    assert not _hits(literal, PACKAGE, {"ddtree_ops/render/monitoring.py": "defines them"})
-    assert _hits(literal, [REPO / "ddtree_ops/render/monitoring.py"])  # the pattern matches the definition
+    assert not _hits(literal, PACKAGE, {"ddtree_ops/render/files.py": "defines them"})
+    assert _hits(literal, [REPO / "ddtree_ops/render/files.py"])  # the pattern matches the definition
 
 
 def test_job_names_reach_prometheus_yml_and_the_rules():

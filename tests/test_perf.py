@@ -16,7 +16,8 @@ from helpers import REPO
 from rich.console import Console
 from rich.text import Text
 
-from ddtree_ops.cli import main, say
+from ddtree_ops.cli import main
+from ddtree_ops.cli_common import say
 from ddtree_ops.config import inventory as inventory_mod
 from ddtree_ops.config import validate_hostvars
 from ddtree_ops.ops.write import OpenDirs, UnsafeOutput, write_under

@@ -495,6 +495,7 @@ def opt_dir():
 
 
 def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
+    from ddtree_ops.config import build_id
     from ddtree_ops.render.argv import sglang_build_path
     from ddtree_ops.sglang import wheelhouse as wh
 
@@ -502,7 +503,7 @@ def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
     build = sglang_build_path(v.deployment)
     name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, python_tag.current(),
                          wh.ops_source_id(wh.PROJECT_ROOT))
-    assert build == f"{opt_dir}/sglang-venv.builds/{name}" and wh.BUILD_RE.fullmatch(name)
+    assert build == f"{opt_dir}/sglang-venv.builds/{name}" and build_id.BUILD_RE.fullmatch(name)
     rel = build_release(v)
     assert json.loads(rel.manifest)["identity"]["sglang_build"] == build
     unit = next(f for n, _live, f in rel.files if n.endswith(".service")).content

@@ -610,7 +610,7 @@ def test_prometheus_one_target_per_host_with_hostile_labels():
                                       ("10.0.0.5", "http://10.0.0.5:30000"), ("fd00::5", "http://[fd00::5]:30000"),
                                       ("fe80::1%eth0", "http://[fe80::1%25eth0]:30000")])
 def test_local_url_used_everywhere(host, url):
-    from ddtree_ops.cli import _url
+    from ddtree_ops.cli_common import _url
     from ddtree_ops.render.files import exporter_unit, plan_document, ready_commands
 
     hv = base_hostvars()

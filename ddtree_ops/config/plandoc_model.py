@@ -15,7 +15,7 @@ installed: ``health``, ``warmup``, ``bench`` (records the document), ``exporter`
    change bumps it; ``tests/fixtures/plan/`` holds documents of earlier writers);
 3. the fields readers use, typed with the inventory's own bounds (:mod:`ddtree_ops.config.models`)
    and, for the fields the preflight reads, with the preflight's own rules
-   (:func:`ddtree_ops.ops.preflight.plan_fields`: the preflight zipapp runs on hosts with a bare
+   (:func:`ddtree_ops.config.plan_fields.plan_fields`: the preflight zipapp runs on hosts with a bare
    python3 and keeps its standard-library reader; ``tests/test_plan_contract.py`` proves both
    accept the same documents).
 
@@ -326,13 +326,13 @@ def _base_version(document: dict[str, Any], option: str, path: str) -> str | Non
 
 
 def _preflight_fields(document: dict[str, Any], option: str, path: str) -> None:
-    """The preflight's own check of the fields it reads (:func:`ddtree_ops.ops.preflight.plan_fields`),
+    """The preflight's own check of the fields it reads (:func:`ddtree_ops.config.plan_fields.plan_fields`),
     so this model accepts no document the preflight refuses."""
-    from ..ops.preflight import PreflightUsageError, plan_fields
+    from .plan_fields import PlanFieldError, plan_fields
 
     try:
         plan_fields(document)
-    except PreflightUsageError as exc:
+    except PlanFieldError as exc:
         field = exc.field or "<document>"
         cur: Any = document
         for k in exc.field.split(".") if exc.field else ():

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..plandoc import read_at_most
+from .._core.bounded import read_at_most
+from .._core.scrub import strip_controls as _clean
 
 DEFAULT_MAX_MIB = 16
 """MiB of input read by default (the last ones: a journal's latest entries are at its end)."""
@@ -54,15 +55,6 @@ AFTER_LINES = 5
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,254}")
 """A systemd unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@`` for templates;
 256 characters at most); it may not start with ``-`` (it would read as an option)."""
-
-_ANSI = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
-"""ECMA-48 CSI sequences (colours), OSC sequences (titles, links) and two-byte escapes."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
-                      r"\u2066-\u2069\ufeff\ufff9-\ufffb]")
-"""C0/C1 controls and the invisible Unicode format characters (soft hyphen, bidi marks, embeddings,
-overrides and isolates such as U+202E, zero-width spaces and joiners, line/paragraph separators,
-the BOM, interlinear annotation): echoed raw, U+202E reverses what a terminal shows after it."""
-
 
 class DiagnoseError(Exception):
     """Input that cannot be read (exit 2): a bad unit name, a missing file, journalctl failing."""
@@ -215,15 +207,12 @@ def load_plan(path: str | Path) -> PlanFacts:
         DiagnoseError: unreadable, not a regular file, too large, not JSON (nested too deeply
             included), not a plan.
     """
-    from ..plandoc import PlanFileError, read_plan_doc, schema_problem, shown
+    from ..plandoc import PlanFileError, load_plan_doc
 
     try:
-        doc = read_plan_doc(path)
+        doc = load_plan_doc(path)
     except PlanFileError as exc:
         raise DiagnoseError(str(exc)) from None
-    problem = schema_problem(doc)
-    if problem:
-        raise DiagnoseError(f"--plan {shown(path)}: {problem}")
     return plan_facts(doc)
 
 
@@ -258,13 +247,6 @@ def _read_regular(path: str | Path, option: str, max_bytes: int, tail: bool = Fa
 
 # ---------------------------------------------------------------------------------------
 # Lines: bounded, decoded, cleaned.
-
-
-def _clean(text: str) -> str:
-    """``text`` without ANSI escapes and control characters (tabs and the like become spaces)."""
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return _CONTROL.sub(" ", text)
 
 
 def _shown_path(path: str | Path) -> str:

@@ -25,20 +25,10 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-MAX_CONNECTIONS = 64
-"""Connections served at once; Prometheus needs one per scrape."""
+from ..config.exporter_limits import MAX_CONNECTIONS
 
 CONNECTION_DEADLINE_S = 2.0
 """Total seconds a connection may live (request head read, answer written)."""
-
-BASE_DESCRIPTORS = 64
-"""Descriptors the process holds besides client connections: interpreter, listening socket,
-the upstream clients' sockets and event loops, logging (measured ~20; kept generous)."""
-
-NOFILE_LIMIT = 2 * MAX_CONNECTIONS + BASE_DESCRIPTORS + 64
-"""The exporter unit's ``LimitNOFILE=``: every slot and the cut ones still closing, the base,
-and room for connections being closed at accept."""
-
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"

@@ -91,16 +91,11 @@ _CHECKING_OFF = re.compile(r"(?i)StrictHostKeyChecking\s*=?\s*(no|off|false|acce
 
 
 def clean(data: bytes | str, limit: int = FIELD_CAP) -> str:
-    """Host-controlled text as one safe line: decoded (invalid UTF-8 replaced), terminal escapes
-    (ECMA-48 CSI/OSC) removed and other control characters, tabs and newlines made spaces
-    (:func:`ddtree_ops.ops.diagnose._clean`, the log reader's), secrets scrubbed, cut to
-    ``limit`` characters plus ``…``."""
-    from ..config.errors import scrub, shorten
-    from .diagnose import _clean
+    """Host-controlled text as one safe line (:func:`ddtree_ops.config.errors.one_line`), at most
+    :data:`FIELD_CAP` characters unless told."""
+    from ..config.errors import one_line
 
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else str(data)
-    text = _clean(text[: limit * 8]).replace("\t", " ").replace("\n", " ")  # scrub sees a bounded text
-    return shorten(scrub(text).strip(), limit)
+    return one_line(data, limit)
 
 
 class FleetError(Exception):

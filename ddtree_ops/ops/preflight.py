@@ -31,11 +31,8 @@ import ipaddress
 import json
 import os
 import re
-import selectors
-import signal
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +40,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.hosts import HOST_CLASSES, HostClass, resolve_host_classes
+from .._core.proc import run_bounded
+from .._core.scrub import clean_text
+from ..config.hosts import HOST_CLASSES, HostClass
+from ..config.plan_fields import _VERSION, PlanFieldError, _shown
+from ..config.plan_fields import plan_fields as _plan_fields
 from ..config.toolchain import ARCHS, CUDA_TOOLKITS, at_least, plan_toolchain, version_key
 from . import gpu_facts as gf
 from .ports import check_port
@@ -60,10 +61,6 @@ CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_cap
                "fabric", "ptxas", "shm", "limits", "disk", "ports", "nccl")
 """Every check name :func:`preflight` can report (``--skip`` takes these)."""
 
-COMMAND_TIMEOUT_S = 20.0
-"""Total seconds for one probing command (nvidia-smi on 8 GPUs answers in ~1-3 s)."""
-MAX_OUTPUT = 4 << 20
-"""Bytes of output kept from one command; beyond that it is killed and reported."""
 
 SHM_MIN_BYTES = 1 << 30
 """Least ``/dev/shm`` size: NCCL's shared-memory transport and PyTorch's multiprocessing put
@@ -93,94 +90,15 @@ ACS_FIX = ("disable PCIe ACS P2P redirect on the GPUs' upstream bridges (BIOS: A
            "troubleshooting guide says for PCIe peer-to-peer")
 
 
-_ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI (colours, cursor, clear screen)
-    r"|\x1b[\]PX^_][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"  # OSC (titles, OSC 8 links, OSC 52 clipboard), DCS, SOS, PM, APC
-    r"|\x1b[ -/]*[0-~]?"  # every other escape sequence (ECMA-48 nF/Fp/Fe/Fs)
-    r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
-    r"|[\x90\x98\x9d\x9e\x9f][\s\S]*?(?:\x07|\x1b\\|\x9c|\Z)"
-)  # 8-bit OSC/DCS/SOS/PM/APC strings
-"""Terminal escape sequences (ECMA-48 / ISO 6429: CSI, OSC and the other string and two-byte
-sequences, 7- and 8-bit forms); a string sequence without its terminator runs to the end."""
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]+")
-"""C0/C1 control characters (newlines too: a detail is one line) and the invisible or
-reordering format characters (zero-width, line/paragraph separators, bidi embeddings and
-isolates, BOM) that make a terminal show other text than there is."""
-
-_SECRET_WORD = re.compile(r"[a-z0-9]*(token|key)|pass(?:wd|words?|phrases?)?[0-9]*|[a-z0-9]*secrets?[a-z0-9]*"
-                          r"|credentials?|auth[a-z0-9]*|pat|bearer|cookies?|salt|jwt|signature", re.IGNORECASE)
-"""A word of a secret-looking name: the rule of ``ddtree_ops.config.errors.SECRET_NAME``, repeated
-here because the zipapp cannot import that module (it needs pydantic)."""
-_SCRUB_SHAPES = (
-    # URL user info (RFC 3986 3.2.1): scheme://user:pass@ or scheme://TOKEN@
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"]+@"), lambda m: f"{m[1]}(redacted)@"),
-    # HTTP authorization credentials (RFC 9110 11.4): Bearer X, Basic X, Token X, Digest X; the scheme words are
-    # English too ("a 1-token generation"), so only a credential-shaped word goes (see _auth_credential)
-    (re.compile(r"(?i)\b(bearer|basic|token|digest|apikey)(\s+)([A-Za-z0-9._~+/=-]{4,})"),
-     lambda m: _auth_credential(m)),
-    # secret-looking query parameters: ?access_token=X, &sig=X
-    (re.compile(r"(?i)([?&;][A-Za-z0-9_.-]*(?:token|key|secret|sig|signature|password|passwd|auth|credential|session)"
-                r"[A-Za-z0-9_.-]*=)[^&#\s'\"]+"), lambda m: f"{m[1]}(redacted)"),
-    # tokens recognisable by their prefix: Hugging Face hf_, GitHub ghp_/gho_/ghs_/github_pat_, OpenAI sk-, Slack xox?-
-    (re.compile(r"\b(?:hf_|gh[opsur]_|github_pat_|sk-|xox[abposr]-)[A-Za-z0-9_-]{8,}"), lambda m: "(redacted)"),
-)
-_NAMED = re.compile(r"(?P<name>[A-Za-z_-][A-Za-z0-9_.-]*)(?P<q>[\"']?)(?P<sep>[ \t]*[=:][ \t]*)(?P<vq>[\"']?)"
-                    r"(?P<value>[^\s'\",;{}\[\]()]+)")
-"""``NAME=value``, ``NAME: value``, ``"name": "value"``, ``name='value'`` (a Python repr),
-``--flag=value``: the value is redacted when a word of NAME is secret-looking (``HF_TOKEN = X``,
-``api_key='X'``, ``export OPENAI_API_KEY="X"``)."""
-_FLAG_VALUE = re.compile(
-    r"(?<![A-Za-z0-9_.-])(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)(?P<sep>[ \t]+)(?P<q>[\"']?)(?P<value>[^\s'\"-][^\s'\"]*)"
-)
-"""``--flag value`` (argv as printed): the value is redacted when a word of the flag is
-secret-looking (``--api-key X``, ``--hf-token X``); a flag starts a word (``a 1-token generation`` holds none)."""
-
-
-_CREDENTIAL_SIGN = re.compile(r"[0-9+/=~_]|(?<=.)[A-Z]")
-_AUTH_HEADER = re.compile(r"(?i)authori[sz]ation[\"']?\s*[:=]\s*[\"']?\s*\Z")
-
-
-def _auth_credential(m: re.Match) -> str:
-    """An authorization scheme word and the word after it, that word redacted when it reads as a credential
-    (a digit, one of ``+/=~_``, an upper-case letter after the first, or 24+ characters) or when an
-    ``Authorization:`` header stands before: the rule of ``ddtree_ops.config.errors.credential_shaped``."""
-    header = _AUTH_HEADER.search(m.string, max(0, m.start() - 40), m.start()) is not None
-    if header or len(m[3]) >= 24 or _CREDENTIAL_SIGN.search(m[3]):
-        return f"{m[1]}{m[2]}(redacted)"
-    return m[0]
-
-
-def _secret_name(name: str) -> bool:
-    return any(_SECRET_WORD.fullmatch(w) for w in re.split(r"[^A-Za-z0-9]+", name) if w)
-
-
-def _redact_named(m: re.Match) -> str:
-    if not _secret_name(m["name"]) or m["value"] == "(redacted)":
-        return m[0]
-    return m[0][:m.start("value") - m.start()] + "(redacted)"
-
-
-def scrub_text(text: str) -> str:
-    """``text`` with secret-looking values redacted, standard library only (the zipapp's own
-    scrub): URL user info, HTTP authorization credentials, secret-looking query parameters,
-    prefixed tokens (``hf_...``, ``ghp_...``, ``sk-...``) and the value of every name/value
-    pair or ``--flag value`` whose name has a secret-looking word (:data:`_SECRET_WORD`)."""
-    for rx, sub in _SCRUB_SHAPES:
-        text = rx.sub(sub, text)
-    return _FLAG_VALUE.sub(_redact_named, _NAMED.sub(_redact_named, text))
-
-
 MAX_DETAIL = 2000
 """Characters of a check's detail or remediation kept (longer ones end in ``…``)."""
 
 
 def clean(text: str, limit: int = MAX_DETAIL) -> str:
-    """``text`` made safe to print and to keep: terminal escape sequences removed (:data:`_ESCAPES`),
-    control and invisible format characters turned into one space (:data:`_CONTROLS`), secrets
-    redacted (:func:`scrub_text`, and ``ddtree_ops.config.errors.scrub`` too where it can be
-    imported: the CLI), then cut to ``limit`` characters plus ``…``."""
-    text = _CONTROLS.sub(" ", _ESCAPES.sub("", str(text)))
-    text = scrub_text(text)
+    """``text`` made safe to print and to keep: :func:`ddtree_ops._core.scrub.clean_text`, and
+    ``ddtree_ops.config.errors.scrub`` too where it can be imported (the CLI), then cut to
+    ``limit`` characters plus ``…``."""
+    text = clean_text(text)
     if _project_scrub is not None:
         text = _project_scrub(text)
     return text if len(text) <= limit else text[:limit] + "…"
@@ -196,105 +114,6 @@ def _check(name: str, ok: bool, detail: str, remediation: str = "", skipped: boo
 
 def _skip(name: str, why: str) -> dict:
     return _check(name, True, f"skipped: {why}", skipped=True)
-
-
-@dataclass(frozen=True)
-class CmdResult:
-    """Outcome of :func:`run_bounded`.
-
-    Attributes:
-        rc: exit status; 127 not found / not executable, 124 killed at the deadline,
-            125 killed for printing more than ``max_bytes``.
-        stdout, stderr: decoded output (UTF-8, undecodable bytes replaced), at most ``max_bytes`` each.
-        note: why it was killed or did not start (``""`` otherwise).
-    """
-
-    rc: int
-    stdout: str
-    stderr: str
-    note: str = ""
-
-
-DRAIN_S = 0.5
-"""Seconds the output pipes are still read after the command itself exited (a background child
-that kept them open is killed with the group after that)."""
-
-
-def run_bounded(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, max_bytes: int = MAX_OUTPUT,
-                env: dict | None = None) -> CmdResult:
-    """Run ``argv`` (no shell) with a TOTAL deadline of ``timeout`` seconds and at most
-    ``max_bytes`` kept per stream; never raises for the command's sake.
-
-    The command starts a new session (``start_new_session``), so it leads its own process
-    group; after EVERY run (normal exit, deadline, flood) that whole group is SIGKILLed, while
-    the leader is still unreaped (its id, the group's, cannot be reused meanwhile), so a child
-    it left behind (``cmd &``, ``(cmd &)``, ``nohup cmd``) dies with it. A child that calls
-    ``setsid()``/``setpgid()`` itself leaves the group and escapes this (best effort: no cgroup
-    is set up for a probing command)."""
-    try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True, env=env)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument
-        return CmdResult(127, "", "", f"{str(argv[0])[:200]}: {getattr(exc, 'strerror', None) or exc}")
-    bufs = {p.stdout: bytearray(), p.stderr: bytearray()}
-    note, rc_override = "", None
-    end = time.monotonic() + timeout
-    exited_at = None
-    with selectors.DefaultSelector() as sel:
-        for f in bufs:
-            sel.register(f, selectors.EVENT_READ)
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= end:
-                note, rc_override = f"killed after {timeout:g} s (deadline)", 124
-                break
-            if exited_at is None and _exited(p.pid):
-                exited_at = now
-            if exited_at is not None and now - exited_at > DRAIN_S:
-                break  # a background child holds the pipes open: killed with the group below
-            for key, _ in sel.select(min(end - now, 0.1)):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                buf += chunk
-                if len(buf) > max_bytes:
-                    note, rc_override = f"killed: printed more than {max_bytes} bytes", 125
-                    break
-            if rc_override is not None:
-                break
-    while rc_override is None and not _exited(p.pid):  # pipes closed; the command may still run
-        if time.monotonic() >= end:
-            note, rc_override = f"killed after {timeout:g} s (deadline)", 124
-            break
-        time.sleep(0.01)
-    _kill_group(p)
-    rc = p.returncode if p.returncode is not None else -9
-    for f in bufs:
-        f.close()
-    out, err = (bytes(bufs[f][:max_bytes]).decode("utf-8", "replace") for f in (p.stdout, p.stderr))
-    return CmdResult(rc_override if rc_override is not None else rc, out, err, note)
-
-
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited, without reaping it (``waitid`` with ``WNOWAIT``)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # already reaped
-        return True
-
-
-def _kill_group(p: subprocess.Popen) -> None:
-    """SIGKILL ``p``'s process group (``p`` leads it: ``start_new_session``), then reap ``p``."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        p.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 @dataclass
@@ -330,125 +149,12 @@ class PreflightUsageError(Exception):
         self.field, self.value, self.rule = field, value, rule
 
 
-PORT_MIN = 1024
-"""Lowest port a plan may name: the units run unprivileged (``ddtree_ops.config.models.Port``,
-Linux ``ip(7)`` ``ip_unprivileged_port_start``); the same bound as the plan.json contract."""
-_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,240}\.service")
-"""A systemd service unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@``), not
-starting with ``-`` (it is passed to ``systemctl show``)."""
-_VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
-_SM = re.compile(r"sm_\d{2,3}[af]?")
-
-
-def _shown(v: object) -> str:
-    try:
-        t = json.dumps(v, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        t = repr(v)
-    return t if len(t) <= 200 else t[:200] + "…"
-
-
 def plan_fields(plan: dict) -> dict:
-    """Every field of a ``plan.json`` (:func:`ddtree_ops.render.files` writes it) that the
-    preflight reads, checked for type and range in one place.
-
-    Returns:
-        ``{host_class, classes, unit, exporter_unit, port, host, exporter_port, model_path, state,
-        cache, toolchain}``: ``classes`` the built-in table with ``deployment.host_classes`` (absent:
-        none; each entry checked by :func:`ddtree_ops.config.hosts.resolve_host_classes`, the
-        inventory's own rules) merged over it; ``host_class`` a name of it; ``unit`` (``exporter_unit``
-        or None) a service unit name (:data:`_UNIT`); ``port``/``exporter_port`` ints
-        :data:`PORT_MIN`..65535 (``exporter_port`` None when absent, refused when null); ``host`` str
-        or None; ``model_path`` str (``deployment.model`` an object); ``state``, ``cache`` absolute
-        paths or None; ``toolchain`` a dict whose ``arch``/``target``
-        are ``sm_NN[a|f]``, ``cuda``/``min_driver``/``ptx_version`` dotted numbers, ``ptxas``
-        an absolute path, ``package`` a str, ``ptxas_env`` a ``{NAME: absolute path}`` (each
-        may be absent or null). The typed reader of the same document,
-        :class:`ddtree_ops.config.plandoc_model.PlanDoc`, runs this check first, and
-        ``tests/test_plan_contract.py`` proves the two accept the same documents.
-
-    Raises:
-        PreflightUsageError: one line naming the first bad field, its value (cut to 200
-            characters), the rule and the fix.
-    """
-    fix = "not a plan.json rendered by ddtree-ops: use the host's /etc/ddtree-ops/<name>/plan.json"
-
-    def get(path: str, rule: str, ok) -> object:
-        cur: object = plan
-        parts = path.split(".")
-        for i, k in enumerate(parts):
-            if not isinstance(cur, dict):
-                parent = ".".join(parts[:i])
-                raise PreflightUsageError(f"--plan: {path}: its parent is {_shown(cur)}, not an object; {fix}",
-                                          parent, cur, "must be an object")
-            cur = cur.get(k)
-        if not ok(cur):
-            raise PreflightUsageError(f"--plan: {path} is {_shown(cur)}: must be {rule}; {fix}", path, cur,
-                                      f"must be {rule}")
-        return cur
-
-    def opt(check):
-        return lambda v: v is None or check(v)
-
-    def text(rx=None, limit=4096):
-        return lambda v: isinstance(v, str) and len(v) <= limit and "\x00" not in v and (
-            rx is None or rx.fullmatch(v) is not None)
-
-    def absolute(v: object) -> bool:
-        return text()(v) and v.startswith("/")
-
-    def port(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and PORT_MIN <= v <= 65535
-
-    dicts = ("deployment", "deployment.server", "plan", "paths")
-    for d in dicts:
-        get(d, "an object", lambda v: isinstance(v, dict))
-    for d in ("deployment.ops", "plan.toolchain"):
-        get(d, "an object or null", opt(lambda v: isinstance(v, dict)))
-    get("deployment.model", "an object", lambda v: isinstance(v, dict))
-    classes, problems = resolve_host_classes(plan["deployment"].get("host_classes"), where="deployment.host_classes",
-                                             ignore_unknown=True)
-    if problems:  # the writer writes only resolved entries: this is no plan.json of ours
-        e = problems[0]
-        raise PreflightUsageError(f"--plan: {e.field} is {_shown(e.value)}: {e.rule} ({e.fix}); {fix}", e.field,
-                                  e.value, e.rule)
-    ops = plan["deployment"].get("ops")
-    out = {
-        "classes": classes,
-        "host_class": get("host_class", f"one of {', '.join(sorted(classes))}",
-                          lambda v: isinstance(v, str) and v in classes),
-        "unit": get("unit", "a systemd service name such as ddtree-sglang.service", text(_UNIT, 256)),
-        "exporter_unit": get("exporter_unit", "a systemd service name or null", opt(text(_UNIT, 256))),
-        "port": get("deployment.server.port", f"an integer {PORT_MIN}..65535", port),
-        "host": get("deployment.server.host", "a host name or address (string) or null", opt(text(limit=253))),
-        # absent: the default (Ops.exporter_port); null is no port
-        "exporter_port": get("deployment.ops.exporter_port", f"an integer {PORT_MIN}..65535", port)
-        if isinstance(ops, dict) and "exporter_port" in ops else None,
-        # the --nccl-port rendered (derived by the writer); absent in plans written before it was
-        "rendezvous_port": get("rendezvous_port", f"an integer {PORT_MIN}..65535", port)
-        if "rendezvous_port" in plan else None,
-        "model_path": get("deployment.model.path", "a string", text()),
-        "state": get("paths.state", "an absolute path or null", opt(absolute)),
-        "cache": get("paths.cache", "an absolute path or null", opt(absolute)),
-    }
-    tc = plan["plan"].get("toolchain") or {}
-    if tc:
-        for k, rule, ok in (("arch", "sm_NN such as sm_103", text(_SM, 8)),
-                            ("target", "sm_NN[a|f] such as sm_103a", text(_SM, 8)),
-                            ("cuda", "a dotted version such as 13.0 (a string)", text(_VERSION, 40)),
-                            ("min_driver", "a dotted driver version such as 580.65.06 (a string)", text(_VERSION, 40)),
-                            ("toolkit_min_driver", "a dotted driver version such as 570.26 (a string)",
-                             text(_VERSION, 40)),
-                            ("min_driver_reason", "a string", text(limit=500)),
-                            ("ptx_version", "a dotted PTX ISA version such as 8.8 (a string)", text(_VERSION, 40)),
-                            ("ptxas", "an absolute path", absolute),
-                            ("package", "a string", text(limit=200)),
-                            ("ptxas_env", "an object {TRITON_PTXAS_*: absolute path}",
-                             lambda v: isinstance(v, dict) and len(v) <= 8 and all(
-                                 text(re.compile(r"[A-Z][A-Z0-9_]{0,63}"))(n) and absolute(x) for n, x in v.items()))):
-            get(f"plan.toolchain.{k}", f"{rule} or null", opt(ok))
-    out["toolchain"] = dict(tc)
-    return out
+    """:func:`ddtree_ops.config.plan_fields.plan_fields`. Raises PreflightUsageError."""
+    try:
+        return _plan_fields(plan)
+    except PlanFieldError as exc:
+        raise PreflightUsageError(str(exc), exc.field, exc.value, exc.rule) from None
 
 
 def expect_from(host_class: str | None, plan: dict | None) -> Expect:
@@ -1233,16 +939,13 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
 
 
 def load_plan(path: str) -> dict:
-    """Read a ``plan.json`` (:func:`ddtree_ops.plandoc.read_plan_doc`). Raises PreflightUsageError."""
-    from ..plandoc import PlanFileError, read_plan_doc, schema_problem, shown
+    """Read a ``plan.json`` (:func:`ddtree_ops.plandoc.load_plan_doc`). Raises PreflightUsageError."""
+    from ..plandoc import PlanFileError, load_plan_doc
 
     try:
-        doc = read_plan_doc(path)
+        doc = load_plan_doc(path)
     except PlanFileError as exc:
         raise PreflightUsageError(str(exc)) from None
-    problem = schema_problem(doc)
-    if problem:
-        raise PreflightUsageError(f"--plan {shown(path)}: {problem}")
     return doc
 
 
@@ -1263,7 +966,9 @@ def parse_skip(names: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-ZIPAPP_MODULES = ("__init__.py", "config/__init__.py", "config/hosts.py", "config/toolchain.py", "ops/__init__.py",
+ZIPAPP_MODULES = ("__init__.py", "_core/__init__.py", "_core/bounded.py", "_core/proc.py", "_core/scrub.py",
+                  "_core/strictjson.py", "config/__init__.py", "config/hosts.py", "config/plan_fields.py",
+                  "config/toolchain.py", "ops/__init__.py",
                   "ops/gpu_facts.py", "ops/ports.py", "ops/preflight.py", "ops/ptxas.py", "ops/toolkit.py",
                   "plandoc.py")
 """The files of ``ddtree_ops`` the preflight imports (all standard-library only)."""

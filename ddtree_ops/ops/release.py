@@ -70,47 +70,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.release_layout import (
+    CURRENT,
+    FORMAT,
+    HISTORY,
+    ID_LENGTH,
+    ID_RE,
+    MANIFEST,
+    MANIFEST_MODE,
+    compute_id,
+)
 from ..plandoc import shown
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
 
-ID_LENGTH = 12
-"""Hex digits of a release id (the first 12 of a sha256)."""
-ID_RE = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
-"""The shape of a release id; anything else is refused before it names a path."""
-MANIFEST = "release.json"
-"""The manifest inside a release directory."""
-MANIFEST_MODE = "0644"
-"""The manifest's file mode (``ddtree_ops.render.release.release_result`` installs it so)."""
-CURRENT = "current"
-"""The symlink to the active release inside the release root."""
-HISTORY = "history"
-"""The activation history inside the release root: ids, newest last, one per line."""
-FORMAT = 1
-"""Manifest format this code writes and reads."""
 MAX_FILE_BYTES = 4 << 20
 """Largest manifest, history or release file read (plan.json's own cap: :data:`ddtree_ops.plandoc.MAX_BYTES`)."""
 MAX_HISTORY = 1000
 """Most ids kept in the history file (older lines dropped when it is rewritten)."""
 KEEP_MAX = 50
 """Largest ``--keep`` (``ddtree_service.keep_releases`` has the same bound)."""
-
-
-def file_entry(name: str, data: bytes, mode: str) -> dict:
-    """One manifest entry: ``{name, sha256, mode}`` (``mode`` an octal string such as ``"0644"``)."""
-    return {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "mode": mode}
-
-
-def compute_id(entries: list[dict], ident: dict) -> str:
-    """The release id: the first :data:`ID_LENGTH` hex digits of sha256 over the canonical JSON
-    (sorted keys, no spaces, ASCII) of ``{"files": entries, "identity": ident}``.
-
-    The one definition of the id: ``ddtree-ops render`` and the ``ddtree_render`` action
-    (:func:`ddtree_ops.render.release.build_release`) compute it from the rendered bytes, the
-    commands here recompute it from a manifest and the files on disk."""
-    canon = json.dumps({"files": entries, "identity": ident}, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(canon.encode()).hexdigest()[:ID_LENGTH]
 
 
 class ReleaseError(Exception):
@@ -667,7 +647,7 @@ def _build_or_none(root_fd: int, root: Path, rid: str) -> str | None:
 
 def _in_use_records(builds_fd: int, builds: Path, own: str) -> tuple[set[str], list[str]]:
     """Build names the other release roots' records hold, and those records' roots."""
-    from ..sglang.wheelhouse import BUILD_RE
+    from ..config.build_id import BUILD_RE
 
     names: set[str] = set()
     roots: list[str] = []
@@ -727,7 +707,7 @@ def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = (
     it is named in ``keep`` (the build just installed), or when another release root's record
     in ``builds/.in-use/`` names it (:data:`IN_USE`; this root's record is rewritten here).
     Only real directories whose name has the shape of a build
-    (:data:`ddtree_ops.sglang.wheelhouse.BUILD_RE`) are ever removed; a missing ``root`` has no
+    (:data:`ddtree_ops.config.build_id.BUILD_RE`) are ever removed; a missing ``root`` has no
     releases; a missing ``builds`` nothing to remove.
 
     Returns:
@@ -741,12 +721,12 @@ def prune_builds(root: Path, builds: Path, keep: list[str] | tuple[str, ...] = (
     """
     import shutil
 
-    from ..sglang.wheelhouse import BUILD_RE
+    from ..config.build_id import BUILD_RE
 
     for k in keep:
         if not BUILD_RE.fullmatch(k):
             raise ReleaseError(f"--keep {_shown(k)}: not an SGLang build name (cpXY-<16 hex>-<12 hex>, as "
-                               "ddtree_ops.sglang.wheelhouse.build_name makes it)")
+                               "ddtree_ops.config.build_id.build_name makes it)")
     base = os.path.normpath(str(builds))
     in_use = set(keep)
     if os.path.lexists(root):

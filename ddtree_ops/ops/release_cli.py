@@ -61,7 +61,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
 def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = None) -> None:
-    from ..cli import _print_checks
+    from ..cli_common import _print_checks
 
     _print_checks([{"name": name, "ok": ok, "detail": detail}], as_json, extra)
 
@@ -97,7 +97,7 @@ def list_cmd(root: RootOpt, as_json: JsonOpt = False) -> None:
     if as_json:
         _emit(True, "release-list", f"{len(info['releases'])} releases, current {info['current']}", True, info)
         return
-    from ..cli import out
+    from ..cli_common import out
 
     for r in info["releases"]:
         mark = "current " if r["current"] else ("previous" if r["id"] == info["previous"] else "        ")
@@ -175,7 +175,7 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option(
              as_json: JsonOpt = False) -> None:
     """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
     length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
-    from ..cli import _deployed, _positive, _print_checks, _target
+    from ..cli_common import _deployed, _positive, _print_checks, _target
 
     _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
     if deadline < GATE_DEADLINE_MIN_S:  # refused, not overrun: health and one request cannot fit

@@ -34,10 +34,10 @@ NOT_UPGRADED = "not upgraded (the rollout stopped before its batch, or it failed
 
 def _clean(value: object, limit: int = 200) -> str:
     """A host's text as one safe line (terminal escapes and control characters removed, secrets
-    scrubbed, cut): :func:`ddtree_ops.ops.fleet_ssh.clean`."""
-    from .fleet_ssh import clean
+    scrubbed, cut): :func:`ddtree_ops.config.errors.one_line`."""
+    from ..config.errors import one_line
 
-    return clean(value if isinstance(value, bytes | str) else str(value), limit)
+    return one_line(value if isinstance(value, bytes | str) else str(value), limit)
 
 
 def _number(value: object) -> float | None:

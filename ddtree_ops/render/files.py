@@ -23,13 +23,12 @@ if TYPE_CHECKING:
     from ..config.router import Router
 
 from ..config.envchars import env_char_problem
+from ..config.exporter_limits import NOFILE_LIMIT
 from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from ..config.scrape import scrape_host, sglang_scrape_host, url_host
-from ..ops.exporter_http import NOFILE_LIMIT
 from .argv import build_argv
-from .monitoring import EXPORTER_JOB, SGLANG_JOB
 
 ROUTER_JOB = "smg"
 """Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``)."""
@@ -39,6 +38,11 @@ MANAGED_BY = "Managed by ddtree-ops: do not edit"
 (:data:`MANAGED`) and the ``cuda_toolkit`` role's own (``ddtree_render`` returns it as ``managed_by``)."""
 MANAGED = f"{MANAGED_BY}; re-render with `ddtree-ops render` or deploy.yml."
 """Header comment of every file :func:`render_host` and :func:`render_prometheus` render."""
+
+EXPORTER_JOB = "ddtree_exporter"
+"""Prometheus job of the exporters (``prometheus.yml`` of :func:`prometheus_document`, the rules' selectors)."""
+SGLANG_JOB = "sglang"
+"""Prometheus job of the SGLang servers' own ``/metrics``."""
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """The YAML emitter of rendered documents: libyaml's safe dumper where PyYAML has it (half

@@ -22,14 +22,11 @@ from typing import TYPE_CHECKING
 import yaml
 
 from ..config.sglang_metrics import promql_selector
+from .files import EXPORTER_JOB, SGLANG_JOB
 
 if TYPE_CHECKING:
     from ..config.load import Validated
 
-EXPORTER_JOB = "ddtree_exporter"
-"""Prometheus job of the exporters (``prometheus.yml`` of :func:`~.files.prometheus_document`, the rules' selectors)."""
-SGLANG_JOB = "sglang"
-"""Prometheus job of the SGLang servers' own ``/metrics``."""
 RULES_FILE = "ddtree-rules.yml"
 """File name of the alert rules in the Prometheus config directory (``prometheus_targets`` role: ``rules_path``)."""
 DASHBOARD_FILE = "ddtree-dashboard.json"

@@ -32,7 +32,7 @@ Not in a release: the secrets file (``{config_dir}/secrets.env``, 0600: a secret
 new release, and a hash of secrets is never printed) and the ops venv (shared by every release
 of the host; its version is part of the identity). The SGLang build is pinned, not copied: the
 unit's ``ExecStart`` runs ``<sglang_venv>.builds/<build name>/bin/python`` (content-keyed:
-:func:`ddtree_ops.sglang.wheelhouse.build_name`, the directory the ``sglang`` role installs
+:func:`ddtree_ops.config.build_id.build_name`, the directory the ``sglang`` role installs
 into), recorded as ``identity.sglang_build`` in the manifest; the role removes only builds no
 release on the host names (``ddtree-ops release prune-builds``), so a rollback across an SGLang
 pin change runs the old build again.
@@ -44,7 +44,17 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, MANIFEST_MODE, compute_id, file_entry
+from ..config.release_layout import (
+    CURRENT,
+    FORMAT,
+    HISTORY,
+    ID_LENGTH,
+    ID_RE,
+    MANIFEST,
+    MANIFEST_MODE,
+    compute_id,
+    file_entry,
+)
 from .files import RenderedFile, render_host
 
 if TYPE_CHECKING:

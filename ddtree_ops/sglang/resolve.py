@@ -356,13 +356,13 @@ def passes(res: dict[str, Any]) -> bool:
 
 def shown(text: Any, limit: int = SHOWN_MAX) -> str:
     """``text`` as the controller prints it: terminal escapes and control characters removed
-    (:func:`ddtree_ops.ops.diagnose._clean`), secrets redacted
+    (:func:`ddtree_ops._core.scrub.strip_controls`), secrets redacted
     (:func:`ddtree_ops.config.errors.scrub`), cut to ``limit`` characters plus ``…``.
     Controller side only (imports ddtree-ops' dependencies)."""
+    from .._core.scrub import strip_controls
     from ..config.errors import scrub, shorten
-    from ..ops.diagnose import _clean
 
-    return shorten(scrub(_clean(str(text))), limit)
+    return shorten(scrub(strip_controls(str(text))), limit)
 
 
 def _exited(pid: int) -> bool:
