@@ -1,4 +1,4 @@
-"""How the CLI reports what no command handled (``ddtree_ops.cli_common.KNOWN_ERRORS``).
+"""How the CLI reports what no command handled (``ddtree_ops.cli.common.KNOWN_ERRORS``).
 
 Exit codes: 2 usage / environment (named), 70 internal error (a bug: "please report"),
 130 interrupted; never a traceback unless DDTREE_DEBUG=1 asks for one; secrets scrubbed."""
@@ -12,7 +12,8 @@ import sys
 import pytest
 from helpers import REPO
 
-from ddtree_ops import cli, cli_common
+from ddtree_ops import cli
+from ddtree_ops.cli import common as cli_common
 
 
 def _boom(exc: BaseException):

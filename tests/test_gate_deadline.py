@@ -13,8 +13,7 @@ from test_hostile_servers import Hostile, never_answers
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.health import HealthOptions, bound_s
-from ddtree_ops.ops.release import (
+from ddtree_ops.host.release import (
     GATE_DEADLINE_MIN_S,
     GATE_HEALTH_SHARE,
     GATE_MIN_TIMEOUT_S,
@@ -23,6 +22,7 @@ from ddtree_ops.ops.release import (
     rolling_settings,
 )
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.health import HealthOptions, bound_s
 
 SLACK_S = 0.6  # interpreter start of asyncio.run and teardown on 2 shared cores
 

@@ -20,7 +20,7 @@ SIM = "sim"
 
 def read_layers(text: str) -> list[tuple[str, list[str]]]:
     """``[(layer, [module patterns])]``, lowest first, from the doc's fenced ``layers`` block:
-    one ``name: pattern pattern ...`` per line; a pattern is a module (``ddtree_ops.plandoc``)
+    one ``name: pattern pattern ...`` per line; a pattern is a module (``ddtree_ops.python_tag``)
     or a subtree (``ddtree_ops.config.*``)."""
     m = re.search(r"^```text layers\n(.*?)^```", text, re.S | re.M)
     assert m, f"{DOC}: no ```text layers block"

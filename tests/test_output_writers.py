@@ -1,4 +1,4 @@
-"""Every file ddtree-ops writes goes through one safe writer (:mod:`ddtree_ops.ops.write`): the
+"""Every file ddtree-ops writes goes through one safe writer (:mod:`ddtree_ops._core.write`): the
 results of ``bench`` / ``bench-compare`` / ``sweep``, the sweep's deploy log and extra variables,
 the warm marker. A symlink planted at a result's name or at any temporary name never carries the
 write outside the output directory, and an output directory another user could write is refused.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_ops._core import write as write_mod
+from ddtree_ops._core.write import UnsafeOutput, write_file
 from ddtree_ops.cli import main
-from ddtree_ops.ops import write as write_mod
-from ddtree_ops.ops.bench import BenchResult, LevelResult, load_result, write_results
-from ddtree_ops.ops.bench_report import write_report
-from ddtree_ops.ops.sweep import Deployer, _write_json
-from ddtree_ops.ops.warmup import WarmupReport, write_marker
-from ddtree_ops.ops.write import UnsafeOutput, write_file
+from ddtree_ops.fleet.sweep import Deployer, _write_json
+from ddtree_ops.runtime.bench import BenchResult, LevelResult, load_result, write_results
+from ddtree_ops.runtime.bench_report import write_report
+from ddtree_ops.runtime.warmup import WarmupReport, write_marker
 
 STATS = {"mean": 0.01, "p50": 0.01, "p99": 0.02}
 

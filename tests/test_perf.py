@@ -16,11 +16,11 @@ from helpers import REPO
 from rich.console import Console
 from rich.text import Text
 
+from ddtree_ops._core.write import OpenDirs, UnsafeOutput, write_under
 from ddtree_ops.cli import main
-from ddtree_ops.cli_common import say
+from ddtree_ops.cli.common import say
 from ddtree_ops.config import inventory as inventory_mod
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.write import OpenDirs, UnsafeOutput, write_under
 from ddtree_ops.render import files as files_mod
 from ddtree_ops.render import render_host, render_prometheus
 from ddtree_ops.render.monitoring import render_rules
@@ -413,7 +413,7 @@ def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch)
     not once per file path, and still finds a bad one anywhere in it."""
     import os
 
-    from ddtree_ops.ops import write as write_mod
+    from ddtree_ops._core import write as write_mod
 
     out = tmp_path / "out"
     rels = [f"h{h}/etc/{d}/f{i}" for h in range(3) for d in ("systemd/system", "ddtree-ops/x") for i in range(2)]

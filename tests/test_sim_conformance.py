@@ -52,8 +52,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddtree_ops.ops.exporter import UPSTREAM_FAMILIES
-from ddtree_ops.ops.warmup import long_prompt
+from ddtree_ops.runtime.exporter import UPSTREAM_FAMILIES
+from ddtree_ops.runtime.warmup import long_prompt
 from ddtree_ops.sim.server import DEFAULT_HEALTH_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -713,7 +713,7 @@ def test_product_keys_are_present_with_their_type(diffs) -> None:
 
 def test_product_server_info_keys_cover_drift() -> None:
     """Every ``/server_info`` key ops/drift.py compares is one of PRODUCT_SERVER_INFO_KEYS."""
-    from ddtree_ops.ops import drift
+    from ddtree_ops.runtime import drift
 
     keys = {k for s in drift._SETTINGS for k in s.keys}
     assert keys <= PRODUCT_SERVER_INFO_KEYS, keys - PRODUCT_SERVER_INFO_KEYS

@@ -8,5 +8,5 @@ holds it to that).
 * :mod:`.proc`: the bounded subprocess runner (total deadline, bounded output, group kill);
 * :mod:`.scrub`: the standard-library secret scrubber's pattern table and the one-line cleaner.
 
-The plan.json loader every reader uses is :mod:`ddtree_ops.plandoc` (standard library too).
+The plan.json loader every reader uses is :mod:`ddtree_ops._core.plandoc` (standard library too).
 """

@@ -2,7 +2,7 @@
 pin, its lock and patches, the Python tag, the ddtree-ops source), the one definition the
 controller's renderer (:func:`ddtree_ops.render.argv.sglang_build_path`), the wheelhouse builder
 (:mod:`ddtree_ops.sglang.wheelhouse`) and the host-side prune
-(:func:`ddtree_ops.ops.release.prune_builds`) all use (standard library only)."""
+(:func:`ddtree_ops.host.release.prune_builds`) all use (standard library only)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def ops_wheelhouse_id(root: Path = PROJECT_ROOT) -> str:
 
 BUILD_RE = re.compile(r"^cp[0-9]{2,3}-[0-9a-f]{16}-[0-9a-f]{12}$")
 """The shape of an SGLang build's directory name (:func:`build_name`); the host-side prune
-(:func:`ddtree_ops.ops.release.prune_builds`) touches no other name."""
+(:func:`ddtree_ops.host.release.prune_builds`) touches no other name."""
 
 
 WHEELHOUSE_NAME_PATTERNS: dict[str, list[str]] = {

@@ -1,7 +1,7 @@
 """The exporter's descriptor budget: how many scrapes it serves at once and the unit's
 ``LimitNOFILE=`` that follows from it. One definition for the renderer (the exporter unit's
 limit, :func:`ddtree_ops.render.files.render_host`) and the server that lives within it
-(:mod:`ddtree_ops.ops.exporter_http`)."""
+(:mod:`ddtree_ops.runtime.exporter_http`)."""
 
 from __future__ import annotations
 

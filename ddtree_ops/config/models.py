@@ -48,7 +48,7 @@ from pydantic import (
     field_validator,
 )
 
-from ..plandoc import MAX_INT
+from .._core.plandoc import MAX_INT
 from .envchars import env_char_problem
 from .errors import (
     REDACTED,
@@ -753,7 +753,7 @@ class Service(_Model):
             plan.json; put them in ``ddtree_secret_env``.
         keep_releases: previous releases kept on the host besides the current one (1..50;
             older ones are pruned at each activation, never the current or the previous one:
-            :mod:`ddtree_ops.ops.release`).
+            :mod:`ddtree_ops.host.release`).
     """
 
     name: str = "sglang"

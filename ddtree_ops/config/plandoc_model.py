@@ -3,9 +3,9 @@
 One writer, :func:`ddtree_ops.render.files.plan_document` (``ddtree-ops render`` and the deploy
 play), and one reader for every command that takes ``--plan`` on a host with ddtree-ops
 installed: ``health``, ``warmup``, ``bench`` (records the document), ``exporter``,
-``probe-sglang``, and the drift comparison (:mod:`ddtree_ops.ops.drift`). The layers:
+``probe-sglang``, and the drift comparison (:mod:`ddtree_ops.runtime.drift`). The layers:
 
-1. bytes: :func:`ddtree_ops.plandoc.read_plan_doc` (regular file, 4 MiB, strict JSON, depth 64,
+1. bytes: :func:`ddtree_ops._core.plandoc.read_plan_doc` (regular file, 4 MiB, strict JSON, depth 64,
    integers below 2**63; standard library only);
 2. the version: ``schema_version`` (an integer; a document without it was written before the
    field existed and is read as version 1: from 310472b, which added ``paths``, to dab7f1d the
@@ -55,8 +55,8 @@ from pydantic import (
     model_validator,
 )
 
-from ..plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
-from ..plandoc import PlanFileError, newer_schema, read_plan_doc, shown
+from .._core.plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
+from .._core.plandoc import PlanFileError, newer_schema, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
 from .hosts import resolve_host_classes
 from .models import MAX_PATH, ArgText, BatchSize, Ops, Port, SGLangPin, _bounded
@@ -188,7 +188,7 @@ class PlanDeployment(_Doc):
 
 MAX_CAPTURE_SIZES = 512
 """Most entries of ``plan.capture_bs`` (the inventory's bound); warmup holds a server's own
-capture list to it too (:func:`ddtree_ops.ops.warmup.limits_from_server_info`)."""
+capture list to it too (:func:`ddtree_ops.runtime.warmup.limits_from_server_info`)."""
 
 
 class PlanSizes(_Doc):
@@ -269,7 +269,7 @@ class PlanDoc(_Doc):
     @classmethod
     def of(cls, document: Any, path: str | os.PathLike[str] = "<rendered>", option: str = "--plan") -> PlanDoc:
         """The typed view of a plan document already in memory (``render``'s, or one read by
-        :func:`ddtree_ops.plandoc.read_plan_doc`).
+        :func:`ddtree_ops._core.plandoc.read_plan_doc`).
 
         Raises:
             PlanDocError: a newer ``schema_version``, or a field that breaks its rule (the first
@@ -348,14 +348,14 @@ def load_plan(path: str | os.PathLike[str], option: str = "--plan") -> PlanDoc:
     """Read, check and type the plan.json at ``path``.
 
     Args:
-        path: the file (symlinks followed; see :mod:`ddtree_ops.plandoc` for the byte-level rules).
+        path: the file (symlinks followed; see :mod:`ddtree_ops._core.plandoc` for the byte-level rules).
         option: the option that named it, for the message.
 
     Returns:
         The document's typed view (:attr:`PlanDoc.document` holds it as read).
 
     Raises:
-        PlanDocError: everything :func:`~ddtree_ops.plandoc.read_plan_doc` refuses, a newer
+        PlanDocError: everything :func:`~ddtree_ops._core.plandoc.read_plan_doc` refuses, a newer
             ``schema_version``, or a field that breaks its rule.
     """
     try:

@@ -1,6 +1,6 @@
 """The format of a release on the host, shared by the controller that renders it
 (:mod:`ddtree_ops.render.release`) and the host-side commands that install, check and switch
-it (:mod:`ddtree_ops.ops.release`): the id, the manifest's name, mode and format, the names of
+it (:mod:`ddtree_ops.host.release`): the id, the manifest's name, mode and format, the names of
 the active link and the history (standard library only)."""
 
 from __future__ import annotations

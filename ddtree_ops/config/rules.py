@@ -387,7 +387,7 @@ def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
         yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
                    "the unit's readiness check runs `ddtree-ops health --timeout` with it, which accepts at most "
                    "300 s (SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)",
-                   "use 3..300 (default 5)", "ddtree_ops/cli.py health")
+                   "use 3..300 (default 5)", "ddtree_ops/cli/__init__.py health")
 
 
 def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:

@@ -40,7 +40,7 @@ def parse_version(text: str) -> tuple[int, int, int]:
 def graph_dialect(version: tuple[int, int, int]) -> str:
     """``legacy`` (<= 0.5.13), ``transition`` (0.5.14-0.5.19) or ``split`` (>= 0.5.20),
     read from the versions table (:data:`ddtree_ops.config.versions.DIALECT_SINCE`)."""
-    from ..config.versions import DIALECT_SINCE, GraphFlagDialect
+    from .versions import DIALECT_SINCE, GraphFlagDialect
 
     found = GraphFlagDialect.LEGACY
     for first, dialect in DIALECT_SINCE:

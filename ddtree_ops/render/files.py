@@ -200,9 +200,9 @@ def plan_document(v: Validated) -> dict:
 
 def plan_json(v: Validated) -> str:
     """plan.json's text, read back through every reader of it on the host before it is written:
-    the byte layer (:func:`ddtree_ops.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
+    the byte layer (:func:`ddtree_ops._core.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
     range) and the typed contract (:class:`ddtree_ops.config.plandoc_model.PlanDoc`, which runs the
-    preflight's standard-library reader :func:`ddtree_ops.ops.preflight.plan_fields` first). One set of
+    preflight's standard-library reader :func:`ddtree_ops.host.preflight.plan_fields` first). One set of
     bounds: a document a reader would refuse on the host is refused here, at validate and render,
     before a release is made of it.
 
@@ -210,9 +210,9 @@ def plan_json(v: Validated) -> str:
         ConfigError: one finding naming the inventory (the document as a whole), the reader's
             rule and the fix.
     """
+    from .._core.plandoc import MAX_BYTES, parse_plan_doc
     from ..config.errors import ConfigError, Finding
     from ..config.plandoc_model import PlanDoc, PlanDocError
-    from ..plandoc import MAX_BYTES, parse_plan_doc
 
     # NaN and infinities are refused when the inventory is loaded; one that got past that is refused
     # here like any other document the readers would refuse (strict JSON), never written as NaN

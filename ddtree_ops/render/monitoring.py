@@ -1,6 +1,6 @@
 """Prometheus alert rules and the Grafana dashboard of a fleet, generated from Python.
 
-The rules read the exporter's contract (:data:`ddtree_ops.ops.exporter.METRIC_NAMES`) and
+The rules read the exporter's contract (:data:`ddtree_ops.runtime.exporter.METRIC_NAMES`) and
 SGLang's own metric names as the fleet's pinned releases spell them
 (:func:`ddtree_ops.config.sglang_metrics.promql_selector`, read off each release's wheel),
 scraped by the ``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`. The acceptance-length

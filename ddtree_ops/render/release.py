@@ -1,7 +1,7 @@
 """Releases: the content key of a deployment and the layout of its release on the host.
 One definition, used by ``ddtree-ops render`` (prints the id), the
 ``ddtree_render`` action plugin (returns it; the ``ddtree_service`` role installs the release
-under it) and the host-side ``ddtree-ops release`` commands (:mod:`ddtree_ops.ops.release`,
+under it) and the host-side ``ddtree-ops release`` commands (:mod:`ddtree_ops.host.release`,
 which re-check a release against its manifest before switching to it).
 
 Layout on the host (``R`` = :func:`release_root`, ``{config_dir}/releases``)::
@@ -95,7 +95,7 @@ class Release:
     """A rendered release.
 
     Attributes:
-        id: content key (:func:`ddtree_ops.ops.release.compute_id`).
+        id: content key (:func:`ddtree_ops.host.release.compute_id`).
         root: the release root on the host (:func:`release_root`).
         files: ``(name in the release dir, live path, RenderedFile)`` per file.
         manifest: the ``release.json`` text.

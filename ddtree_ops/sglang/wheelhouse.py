@@ -37,6 +37,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .._core.plandoc import shown
 from ..config.build_id import (
     LOCK_NAME,
     MANIFEST,
@@ -50,7 +51,6 @@ from ..config.build_id import (
     sha256_file,
     wheelhouse_id,
 )
-from ..plandoc import shown
 from ..python_tag import PYTHON_TAG_CODE
 
 
@@ -74,7 +74,7 @@ FILE_NAME_MAX = 255
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)`` for one-line refusals, cut to 200 characters + "…" (:func:`ddtree_ops.plandoc.shown`)."""
+    """``repr(value)`` for one-line refusals, cut to 200 characters + "…" (:func:`ddtree_ops._core.plandoc.shown`)."""
     return shown(repr(value))
 
 

@@ -1,6 +1,6 @@
 """``ddtree-ops fleet status | logs | restart | rollback``: the inventory's hosts over SSH.
 
-The work is in :mod:`ddtree_ops.ops.fleet_ssh` (fabric, loaded only when a command runs);
+The work is in :mod:`ddtree_ops.fleet.ssh` (fabric, loaded only when a command runs);
 this module parses options, loads the hosts from the Ansible inventory (the ``-i``/``-l`` the
 other commands read, with the connection variables ``ansible_user``, ``ansible_port``,
 ``ansible_ssh_private_key_file``) and prints. It imports nothing heavy at module level:
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from .ops.fleet_ssh import Limits, Target
+    from ..fleet.ssh import Limits, Target
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Status, logs, rolling restart and rollback of the inventory's hosts over SSH (fabric).")
@@ -31,7 +31,7 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 def _vault(v: list[str] | None) -> list[str] | None:
-    from .cli_common import _vault_files
+    from .common import _vault_files
 
     return _vault_files(v)
 
@@ -61,7 +61,7 @@ def _range(name: str, value: float, lo: float, hi: float) -> float:
 def _known_hosts(given: Path | None, off: dict[str, str]) -> Path:
     """The known_hosts file to check keys against; refuses to fall back to the default file
     where the inventory turns host-key checking off for Ansible (``off``: host -> why)."""
-    from .config.errors import shorten
+    from ..config.errors import shorten
 
     if given is None and off:
         host, why = next(iter(sorted(off.items())))
@@ -89,10 +89,10 @@ def _targets(inventory: str | None, limit: str | None, vault: list[str] | None,
     known_hosts file. Raises ConfigError (exit 2) for an invalid inventory."""
     import fabric  # noqa: F401 - missing: one line naming the extra (cli._missing_module), before any work
 
-    from .cli_common import DEFAULT_INVENTORY
-    from .config import ConfigError, validate_hostvars
-    from .config.inventory import load_hostvars
-    from .ops.fleet_ssh import CONNECTION_VARS, host_key_checking_off, target_of
+    from ..config import ConfigError, validate_hostvars
+    from ..config.inventory import load_hostvars
+    from ..fleet.ssh import CONNECTION_VARS, host_key_checking_off, target_of
+    from .common import DEFAULT_INVENTORY
 
     hostvars = load_hostvars(inventory or DEFAULT_INVENTORY, limit, vault or (), CONNECTION_VARS)
     targets, errors, off = [], [], {}
@@ -112,7 +112,7 @@ def _targets(inventory: str | None, limit: str | None, vault: list[str] | None,
 
 def _limits(known: Path, targets: list[Target], parallel: int, timeout: float, deadline: float | None,
             gate: float | None = None, batch: int | None = None, gate_deadline: float | None = None) -> Limits:
-    from .ops.fleet_ssh import GATE_DEADLINE_S, GATE_MARGIN_S, Limits
+    from ..fleet.ssh import GATE_DEADLINE_S, GATE_MARGIN_S, Limits
 
     _range("--parallel", parallel, 1, MAX_PARALLEL)
     _range("--timeout", timeout, 1, 3600)
@@ -130,7 +130,7 @@ def _limits(known: Path, targets: list[Target], parallel: int, timeout: float, d
 
 
 def _fail_if(bad: bool) -> None:
-    from .cli_common import CheckFailed
+    from .common import CheckFailed
 
     if bad:
         raise CheckFailed()
@@ -156,7 +156,7 @@ def status_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Va
     host's own ``ddtree-ops health --json`` and its exporter's /metrics). Exit 0 all hosts
     ok, 1 a host failed or is unhealthy, 2 usage or configuration error.
     """
-    from .ops import fleet_ssh
+    from ..fleet import ssh as fleet_ssh
 
     targets, known = _targets(inventory, limit, vault, known_hosts)
     limits = _limits(known, targets, parallel, timeout, deadline)
@@ -169,7 +169,7 @@ def status_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Va
     else:
         from rich.table import Table
 
-        from .cli_common import out
+        from .common import out
 
         table = Table("host", "release", "unit", "ready", "warm", "accept len", "tok/s", "drift", "problem")
         for r in rows:
@@ -197,7 +197,7 @@ def logs_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Vaul
 
     Lines are cleaned of terminal escapes and secrets and cut. Exit 1 if a host could not be read.
     """
-    from .ops import fleet_ssh
+    from ..fleet import ssh as fleet_ssh
 
     _range("--lines", lines, 1, 10_000)
     _range("--max-bytes", max_bytes, 1024, 16 << 20)
@@ -210,7 +210,7 @@ def logs_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Vaul
                           "checks": [{"name": g.host, "ok": g.ok, "detail": g.error or f"{len(g.lines)} lines"}
                                      for g in got]}, indent=2, allow_nan=False))
     else:
-        from .cli_common import err, out, say
+        from .common import err, out, say
 
         for g in got:
             for line in g.lines:
@@ -235,8 +235,8 @@ GateDeadlineOpt = Annotated[float | None, typer.Option(
 def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: list[str] | None,
              known_hosts: Path | None, batch: int, gate: float | None, timeout: float, deadline: float | None,
              as_json: bool, gate_deadline: float | None = None) -> None:
-    from .cli_common import err, out, say
-    from .ops import fleet_ssh
+    from ..fleet import ssh as fleet_ssh
+    from .common import err, out, say
 
     _range("--batch", batch, 1, 100)
     if gate is not None:

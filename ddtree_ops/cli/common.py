@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from .config import Validated
-    from .config.errors import Finding
-    from .config.plandoc_model import PlanDoc
+    from ..config import Validated
+    from ..config.errors import Finding
+    from ..config.plandoc_model import PlanDoc
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -69,7 +69,7 @@ def _shown_url(url: object) -> str:
     """A URL as messages may echo it, quoted (``repr``): user info and any query/fragment replaced
     by ``(redacted)``, secrets scrubbed, cut to 200 characters; a value that is no string (a
     plan.json ``url`` of null, a number) as its ``repr``, cut."""
-    from .config.errors import scrub, shorten
+    from ..config.errors import scrub, shorten
 
     if not isinstance(url, str):
         return shorten(repr(url))
@@ -109,7 +109,7 @@ def _vault_files(files: list[str] | None) -> list[str] | None:
     """``--vault-password-file`` values (``[id@]path``) whose path is a regular file (a password
     file, or an executable script Ansible runs); anything else is a usage error naming it (a FIFO,
     a directory or ``/dev/zero`` otherwise surfaced as "no such file" or hung the read)."""
-    from .config.errors import shorten
+    from ..config.errors import shorten
 
     for spec in files or []:
         path = spec.split("@", 1)[1] if "@" in spec and not spec.startswith("/") else spec
@@ -154,11 +154,11 @@ def _validate_all(inventory: str, limit: str | None, vault: list[str] | None = N
 
 def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | None,
                         hub: bool) -> tuple[list[Validated], list[Finding]]:
-    from .config import ConfigError, validate_hostvars
-    from .config.checkpoint import CheckpointReader, hub_allowed
-    from .config.fleet import fleet_findings
-    from .config.inventory import load_hostvars
-    from .config.shared import validate_hosts
+    from ..config import ConfigError, validate_hostvars
+    from ..config.checkpoint import CheckpointReader, hub_allowed
+    from ..config.fleet import fleet_findings
+    from ..config.inventory import load_hostvars
+    from ..config.shared import validate_hosts
 
     hostvars = load_hostvars(inventory, limit, vault or ())
     # once per distinct deployment, each host bound to its own name and address (config/shared.py)
@@ -175,7 +175,7 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
                     pass  # an invalid host outside --limit is its own run's error
     errors.extend(fleet_findings(ok + peers, focus=set(hostvars) if limit else None))
     if not limit:  # routers front the whole fleet (config/router.py); none: nothing changes
-        from .config.router import load_router_vars, validate_routers
+        from ..config.router import load_router_vars, validate_routers
 
         errors.extend(validate_routers(load_router_vars(inventory, vault or ()), ok)[1])
     return ok, errors
@@ -184,8 +184,8 @@ def _validate_all_hosts(inventory: str, limit: str | None, vault: list[str] | No
 def _readable_plans(ok: list[Validated], errors: list[Finding]) -> tuple[list[Validated], list[Finding]]:
     """The hosts whose plan.json the host's readers accept (:func:`ddtree_ops.render.files.plan_json`);
     the others' findings join ``errors``: validate refuses what the host would."""
-    from .config import ConfigError
-    from .render.files import plan_json
+    from ..config import ConfigError
+    from ..render.files import plan_json
 
     kept = []
     for v in ok:
@@ -199,7 +199,7 @@ def _readable_plans(ok: list[Validated], errors: list[Finding]) -> tuple[list[Va
 
 def _require_valid(inventory: str, limit: str | None, vault: list[str] | None = None,
                    hub: bool = False) -> list[Validated]:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     ok, errors = _validate_all(inventory, limit, vault, hub)
     if errors:
@@ -230,13 +230,13 @@ def _deployed(plan_file: Path | None, inventory: str | None, limit: str | None,
     if plan_file is not None and inventory is not None:
         raise typer.BadParameter("give --plan or --inventory, not both")
     if plan_file is not None:
-        from .config.plandoc_model import load_plan
+        from ..config.plandoc_model import load_plan
 
         doc = load_plan(plan_file)
         return doc, doc.url
     if inventory is not None:
-        from .config.plandoc_model import PlanDoc
-        from .render.files import plan_document, scrape_address, sglang_target
+        from ..config.plandoc_model import PlanDoc
+        from ..render.files import plan_document, scrape_address, sglang_target
 
         validated = _require_valid(inventory, limit, vault)
         if len(validated) != 1:
@@ -311,7 +311,7 @@ its one-line message and exit 2. Anything else is an internal error (exit 70).""
 def _unexpected(argv: list[str] | None, exc: Exception) -> int:
     """One line for an exception no command handled: a known kind (exit 2) or a bug (exit 70).
     ``DDTREE_DEBUG=1`` prints the traceback first. The text goes through the secrets scrub."""
-    from .config.errors import scrub
+    from ..config.errors import scrub
 
     if os.environ.get("DDTREE_DEBUG") == "1":
         import traceback

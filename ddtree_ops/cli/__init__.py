@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from .cli_common import (
+from .common import (
     DEFAULT_INVENTORY,
     EXIT_INTERRUPTED,
     CheckFailed,
@@ -46,8 +46,8 @@ from .cli_common import (
     out,
     say,
 )
-from .fleet_cli import app as fleet_app
-from .ops.release_cli import app as release_app
+from .fleet import app as fleet_app
+from .release import app as release_app
 
 # Each command imports what it uses (pydantic + the config models, httpx, Ansible, rich tables):
 # `--help` and the light commands start without them (`--help` target <= 0.3 s CPU,
@@ -58,14 +58,14 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang with DFlash/DDTree speculative decoding.")
 app.add_typer(fleet_app, name="fleet")
-app.add_typer(release_app, name="release")  # host-side releases: ddtree_ops/ops/release_cli.py
+app.add_typer(release_app, name="release")  # host-side releases: ddtree_ops/cli/release.py
 
 
 @app.command()
 def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as_json: JsonOpt = False,
              vault: VaultOpt = None, hub: HubOpt = False) -> None:
     """Validate every server host of an inventory (exit 2 on any error)."""
-    from .config.errors import show_host
+    from ..config.errors import show_host
 
     ok, errors = _validate_all(inventory, limit, vault, hub)
     warnings = [w for v in ok for w in v.warnings if w.level == "warning"]
@@ -85,7 +85,7 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
     else:
         for v in passed:
             say(out, "ok  ", "green", v.deployment.host)
-        from .config.shared import collapsed_lines  # one line per finding many hosts share
+        from ..config.shared import collapsed_lines  # one line per finding many hosts share
 
         for line in collapsed_lines(warnings):
             say(out, "warn", "yellow", line)
@@ -100,8 +100,8 @@ def validate(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None
 def _model_config(option: str, path: str | None) -> dict[str, Any] | None:
     """The JSON object in ``path`` (a model's ``config.json``; read as the checkpoint reader reads
     one: :func:`ddtree_ops.config.checkpoint.parse_json_object`), or a one-line BadParameter."""
-    from .config.checkpoint import parse_json_object, read_bounded
-    from .config.errors import shorten
+    from ..config.checkpoint import parse_json_object, read_bounded
+    from ..config.errors import shorten
 
     if path is None:
         return None
@@ -149,7 +149,7 @@ def plan(inventory: InventoryOpt = DEFAULT_INVENTORY, limit: LimitOpt = None, as
     validated = _require_valid(inventory, limit, vault, hub)
     resolutions: dict[str, dict[str, Any]] = {}
     if resolve_with:
-        from .sglang.resolve import (
+        from ..sglang.resolve import (
             DETAIL_MAX,
             diff_plan,
             passes,
@@ -237,7 +237,7 @@ def _checkpoint_rows(ck: dict, info: dict[str, str] | None = None) -> list[tuple
     read status (why not, from ``info``: the info findings' rules by field, as validate prints them;
     plan.json keeps no reason, so it stays the same wherever it is rendered), the memory estimate
     (GiB per GPU) and its error bound."""
-    from .config.checkpoint import CheckpointFacts
+    from ..config.checkpoint import CheckpointFacts
 
     rows: list[tuple[str, Any]] = []
     for name, v in ck.get("derived", {}).items():
@@ -269,12 +269,12 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     alert rules, Grafana dashboard).
 
     Nothing is written unless every host validates. Files are written only under OUT, each
-    atomically with its final mode and never through a symlink (:mod:`ddtree_ops.ops.write`);
+    atomically with its final mode and never through a symlink (:mod:`ddtree_ops._core.write`);
     a directory on the way (OUT and each level below it) that is not ours or is writable by
     group/others is refused before the first write, and created directories are 0755.
     """
-    from .ops.write import OpenDirs, UnsafeOutput, check_out_dir, check_targets, write_under
-    from .render import render_host, render_prometheus
+    from .._core.write import OpenDirs, UnsafeOutput, check_out_dir, check_targets, write_under
+    from ..render import render_host, render_prometheus
 
     if not str(out_dir).strip():  # a str option: Path("") would be "." (the current directory)
         raise typer.BadParameter("--out must name a directory")
@@ -286,7 +286,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
     validated = _require_valid(inventory, limit, vault, hub)
     writes = [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
               for v in validated for f in render_host(v)]
-    from .render.monitoring import (
+    from ..render.monitoring import (
         DASHBOARD_FILE,
         PROMETHEUS_CONFIG_DIR,
         RULES_FILE,
@@ -297,8 +297,8 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
     routers: list = []
     if not limit:  # the routers' files (config/router.py); an inventory without group routers has none
-        from .config.router import load_router_vars, validate_routers
-        from .render.router import render_router
+        from ..config.router import load_router_vars, validate_routers
+        from ..render.router import render_router
 
         routers = validate_routers(load_router_vars(inventory, vault or ()), validated)[0]
         for r in routers:
@@ -322,7 +322,7 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
             except OSError as exc:
                 raise typer.BadParameter(f"--out {out_dir}: cannot write {rel}: {exc.strerror or exc}") from None
             say(out, "wrote", "", f"{target}{' (secret, 0600)' if secret else ''}")
-    from .render.release import build_release
+    from ..render.release import build_release
 
     for v in validated:  # the same id the deploy play installs under (ddtree_render's `release`)
         say(out, "release", "bold", f"{v.deployment.host}: {build_release(v).id}")
@@ -378,7 +378,7 @@ def health(
     Checks (stable names): reachable, ready, warm, drift, progress, accept_length.
     Exit 0 healthy, 1 a check failed, 2 usage or configuration error.
     """
-    from .ops.health import HealthOptions, bound_s, check_health, pid_alive, wait_ready
+    from ..runtime.health import HealthOptions, bound_s, check_health, pid_alive, wait_ready
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
@@ -430,8 +430,8 @@ def warmup(
     short and long prompts, greedy and sampled, and an image for vision models."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ops.warmup import WarmupError, WarmupPlan, warmup_plan, write_marker
-    from .ops.warmup import warmup as run_warmup
+    from ..runtime.warmup import WarmupError, WarmupPlan, warmup_plan, write_marker
+    from ..runtime.warmup import warmup as run_warmup
 
     doc, default_url = _deployed(plan_file, inventory, limit, vault)
     target = _target(url, default_url)
@@ -569,9 +569,9 @@ def bench(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ops.bench import BenchInputError, BenchOptions, bound_s, load_prompts, write_results
-    from .ops.bench import run as run_bench
-    from .ops.write import UnsafeOutput, check_out_dir
+    from .._core.write import UnsafeOutput, check_out_dir
+    from ..runtime.bench import BenchInputError, BenchOptions, bound_s, load_prompts, write_results
+    from ..runtime.bench import run as run_bench
 
     try:  # a --out that cannot be written safely is refused before the benchmark, not after it
         check_out_dir(out_dir)
@@ -642,8 +642,8 @@ def bench(
         extra[key] = [{k: v for k, v in vars(lv).items() if k != "itl_samples_s"} for lv in result.levels]
         extra.setdefault("files", []).extend(str(f) for f in files)
     if baseline is not None:
-        from .ops.bench import load_result
-        from .ops.bench_report import write_report
+        from ..runtime.bench import load_result
+        from ..runtime.bench_report import write_report
 
         try:
             path, rows = write_report(out_dir / "report", load_result(out_dir / "spec"),
@@ -671,9 +671,9 @@ def bench_compare(
 ) -> None:
     """Speedup of a speculative run over a baseline run per concurrency level: report.md and
     PNG plots (tok/s and acceptance length vs concurrency, ITL distribution; matplotlib: the report extra)."""
-    from .ops.bench import BenchInputError, load_result
-    from .ops.bench_report import write_report
-    from .ops.write import UnsafeOutput
+    from .._core.write import UnsafeOutput
+    from ..runtime.bench import BenchInputError, load_result
+    from ..runtime.bench_report import write_report
 
     try:
         s, b = load_result(spec), load_result(baseline)
@@ -729,9 +729,9 @@ def sweep(
     """Validate, render, deploy (--deploy) and benchmark each point of a grid of deployment
     settings, or benchmark endpoints already serving them (url). Invalid points are reported
     and skipped, never deployed; a re-run resumes; sweep.md ranks points by tok/s."""
-    from .config.inventory import load_hostvars
-    from .ops.bench import BenchInputError, BenchOptions, load_prompts
-    from .ops.sweep import Deployer, SweepError, load_sweep, run_sweep
+    from ..config.inventory import load_hostvars
+    from ..fleet.sweep import Deployer, SweepError, load_sweep, run_sweep
+    from ..runtime.bench import BenchInputError, BenchOptions, load_prompts
 
     try:
         host, points = load_sweep(spec)
@@ -751,7 +751,7 @@ def sweep(
     deployer = None
     if deploy is not None:
         if not deploy.is_file():
-            from .config.errors import shorten
+            from ..config.errors import shorten
 
             raise typer.BadParameter(
                 f"--deploy {shorten(str(deploy))!r}: not a file; give the deploy playbook, e.g. deploy.yml"
@@ -765,7 +765,7 @@ def sweep(
         if not as_json:
             say(err, f"{p.status:<9}", "bold", f"{p.name}: {p.detail}")
 
-    from .ops.write import UnsafeOutput
+    from .._core.write import UnsafeOutput
 
     try:
         done = run_sweep(host, hostvars[host], points, opts, load_prompts(None), out_dir, on_point, deployer)
@@ -776,7 +776,7 @@ def sweep(
         {"name": f"point {p.name}", "ok": p.status != "failed" and not nothing_valid,
          "detail": f"{p.status}: {p.detail}"} for p in done
     ]
-    from .ops.sweep import REPORT_FILE
+    from ..fleet.sweep import REPORT_FILE
 
     _print_checks(checks, as_json, {"report": str(out_dir / REPORT_FILE)})
 
@@ -798,11 +798,11 @@ def probe_sglang(
 ) -> None:
     """Check an installed SGLang build against one deployment: version, speculative
     algorithms (DDTREE?), our rendered argv with the build's own parser, verify-graph sizing."""
-    from .sglang.expect import probe_request, run_probe, validated_from_plan
+    from ..sglang.expect import probe_request, run_probe, validated_from_plan
 
     _positive("--timeout", timeout, 3600)
     if plan_file is not None:
-        from .config.plandoc_model import load_plan
+        from ..config.plandoc_model import load_plan
 
         v = validated_from_plan(load_plan(plan_file))
     else:
@@ -862,8 +862,8 @@ def exporter(
     import signal
     import threading
 
-    from .config.plandoc_model import load_plan
-    from .ops.exporter import Exporter, serve
+    from ..config.plandoc_model import load_plan
+    from ..runtime.exporter import Exporter, serve
 
     _positive("--poll-interval", poll_interval, 3600)
     _positive("--window", window)
@@ -915,7 +915,7 @@ def port_check(
     as_json: JsonOpt = False,
 ) -> None:
     """Exit 0 when PORT is free or held only by UNIT, 1 (naming the holder) otherwise; run as root."""
-    from .ops.ports import check_port
+    from ..host.ports import check_port
 
     try:
         result = check_port(port, unit, host=host, field_name=field_name)
@@ -942,8 +942,8 @@ def check_ptxas(
     as_json: JsonOpt = False,
 ) -> None:
     """Assemble a tiny PTX (.version of the arch, .target sm_XYZa) with one ptxas (exit 1 if it cannot)."""
-    from .config.toolchain import ARCHS
-    from .ops.ptxas import PtxasUsageError, check
+    from ..config.toolchain import ARCHS
+    from ..host.ptxas import PtxasUsageError, check
 
     a = ARCHS.get(arch)
     if a is None:
@@ -980,7 +980,7 @@ def diagnose_cmd(
     memory access at capture or replay, OOM, NVIDIA Xid errors, missing nvidia_uvm, health/NCCL timeouts,
     port in use, missing device nodes) in a log: one line of cause and fix each. Exit 0 none found, 1
     found, 2 usage."""
-    from .ops import diagnose as dg
+    from ..host import diagnose as dg
 
     lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in ops/diagnose.py; help repeats them
     max_mib = dg.DEFAULT_MAX_MIB if max_mib is None else max_mib
@@ -1061,8 +1061,8 @@ def preflight(
 ) -> None:
     """Is this machine fit for the host class / deployment? GPUs, links, driver, ptxas, /dev/shm,
     limits, disk, ports (run ON the host; exit 0 fit, 1 a check failed, 2 usage)."""
-    from .ops.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
-    from .ops.preflight import preflight as run_preflight
+    from ..host.preflight import PreflightUsageError, disk_bytes, expect_from, load_plan, parse_skip
+    from ..host.preflight import preflight as run_preflight
 
     _positive("--nccl-deadline", nccl_deadline, 3600)
     try:
@@ -1094,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here
         return rc if isinstance(rc, int) else 0
     except _config_error() as exc:
-        from .config.errors import shorten, show_host
+        from ..config.errors import shorten, show_host
 
         if _wants_json(argv):
             print(

@@ -34,7 +34,7 @@ whose files do not match its manifest, no previous release, a failed gate), 2 us
 Safety (every path stays inside ``R``):
 
 * ``R`` must be a real directory (not a symlink), owned by the caller, not writable by group
-  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops.ops.write`);
+  or others (the same rule as ``ddtree-ops render --out``: :mod:`ddtree_ops._core.write`);
   every operation goes through a descriptor of ``R`` (``dir_fd``), never a path re-resolved later;
 * an id must match :data:`ID_RE` (12 lower-case hex digits) before it names anything;
 * ``current`` must be a symlink whose target is one id (no ``/``, no ``..``): anything else
@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core.plandoc import shown
 from ..config.release_layout import (
     CURRENT,
     FORMAT,
@@ -80,13 +81,12 @@ from ..config.release_layout import (
     MANIFEST_MODE,
     compute_id,
 )
-from ..plandoc import shown
 
 if TYPE_CHECKING:
     from ..config.plandoc_model import PlanDoc
 
 MAX_FILE_BYTES = 4 << 20
-"""Largest manifest, history or release file read (plan.json's own cap: :data:`ddtree_ops.plandoc.MAX_BYTES`)."""
+"""Largest manifest, history or release file read (plan.json's own cap: :data:`ddtree_ops._core.plandoc.MAX_BYTES`)."""
 MAX_HISTORY = 1000
 """Most ids kept in the history file (older lines dropped when it is rewritten)."""
 KEEP_MAX = 50
@@ -804,7 +804,7 @@ def floor_check(acc: float, floor: float) -> dict:
 
 
 def gate_health_options(base: Any, deadline_s: float) -> Any:
-    """``base`` (:class:`~ddtree_ops.ops.health.HealthOptions`) when its ``bound_s`` fits in
+    """``base`` (:class:`~ddtree_ops.runtime.health.HealthOptions`) when its ``bound_s`` fits in
     :data:`GATE_HEALTH_SHARE` of ``deadline_s``, else the same checks with the progress window cut
     to a tenth of the deadline (at most its own) and the per-request timeout solved from
     ``bound_s`` (linear in the timeout) so the bound is exactly the share. No floor that would
@@ -812,7 +812,7 @@ def gate_health_options(base: Any, deadline_s: float) -> Any:
     :data:`GATE_DEADLINE_MIN_S` on)."""
     from dataclasses import replace
 
-    from .health import bound_s
+    from ..runtime.health import bound_s
 
     share = deadline_s * GATE_HEALTH_SHARE
     if bound_s(base) <= share:
@@ -831,7 +831,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 
     1. ``ddtree-ops health`` with the deployed plan (drift) and the unit's warm marker
        (``paths.warm_marker`` of plan.json): every check must pass;
-    2. a short synthetic load (:func:`ddtree_ops.ops.bench.run_async`: ``o.requests`` requests
+    2. a short synthetic load (:func:`ddtree_ops.runtime.bench.run_async`: ``o.requests`` requests
        at ``o.concurrency``, ``o.max_new_tokens`` tokens each), every request answered;
     3. the load's acceptance length (per request ``meta_info``, else the server's counters)
        at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.models.Ops`)
@@ -846,8 +846,8 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
     import asyncio
 
     from ..config.plandoc_model import as_plan_doc
-    from .bench import BenchOptions, load_prompts, run_async
-    from .health import HealthOptions, check_health
+    from ..runtime.bench import BenchOptions, load_prompts, run_async
+    from ..runtime.health import HealthOptions, check_health
 
     t0 = time.monotonic()
     plan_doc = as_plan_doc(plan_doc)  # the typed contract (PlanDocError for a document that breaks it)
@@ -911,7 +911,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
 # --- standard-library entry point (the SGLang build's venv has no typer) ---------------------
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ddtree_ops.ops.release prune-builds --root R --builds B [--keep NAME ...]``:
+    """``python -m ddtree_ops.host.release prune-builds --root R --builds B [--keep NAME ...]``:
     :func:`prune_builds`, one JSON object on stdout as ``--json`` everywhere (``{"ok", "checks",
     ...}``). The ``sglang`` role runs it with the python of the build it just installed, so the
     code that decides is the code of this deploy, whatever ops venv the host has. Exit 0 ok,
@@ -919,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.ops.release")
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.host.release")
     sub = ap.add_subparsers(dest="cmd", required=True)
     pb = sub.add_parser("prune-builds", help="remove SGLang builds no release runs")
     pb.add_argument("--root", type=Path, required=True, help="the release root, {config_dir}/releases")

@@ -286,7 +286,7 @@ class Upstream:
         gen_tokens: sum of ``sglang:generation_tokens_total`` (tokenizer side: one series per ``is_streaming``).
         verify_calls: ``sglang:spec_verify_calls_total`` of the lowest TP rank.
         accept_length: mean of ``sglang:spec_accept_length`` over its series.
-        load: :class:`ddtree_ops.ops.health.Load` (running, queued, progress counters).
+        load: :class:`ddtree_ops.runtime.health.Load` (running, queued, progress counters).
     """
 
     gen_tokens: float | None
@@ -621,7 +621,7 @@ class Exporter:
         :attr:`stuck_after_s` seconds saw requests running or queued and the same progress
         counters; 0.0 otherwise; None while the last sample is not up or fewer than
         :attr:`stuck_after_s` seconds of consecutive good polls exist, or when the server
-        exposes none of :data:`~ddtree_ops.ops.health.PROGRESS_COUNTERS`."""
+        exposes none of :data:`~ddtree_ops.runtime.health.PROGRESS_COUNTERS`."""
         with self._lock:
             st = self._state
             last, good_since, frozen = st.last, st.good_since, st.frozen_since
@@ -714,7 +714,7 @@ class _Collector(Collector):
 def serve(exporter: Exporter, host: str, port: int):
     """Serve the exporter's registry on ``http://host:port/metrics`` (threaded, daemon).
 
-    The listener is :mod:`ddtree_ops.ops.exporter_http`'s: a connection limit and a total
+    The listener is :mod:`ddtree_ops.runtime.exporter_http`'s: a connection limit and a total
     deadline per connection, so idle or slow clients cannot take the descriptors scrapes need.
 
     Returns:

@@ -1,6 +1,6 @@
 """The one safe writer of every file ddtree-ops writes: ``render --out``, the results of
 ``bench`` / ``bench-compare`` / ``sweep`` (JSON, CSV, Markdown, plots, deploy logs), the warm
-marker. It lives in :mod:`ddtree_ops.ops` (stdlib only) so the runtime tools on the hosts use
+marker. It lives in :mod:`ddtree_ops._core` (stdlib only) so the runtime tools on the hosts use
 the same rules as render on the controller; :func:`write_file` writes one file into its own
 directory under them.
 

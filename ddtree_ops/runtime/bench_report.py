@@ -24,7 +24,7 @@ def compare(spec: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per concurrency level present in both runs (ascending).
 
     Args:
-        spec, base: ``bench.json`` documents (:func:`ddtree_ops.ops.bench.load_result`).
+        spec, base: ``bench.json`` documents (:func:`ddtree_ops.runtime.bench.load_result`).
 
     Returns:
         Rows of ``concurrency``, ``spec_tok_s``, ``base_tok_s``, ``speedup`` (aggregate output
@@ -174,7 +174,7 @@ def _save(fig: Any, out_dir: Path, name: str) -> str:
 
     import matplotlib.pyplot as plt
 
-    from ddtree_ops.ops.write import write_file
+    from ddtree_ops._core.write import write_file
 
     buf = io.BytesIO()  # rendered in memory, then written by the one safe writer
     fig.tight_layout()
@@ -188,13 +188,13 @@ def write_report(
     out_dir: Path, spec: dict[str, Any], base: dict[str, Any], plots: bool = True
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Write ``report.md`` (and the plots) into ``out_dir`` through
-    :func:`ddtree_ops.ops.write.write_file` (``out_dir`` ours, never through a symlink); returns its
+    :func:`ddtree_ops._core.write.write_file` (``out_dir`` ours, never through a symlink); returns its
     path and the rows of :func:`compare`.
 
     Raises:
         UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
     """
-    from ddtree_ops.ops.write import check_out_dir, write_file
+    from ddtree_ops._core.write import check_out_dir, write_file
 
     check_out_dir(out_dir)  # before the plots: a refused --out is refused before any work
     rows = compare(spec, base)

@@ -1,9 +1,9 @@
-"""The ``ddtree-ops release`` CLI (registered in ``ddtree_ops/cli.py``) over the host-side
-release operations of :mod:`ddtree_ops.ops.release` (interface and exit codes documented there).
+"""The ``ddtree-ops release`` CLI (registered in ``ddtree_ops/cli/__init__.py``) over the host-side
+release operations of :mod:`ddtree_ops.host.release` (interface and exit codes documented there).
 
-Kept apart so :mod:`ddtree_ops.ops.release` imports only the standard library: the SGLang
+Kept apart so :mod:`ddtree_ops.host.release` imports only the standard library: the SGLang
 build's venv (ddtree-ops installed without its dependencies) runs
-``python -m ddtree_ops.ops.release prune-builds`` during a deploy.
+``python -m ddtree_ops.host.release prune-builds`` during a deploy.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from .release import (
+from ..host.release import (
     GATE_DEADLINE_MAX_S,
     GATE_DEADLINE_MIN_S,
     GATE_MAX_NEW_TOKENS,
@@ -29,7 +29,7 @@ from .release import (
     rollback,
 )
 
-# --- the CLI (registered in ddtree_ops/cli.py as `ddtree-ops release`) -----------------------
+# --- the CLI (registered in ddtree_ops/cli/__init__.py as `ddtree-ops release`) -----------------------
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Releases on this host: list, activate, rollback, gate (run on the host, as root).")
@@ -61,7 +61,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
 def _emit(ok: bool, name: str, detail: str, as_json: bool, extra: dict | None = None) -> None:
-    from ..cli_common import _print_checks
+    from .common import _print_checks
 
     _print_checks([{"name": name, "ok": ok, "detail": detail}], as_json, extra)
 
@@ -97,7 +97,7 @@ def list_cmd(root: RootOpt, as_json: JsonOpt = False) -> None:
     if as_json:
         _emit(True, "release-list", f"{len(info['releases'])} releases, current {info['current']}", True, info)
         return
-    from ..cli_common import out
+    from .common import out
 
     for r in info["releases"]:
         mark = "current " if r["current"] else ("previous" if r["id"] == info["previous"] else "        ")
@@ -135,7 +135,7 @@ def running_cmd(root: RootOpt, unit: Annotated[str, typer.Option("--unit", help=
                                                                 "ddtree-sglang.service.")],
                 as_json: JsonOpt = False) -> None:
     """Does UNIT run the release ROOT's current names? ("stale": restart it; exit 0 either way)."""
-    from .release_running import running
+    from ..host.release_running import running
 
     try:
         res = running(root, unit)
@@ -153,7 +153,7 @@ def prune_builds_cmd(root: RootOpt,
                          "--keep", help="A build name to keep besides those the releases run (repeatable).")] = None,
                      as_json: JsonOpt = False) -> None:
     """Remove SGLang builds no release (of ROOT, or of another root sharing BUILDS) runs (the
-    ``sglang`` role runs the same function as ``python -m ddtree_ops.ops.release prune-builds``)."""
+    ``sglang`` role runs the same function as ``python -m ddtree_ops.host.release prune-builds``)."""
     try:
         res = prune_builds(root, builds, tuple(keep or ()))
     except ReleaseError as exc:
@@ -175,7 +175,7 @@ def gate_cmd(plan_file: Annotated[Path, typer.Option(
              as_json: JsonOpt = False) -> None:
     """The rolling upgrade's gate: health (drift, warm), a short synthetic load, acceptance
     length >= the deployment's floor; all within --deadline seconds. Exit 0 pass, 1 fail."""
-    from ..cli_common import _deployed, _positive, _print_checks, _target
+    from .common import _deployed, _positive, _print_checks, _target
 
     _positive("--deadline", deadline, GATE_DEADLINE_MAX_S)
     if deadline < GATE_DEADLINE_MIN_S:  # refused, not overrun: health and one request cannot fit

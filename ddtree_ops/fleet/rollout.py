@@ -1,15 +1,15 @@
 """Reading the rolling gate's verdict, and the rollout's summary lines.
 
-One definition of the gate is the host-side command (:func:`ddtree_ops.ops.release.gate`)::
+One definition of the gate is the host-side command (:func:`ddtree_ops.host.release.gate`)::
 
     <ops venv>/bin/python -m ddtree_ops release gate --plan <config>/plan.json --deadline S --json
 
 ``playbooks/rolling.yml`` runs it with ``ansible.builtin.command`` and ``ddtree-ops fleet
-restart|rollback`` over SSH (:mod:`ddtree_ops.ops.fleet_ssh`); both read its output here
+restart|rollback`` over SSH (:mod:`ddtree_ops.fleet.ssh`); both read its output here
 (:func:`read_gate`), and the playbook's summary line, failure reason and rollout summary are
 built here too (the filters of ``filter_plugins/ddtree_rollout.py``), so the play only moves data.
 
-The gate's JSON (``_print_checks`` of ``ddtree_ops/cli.py``): ``{"ok": bool, "checks": [{name,
+The gate's JSON (``_print_checks`` of ``ddtree_ops/cli/__init__.py``): ``{"ok": bool, "checks": [{name,
 ok, detail}], "url", "accept_length": float|null, "floor": float|null, "elapsed_s"}``. Whatever a
 host prints is untrusted: at most :data:`GATE_OUTPUT_CAP` bytes are read, anything that is not
 that document (malformed, huge, nested past the parser's limit, numbers that are no finite
@@ -145,7 +145,7 @@ def _elapsed(t0: Any) -> str:
 def release_current(result: Any) -> str | None:
     """The ``current`` release id of a registered ``ddtree-ops release list --json`` result, or
     None (no release yet, the command missing or failed, or no id of the right shape)."""
-    from .release import ID_RE
+    from ..host.release import ID_RE
 
     r = _result(result)
     doc = gate_document(r.get("stdout") or "") if r.get("rc") == 0 else None

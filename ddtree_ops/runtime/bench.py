@@ -16,7 +16,7 @@ sending its next request when the last one ends), over SGLang's streaming endpoi
   per level as ``sum(completion_tokens) / sum(spec_verify_ct)``; and from the server's
   counters over the level (``/metrics``: delta ``sglang:generation_tokens_total`` / delta
   ``sglang:spec_verify_calls_total``, read as the exporter reads them,
-  :func:`ddtree_ops.ops.exporter.parse_upstream`), when the server runs with
+  :func:`ddtree_ops.runtime.exporter.parse_upstream`), when the server runs with
   ``--enable-metrics``.
 
 Endpoints (``api``): ``generate`` = SGLang's native ``POST /generate`` with ``stream``
@@ -574,7 +574,7 @@ async def _server_counters(client: httpx.AsyncClient,
                            deadline_s: float = SIDE_DEADLINE_S) -> tuple[float, float] | None:
     """``(generation tokens, verify calls)`` from ``/metrics`` within ``deadline_s``; None when it is
     not served (no ``--enable-metrics``) or holds no speculative counters."""
-    from ddtree_ops.ops.exporter import parse_upstream
+    from ddtree_ops.runtime.exporter import parse_upstream
 
     try:
         a = await fetch(client, "GET", "/metrics", deadline_s)
@@ -891,14 +891,14 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
 def write_results(out_dir: Path, result: BenchResult) -> list[Path]:
     """Write ``bench.json`` (everything), ``levels.csv`` and ``requests.csv`` into ``out_dir``
-    (created), each through :func:`ddtree_ops.ops.write.write_file`: ``out_dir`` must be ours and
+    (created), each through :func:`ddtree_ops._core.write.write_file`: ``out_dir`` must be ours and
     not writable by others, and a symlink planted at a result or temporary name is never followed.
     Returns the paths written.
 
     Raises:
         UnsafeOutput: ``out_dir`` cannot be written safely; OSError: the file system refused.
     """
-    from ddtree_ops.ops.write import write_file
+    from ddtree_ops._core.write import write_file
 
     doc = result.as_dict()
     files = {

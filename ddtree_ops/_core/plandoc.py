@@ -25,9 +25,9 @@ import re
 import stat
 from typing import Any
 
-from ._core.bounded import depth as _depth
-from ._core.bounded import read_at_most
-from ._core.strictjson import StrictJSONError, Words, loads
+from .bounded import depth as _depth
+from .bounded import read_at_most
+from .strictjson import StrictJSONError, Words, loads
 
 MAX_BYTES = 4 << 20
 """Largest plan.json read (bytes); rendered ones are a few KiB."""

@@ -232,7 +232,7 @@ _CAP = re.compile(r"\d{1,2}\.\d{1,2}")
 
 def gather(nvidia_smi: str = "nvidia-smi", proc: Path = Path("/proc")) -> Facts:
     """Read the GPU facts: ``nvidia-smi -q -x``, ``--query-gpu=driver_version,compute_cap``
-    (:data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`), ``topo -m`` and the kernel module version."""
+    (:data:`ddtree_ops.host.toolkit.QUERY_COMMAND`), ``topo -m`` and the kernel module version."""
     f = Facts()
     text, f.smi_error = _smi(nvidia_smi, ["-q", "-x"])
     if not f.smi_error:
@@ -369,7 +369,7 @@ def acs_iommu_checks(bus_ids: list[str], sys_root: Path = Path("/sys")) -> list[
 
     ``pcie_acs``: every PCIe bridge above a GPU (its sysfs path,
     ``/sys/bus/pci/devices/<bdf>`` resolved) has ACS P2P Request/Completion Redirect off
-    (:func:`ddtree_ops.ops.gpu_facts.acs_control` on its ``config``). ``iommu``: the GPUs'
+    (:func:`ddtree_ops.host.gpu_facts.acs_control` on its ``config``). ``iommu``: the GPUs'
     IOMMU groups are ``identity`` (pass-through) or there is no IOMMU group (IOMMU off).
     """
     redirect, unread, domains = [], [], {}
@@ -571,7 +571,7 @@ def driver_checks(facts: Facts, toolchain: dict, arch: str | None) -> list[dict]
 
 def ptxas_check(toolchain: dict) -> dict:
     """The ptxas the service will use (the toolkit's, which the plan's ``TRITON_PTXAS_*`` point
-    at) assembles the arch's target (:func:`ddtree_ops.ops.ptxas.assemble`). Skipped when that
+    at) assembles the arch's target (:func:`ddtree_ops.host.ptxas.assemble`). Skipped when that
     toolkit is not installed yet (the ``cuda_toolkit`` role installs it; the ``triton`` role's
     check assembles with Triton's own choice after the install)."""
     path, target, ptx = toolchain.get("ptxas"), toolchain.get("target"), toolchain.get("ptx_version")
@@ -668,7 +668,7 @@ def _ip_or_none(host: str | None) -> str | None:
 
 
 def ports_check(ports: list[tuple], proc: Path = Path("/proc")) -> dict:
-    """Each port is free or held by its own unit (:func:`ddtree_ops.ops.ports.check_port`):
+    """Each port is free or held by its own unit (:func:`ddtree_ops.host.ports.check_port`):
     ``(port, unit, host[, field])``, ``field`` the inventory field that sets it (named in the fix)."""
     if not ports:
         return _skip("ports", "no deployment given (--plan)")
@@ -939,8 +939,8 @@ def preflight(expect: Expect, nvidia_smi: str = "nvidia-smi", skip: tuple[str, .
 
 
 def load_plan(path: str) -> dict:
-    """Read a ``plan.json`` (:func:`ddtree_ops.plandoc.load_plan_doc`). Raises PreflightUsageError."""
-    from ..plandoc import PlanFileError, load_plan_doc
+    """Read a ``plan.json`` (:func:`ddtree_ops._core.plandoc.load_plan_doc`). Raises PreflightUsageError."""
+    from .._core.plandoc import PlanFileError, load_plan_doc
 
     try:
         doc = load_plan_doc(path)
@@ -966,11 +966,10 @@ def parse_skip(names: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-ZIPAPP_MODULES = ("__init__.py", "_core/__init__.py", "_core/bounded.py", "_core/proc.py", "_core/scrub.py",
-                  "_core/strictjson.py", "config/__init__.py", "config/hosts.py", "config/plan_fields.py",
-                  "config/toolchain.py", "ops/__init__.py",
-                  "ops/gpu_facts.py", "ops/ports.py", "ops/preflight.py", "ops/ptxas.py", "ops/toolkit.py",
-                  "plandoc.py")
+ZIPAPP_MODULES = ("__init__.py", "_core/__init__.py", "_core/bounded.py", "_core/plandoc.py", "_core/proc.py",
+                  "_core/scrub.py", "_core/strictjson.py", "config/__init__.py", "config/hosts.py",
+                  "config/plan_fields.py", "config/toolchain.py", "host/__init__.py", "host/gpu_facts.py",
+                  "host/ports.py", "host/preflight.py", "host/ptxas.py", "host/toolkit.py")
 """The files of ``ddtree_ops`` the preflight imports (all standard-library only)."""
 
 
@@ -982,7 +981,7 @@ def build_zipapp(out: str) -> str:
     tmp = out + ".tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0)),
-                   "import sys\nfrom ddtree_ops.ops.preflight import main\nsys.exit(main())\n")
+                   "import sys\nfrom ddtree_ops.host.preflight import main\nsys.exit(main())\n")
         for rel in ZIPAPP_MODULES:
             z.writestr(zipfile.ZipInfo(f"ddtree_ops/{rel}", (1980, 1, 1, 0, 0, 0)), (pkg / rel).read_bytes())
     os.replace(tmp, out)

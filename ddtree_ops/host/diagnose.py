@@ -207,7 +207,7 @@ def load_plan(path: str | Path) -> PlanFacts:
         DiagnoseError: unreadable, not a regular file, too large, not JSON (nested too deeply
             included), not a plan.
     """
-    from ..plandoc import PlanFileError, load_plan_doc
+    from .._core.plandoc import PlanFileError, load_plan_doc
 
     try:
         doc = load_plan_doc(path)
@@ -1128,7 +1128,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "{port} is already in use by another process: the server cannot bind",
         "`ddtree-ops port-check --port {portnum} --unit {unit}` names the holder; stop it, or set another port "
         "(ddtree_server.port / ddtree_ops.exporter_port)",
-        "uvicorn bind error (sgl-project/sglang#2361); torch TCPStore EADDRINUSE; ddtree_ops/ops/ports.py",
+        "uvicorn bind error (sgl-project/sglang#2361); torch TCPStore EADDRINUSE; ddtree_ops/host/ports.py",
         _port,
     ),
     Signature(
@@ -1250,7 +1250,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "start_timeout_s / ddtree_ops.ready_timeout_s raised, a busy server SGLANG_HEALTH_CHECK_TIMEOUT or "
         "ddtree_ops.health_timeout_s; check with `ddtree-ops health --plan plan.json`",
         "sglang/srt/entrypoints/http_server.py health (0.5.23; sgl-project/sglang#10856, #22511); "
-        "ddtree_ops/ops/health.py; systemd.service(5) TimeoutStartSec",
+        "ddtree_ops/runtime/health.py; systemd.service(5) TimeoutStartSec",
         _health,
     ),
     Signature(
@@ -1259,7 +1259,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (re.compile(r"FAIL warmup: warmup failed: (?P<detail>[^\n]{0,400})"),),
         "the unit's warmup (every captured batch size) failed, so the unit never became active",
         "{fix_more}; re-run by hand: `ddtree-ops warmup --plan plan.json`",
-        "ddtree_ops/ops/warmup.py (ExecStartPost warmup of the unit)",
+        "ddtree_ops/runtime/warmup.py (ExecStartPost warmup of the unit)",
         _warmup,
     ),
 )

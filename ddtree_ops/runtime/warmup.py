@@ -598,7 +598,7 @@ def warmup(url: str, batch_sizes: list[int] | WarmupPlan, deadline_s: float = 60
 
 def write_marker(path: Path, report: WarmupReport) -> None:
     """Write the warm marker (the report as JSON) atomically: readers see all of it or none
-    (:func:`ddtree_ops.ops.write.write_file`: its directory ours, never through a symlink)."""
-    from .write import write_file
+    (:func:`ddtree_ops._core.write.write_file`: its directory ours, never through a symlink)."""
+    from .._core.write import write_file
 
     write_file(path, json.dumps(report.as_dict(), allow_nan=False), 0o600)

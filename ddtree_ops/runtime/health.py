@@ -7,7 +7,7 @@ Check names are stable (``--json`` consumers rely on them), in this order:
 ``ready``          readiness: ``/health`` answered 200 within ``failures`` consecutive probes
 ``warm``           (with a warm marker path) the unit's warmup finished in this run
 ``drift``          (with a deployed plan) ``/server_info`` matches the deployed config
-                   (:func:`ddtree_ops.ops.drift.find_drift`); any drift fails
+                   (:func:`ddtree_ops.runtime.drift.find_drift`); any drift fails
 ``progress``       requests running or queued -> generation counters move within the window
 ``accept_length``  informational: ``avg_spec_accept_length`` from ``/server_info`` (since the server
                    started: :data:`ACCEPT_WINDOW`)

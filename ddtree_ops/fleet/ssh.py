@@ -29,7 +29,7 @@ exporter's ``/metrics`` (``ddtree_accept_length``, ``ddtree_generation_tokens_pe
 ``restart`` and ``rollback`` gate each host like ``playbooks/rolling.yml``: the unit active in a
 new invocation, health passing, then the very command the playbook runs, ``<venv>/bin/python -m
 ddtree_ops release gate --plan <config dir>/plan.json --deadline S --json`` (:func:`run_gate`,
-read by :func:`ddtree_ops.ops.rollout.read_gate`): its acceptance length must reach the floor.
+read by :func:`ddtree_ops.fleet.rollout.read_gate`): its acceptance length must reach the floor.
 """
 
 from __future__ import annotations
@@ -734,10 +734,10 @@ def gate_command(t: Target, deadline_s: float) -> str:
 
 def run_gate(s: HostSession, deadline_s: float, margin_s: float = GATE_MARGIN_S) -> Any:
     """Run the host's gate (:func:`gate_command`) and read its verdict
-    (:func:`ddtree_ops.ops.rollout.read_gate`): at most
-    :data:`~ddtree_ops.ops.rollout.GATE_OUTPUT_CAP` bytes, and no longer than ``deadline_s`` +
+    (:func:`ddtree_ops.fleet.rollout.read_gate`): at most
+    :data:`~ddtree_ops.fleet.rollout.GATE_OUTPUT_CAP` bytes, and no longer than ``deadline_s`` +
     ``margin_s`` (within the host's deadline). Malformed, huge, hanging or trickling
-    output is a failed :class:`~ddtree_ops.ops.rollout.GateVerdict`, never an exception, except
+    output is a failed :class:`~ddtree_ops.fleet.rollout.GateVerdict`, never an exception, except
     :class:`FleetError` when the host's own deadline passes or the connection breaks."""
     from .rollout import GATE_OUTPUT_CAP, GateVerdict, read_gate
 

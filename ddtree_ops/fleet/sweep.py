@@ -20,7 +20,7 @@ skipped, never run); **rendered** with the same renderer (its ``plan.json`` docu
 SGLang argv are recorded); then **deployed** when the sweep is given a playbook
 (:class:`Deployer`: ``ansible-playbook -i INVENTORY -l HOST PLAYBOOK -e @<out>/<name>/deploy-vars.json``,
 the same play and renderer as any deploy; the play returns once the unit is warm) and
-**benchmarked** (:mod:`ddtree_ops.ops.bench`) at the deployed server's address, or at the
+**benchmarked** (:mod:`ddtree_ops.runtime.bench`) at the deployed server's address, or at the
 point's ``url`` (an endpoint already serving it), with its result in ``<out>/<name>/``. A point
 with neither is validated and rendered only. After a deploying sweep the host is deployed once
 more with the inventory's own settings (``restore``), so the sweep leaves what it found.
@@ -47,9 +47,9 @@ from typing import Any
 
 import yaml
 
+from ddtree_ops._core.write import check_out_dir, make_out_dir, write_file
 from ddtree_ops.config.errors import is_secret_name, looks_like_token, registered_secret_in
-from ddtree_ops.ops.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
-from ddtree_ops.ops.write import check_out_dir, make_out_dir, write_file
+from ddtree_ops.runtime.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
 from ddtree_ops.sglang.client import preview
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -408,7 +408,7 @@ def run_sweep(host: str, hostvars: dict[str, Any], points: list[Point], opts: Be
         host: the inventory host; hostvars: its ``ddtree_*`` variables (the base of every point).
         points: from :func:`load_sweep`.
         opts: bench options (``url`` is replaced by each point's).
-        prompts: as :func:`ddtree_ops.ops.bench.run`.
+        prompts: as :func:`ddtree_ops.runtime.bench.run`.
         out_dir: ``sweep.json``, ``sweep.md`` and one directory per benchmarked point.
         on_point: called after each point.
         deployer: deploy each valid point without a ``url`` before benchmarking it, and the

@@ -14,7 +14,7 @@ The unit runs the current release only when all of these hold (systemd's own pro
 * ``NeedDaemonReload=no``: systemd loaded the unit file as it is on disk now; the live unit is a
   symlink through ``current``, so after a switch it reads "yes" until a ``daemon-reload``;
 * its main process started after ``current`` was last switched (``ExecMainStartTimestampMonotonic``
-  against the switch time: ``current`` is made fresh by every switch, :func:`ddtree_ops.ops.release._switch`,
+  against the switch time: ``current`` is made fresh by every switch, :func:`ddtree_ops.host.release._switch`,
   so its own mtime is the switch time): a process older than the switch read the env file and
   plan.json of the release before, whatever systemd has loaded since.
 """
