@@ -280,7 +280,8 @@ def test_loopback_url_has_one_definition():
 
 def test_loopback_urls_come_from_loopback_url():
     from ddtree_ops.config import validate_hostvars
-    from ddtree_ops.config.models import LOOPBACK, Server, loopback_url
+    from ddtree_ops.config.fields import LOOPBACK, loopback_url
+    from ddtree_ops.config.service_models import Server
     from ddtree_ops.fleet.ssh import status_command, target_of
 
     assert loopback_url(30000) == f"http://{LOOPBACK[4]}:30000"

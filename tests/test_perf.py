@@ -320,7 +320,7 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
 
     from ddtree_ops.config import errors
     from ddtree_ops.config.errors import ConfigError
-    from ddtree_ops.config.models import MAX_VAR_NODES, deployment_vars
+    from ddtree_ops.config.hostvars import MAX_VAR_NODES, deployment_vars
 
     monkeypatch.setattr(errors, "_known_secrets", set())
     loader, enc = _vaulted(tmp_path, "CANARY-shared-vault-value")
@@ -359,10 +359,10 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
 @pytest.mark.parametrize("inv", SHIPPED)
 def test_load_memo_gives_what_each_host_alone_gives(inv, monkeypatch):
     """One load with the memo and one without (every walk done for every host) give the same variables."""
-    from ddtree_ops.config import models
+    from ddtree_ops.config import hostvars
 
     with_memo = inventory_mod.load_hostvars(str(REPO / inv))
-    plain = models.deployment_vars
+    plain = hostvars.deployment_vars
     monkeypatch.setattr(inventory_mod, "deployment_vars", lambda a, t, h="", memo=None: plain(a, t, h, None))
     assert inventory_mod.load_hostvars(str(REPO / inv)) == with_memo
 

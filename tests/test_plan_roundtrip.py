@@ -17,7 +17,7 @@ from helpers import REPO, base_hostvars
 from ddtree_ops._core.plandoc import MAX_INT, read_plan_doc
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
-from ddtree_ops.config.models import MAX_ITEMS, MAX_TEXT
+from ddtree_ops.config.fields import MAX_ITEMS, MAX_TEXT
 from ddtree_ops.config.plandoc_model import load_plan
 from ddtree_ops.host import preflight as pf
 from ddtree_ops.render import files

@@ -366,7 +366,7 @@ def test_hostile_inventory_subprocess(name, tmp_path):
 
 def test_alias_bomb_fails_fast():
     """The size walk stops at the bound: a billion-laughs value fails in well under a second."""
-    from ddtree_ops.config.models import deployment_vars
+    from ddtree_ops.config.hostvars import deployment_vars
 
     lol: list = ["lol"] * 9
     for _ in range(9):
@@ -865,7 +865,7 @@ def test_deadline_kills_what_a_lookup_started(tmp_path):
 def test_only_vault_values_the_deployment_refers_to_are_decrypted(tmp_path):
     """Each vaulted string costs a key derivation; one no deployment variable refers to
     (by name, through other variables' Jinja) is never decrypted, yet still marks its holder."""
-    from ddtree_ops.config.models import _reachable_vars, _vault_plaintexts
+    from ddtree_ops.config.hostvars import _reachable_vars, _vault_plaintexts
 
     _, enc = _vaulted(tmp_path, "VCANARY_reachable_secret")
     all_vars = {**base_hostvars(), "junk_vaulted": [enc] * 50, "used": enc, "mid": "{{ used ~ 'x' }}",

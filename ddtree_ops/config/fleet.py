@@ -10,7 +10,7 @@ Instances of one machine must hold disjoint resources, else refused at validate 
 one finding naming both instances:
 
 * ports: SGLang ``ddtree_server.port``, ``ddtree_ops.exporter_port`` and the rendezvous
-  port (``--nccl-port``, :attr:`~.models.Server.rendezvous_port`), all against all (one
+  port (``--nccl-port``, :attr:`~.service_models.Server.rendezvous_port`), all against all (one
   listener per address and port, ip(7) EADDRINUSE; Prometheus gets one target per instance);
 * unit names (``ddtree_service.name``: units, env files and default directories derive from it);
 * directories: config, state, cache, runtime (``RuntimeDirectory``) and the Prometheus

@@ -10,7 +10,7 @@ machine's: its GPUs (tp x dp on this host), its ports and its health (one server
 GPU, port and readiness checks describe wrongly, so they are refused at validate time, in
 every spelling argparse accepts: the option itself, a unique prefix (SGLang's parser keeps
 ``allow_abbrev=True``), and ``--flag=VALUE``. The check runs in the ``extra_args`` field
-validator (:class:`~.models.Server`), ahead of its spelling check, so ``--nnodes=2`` gets this
+validator (:class:`~.service_models.Server`), ahead of its spelling check, so ``--nnodes=2`` gets this
 rule rather than the generic "no =VALUE"; the error is one finding on
 ``ddtree_server.extra_args``.
 """

@@ -21,7 +21,7 @@ class PlanFieldError(Exception):
 
 
 PORT_MIN = 1024
-"""Lowest port a plan may name: the units run unprivileged (``ddtree_ops.config.models.Port``,
+"""Lowest port a plan may name: the units run unprivileged (``ddtree_ops.config.fields.Port``,
 Linux ``ip(7)`` ``ip_unprivileged_port_start``); the same bound as the plan.json contract."""
 _UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,240}\.service")
 """A systemd service unit name (systemd.unit(5): ASCII letters, digits, ``:-_.\\``, ``@``), not

@@ -28,7 +28,7 @@ two consumers that need it as written: ``bench`` records it, ``probe-sglang`` re
 stored deployment with the inventory's rules (where unknown fields are refused).
 
 Derived values are written once, by the writer: ``url`` (the server's loopback URL,
-:attr:`~ddtree_ops.config.models.Server.local_url`) and ``sglang_base_version``
+:attr:`~ddtree_ops.config.service_models.Server.local_url`) and ``sglang_base_version``
 (:attr:`~ddtree_ops.config.models.SGLangPin.base_version`); a version-1 document from before
 ``sglang_base_version`` existed gets it from the same property when it is loaded.
 
@@ -58,8 +58,10 @@ from pydantic import (
 from .._core.plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
 from .._core.plandoc import PlanFileError, newer_schema, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
+from .fields import MAX_PATH, ArgText, BatchSize, Port, _bounded
 from .hosts import resolve_host_classes
-from .models import MAX_PATH, ArgText, BatchSize, Ops, Port, SGLangPin, _bounded
+from .models import SGLangPin
+from .service_models import Ops
 
 FIX = "re-render it (ddtree-ops render / deploy.yml) or use the host's /etc/ddtree-ops/<name>/plan.json"
 SOURCE = "plan.json contract: ddtree_ops.config.plandoc_model.PlanDoc"
@@ -135,7 +137,7 @@ class _Doc(BaseModel):
 
 
 class PlanOps(Ops):
-    """``deployment.ops``: :class:`~ddtree_ops.config.models.Ops` itself (same fields, bounds and
+    """``deployment.ops``: :class:`~ddtree_ops.config.service_models.Ops` itself (same fields, bounds and
     defaults), unknown keys ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -160,7 +162,7 @@ class PlanModelSpec(_Doc):
 
 
 class PlanServer(_Doc):
-    """``deployment.server``: ``port`` (:data:`~ddtree_ops.config.models.Port`) and ``tp_size``
+    """``deployment.server``: ``port`` (:data:`~ddtree_ops.config.fields.Port`) and ``tp_size``
     (1..64, drift's ``tp_size`` and the exporter's info label)."""
 
     port: Port

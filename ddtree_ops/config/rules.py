@@ -15,10 +15,11 @@ from .env_dirs import rule_env_dirs
 from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .memory_reserve import rule_memory_reserve
-from .models import NCCL_PORT_OFFSET, Deployment
+from .models import Deployment
 from .plan import EAGLE_SIZED, SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .scrape import rule_sglang_scrape
+from .service_models import NCCL_PORT_OFFSET
 from .sglang_compat import rule_algorithm_in_release, rule_extra_args_parse, rule_speculation_compat
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
 from .versions import DDTREE_SOURCES, KNOWN_ISSUES

@@ -500,7 +500,7 @@ def status_command(t: Target, nonce: str) -> str:
     so nothing a host prints can fake a section)."""
     metrics_py = ("import sys,urllib.request as u;"
                   "sys.stdout.buffer.write(u.urlopen(sys.argv[1],timeout=3).read(1<<20))")
-    from ..config.models import loopback_url
+    from ..config.fields import loopback_url
 
     url = f"{loopback_url(t.exporter_port)}/metrics"
     parts = [

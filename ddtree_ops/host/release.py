@@ -834,7 +834,7 @@ def gate(plan_doc: PlanDoc | dict[str, Any], url: str, o: GateOptions) -> tuple[
     2. a short synthetic load (:func:`ddtree_ops.runtime.bench.run_async`: ``o.requests`` requests
        at ``o.concurrency``, ``o.max_new_tokens`` tokens each), every request answered;
     3. the load's acceptance length (per request ``meta_info``, else the server's counters)
-       at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.models.Ops`)
+       at least ``deployment.ops.accept_length_floor`` (:class:`ddtree_ops.config.service_models.Ops`)
        when the deployment speculates, and at most ``plan.verify_tokens_per_req`` (a verify
        pass cannot accept more tokens than it verifies: :class:`ddtree_ops.config.plan.Plan`), so
        a server whose counts are impossible fails rather than passes.

@@ -30,7 +30,7 @@ from pathlib import Path
 from .release import CURRENT, ReleaseError, _shown, open_root, read_current
 
 UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,250}\.service$")
-"""A service unit name (what :attr:`ddtree_ops.config.models.Service.unit_name` renders)."""
+"""A service unit name (what :attr:`ddtree_ops.config.service_models.Service.unit_name` renders)."""
 SYSTEMCTL_TIMEOUT_S = 30.0
 """Longest one ``systemctl show`` may take."""
 RUNNING_STATES = ("active", "activating", "reloading")

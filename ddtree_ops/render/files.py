@@ -172,7 +172,7 @@ def secrets_path(v: Validated) -> str:
 def plan_document(v: Validated) -> dict:
     """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
     left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
-    ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
+    ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.service_models.Server.local_url`;
     ``paths.secrets`` is where the secrets file lives (present or not). ``schema_version``,
     ``url``, ``rendezvous_port`` (the ``--nccl-port`` rendered: the host's preflight checks it is
     free) and ``sglang_base_version`` are the contract's version and derived values
@@ -339,7 +339,7 @@ def exporter_unit_name(v: Validated) -> str:
 def exporter_unit(v: Validated) -> RenderedFile:
     """The exporter's systemd unit: ``ddtree-ops exporter --plan plan.json`` on
     ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server at its
-    :attr:`~ddtree_ops.config.models.Server.local_url`."""
+    :attr:`~ddtree_ops.config.service_models.Server.local_url`."""
     d = v.deployment
     svc = d.service
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",
