@@ -185,3 +185,13 @@ def test_the_checker_finds_a_planted_circle_and_function_local_imports(tmp_path)
     edges = imports(modules(pkg))
     assert edges["ddtree_ops.a.x"] == {"ddtree_ops.a.y"} and edges["ddtree_ops.a.y"] == {"ddtree_ops.a.x"}
     assert circles(edges) == [["ddtree_ops.a.x", "ddtree_ops.a.y"]]
+
+
+SIZE_LIMIT = 650
+"""Lines a module may have before its docstring must say why it is one module ("about 600")."""
+
+
+def test_a_long_module_says_why_at_its_top():
+    long = {m: p for m, p in MODS.items() if len(p.read_text().splitlines()) > SIZE_LIMIT}
+    silent = [m for m, p in long.items() if "Over 600 lines" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert silent == []

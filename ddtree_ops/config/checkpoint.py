@@ -28,6 +28,10 @@ Rules (:data:`CHECKPOINT_RULES`, each names its SGLang source):
 * :func:`rule_ckpt_memory` — per-GPU memory estimate (:func:`estimate_memory`).
 * :func:`rule_ckpt_draft_weights` — an EAGLE3 draft ships the tensors its config makes SGLang
   load from it (:mod:`.draft_weights`; tensor names only, from the index or the safetensors header).
+
+Over 600 lines: the readers (local, Hub), the strict checks of the three config files and the
+rules that hold a deployment to what they say; kept together because each rule quotes the
+file and field it reads. The readers are the first candidate for a module of their own.
 """
 
 from __future__ import annotations

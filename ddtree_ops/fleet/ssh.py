@@ -30,6 +30,10 @@ exporter's ``/metrics`` (``ddtree_accept_length``, ``ddtree_generation_tokens_pe
 new invocation, health passing, then the very command the playbook runs, ``<venv>/bin/python -m
 ddtree_ops release gate --plan <config dir>/plan.json --deadline S --json`` (:func:`run_gate`,
 read by :func:`ddtree_ops.fleet.rollout.read_gate`): its acceptance length must reach the floor.
+
+Over 600 lines: the SSH transport (connections, bounded commands, host-key policy) and the
+fleet commands built on it (status, logs, restart, rollback); the rolling policy is
+:mod:`.rollout`. The transport is the first candidate for a module of its own.
 """
 
 from __future__ import annotations

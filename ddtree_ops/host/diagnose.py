@@ -14,6 +14,11 @@ Every regex runs on lines of at most :data:`MAX_LINE` characters, after a plain 
 pre-filter (:attr:`Signature.needles`), and has no nested or adjacent unbounded
 quantifiers, so a hostile 1 MB line costs a bounded, linear amount of work
 (``tests/test_diagnose.py`` times one).
+
+Over 600 lines: most of it is the signature catalogue (each signature with its pattern, phase,
+fix and source, the Xid table among them), which is data read as one table; the bounded readers
+and the matcher are the rest. Kept in one module so a signature and the code that reads it are
+reviewed together.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ a file (nvidia-smi, the NCCL child, ptxas, systemctl) is cleaned of terminal esc
 characters and its secret-looking values redacted (:func:`clean`) before it reaches a check.
 
 Exit codes (:func:`main`): 0 every check passed, 1 a check failed, 2 usage error.
+
+Over 600 lines: the preflight is one program shipped as a zipapp (:data:`ZIPAPP_MODULES`), each
+check a function of the host facts gathered once; the runner, the scrubber and the plan fields
+are already in :mod:`ddtree_ops._core` and :mod:`ddtree_ops.config.plan_fields`. Splitting the
+checks by subsystem (GPU, driver, fabric, limits) is the next step.
 """
 
 from __future__ import annotations

@@ -53,6 +53,10 @@ Prune rule (after each activate and rollback): keep the current release and the 
 ``keep`` other releases of the history (the previous one always among them, ``keep >= 1``);
 remove every other directory of ``R`` whose name is an id. Names that are no id are never
 touched.
+
+Over 600 lines: every host-side release operation (list, activate, rollback, gate, prune)
+works on the same layout and manifest checks; the layout itself is
+:mod:`ddtree_ops.config.release_layout`. Not yet split further.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ strict JSON (no NaN/Infinity, nesting bounded by the interpreter's recursion lim
 integer of more than 4300 digits) and every field used is checked (counts are integers
 0..2**53). A misbehaving server fails the request (recorded with one line saying why),
 never the run: the caller turns failed requests into exit 1.
+
+Over 600 lines: the load generator, its per-request measurements and the result files of one
+run; the report across runs is :mod:`.bench_report`. Not yet split further.
 """
 
 from __future__ import annotations

@@ -67,6 +67,9 @@ per-request figure is ``completion_tokens / spec_verify_ct``
 ``Δ sum(generation_tokens_total) / Δ spec_verify_calls_total`` over requests that finished in
 the window; absent when no verify pass finished in it (idle server). A counter that goes
 down (SGLang restarted) restarts the window.
+
+Over 600 lines: the poller, the collectors and the metric families of one exporter process;
+the HTTP front is :mod:`.exporter_http`. Not yet split further.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ override ``runtime_context.override_platform(has_flashinfer=True)`` (a real inst
 ``flashinfer-python``: it is a dependency of the SGLang wheel; the resolver venv has none).
 ``--device cuda`` is added when the argv names no device. The result says so
 (``pretend``); a real GPU is never overridden.
+
+Over 600 lines: the bounded child run of the pinned build's own resolver and the diff of its
+answer against the plan, which share the result's shape. Not yet split further.
 """
 
 from __future__ import annotations
