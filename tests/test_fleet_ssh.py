@@ -480,7 +480,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
     o, e = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        from ddtree_ops import cli
+        from ddtree_ops.cli import common as cli
 
         cli.out.file, cli.err.file = o, e
         try:

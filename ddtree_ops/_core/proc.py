@@ -1,5 +1,10 @@
 """The bounded subprocess runner (standard library only): a TOTAL deadline, bounded output,
-the command's whole process group killed after every run."""
+the command's whole process group killed after every run.
+
+:func:`run_capped` is the one loop; :func:`run_bounded` (the preflight's probing commands:
+decoded text, a status for every outcome) and
+:func:`ddtree_ops.sglang.resolve.run_child` (the resolver child: raw bytes, a stderr tail) word
+its outcome for their callers."""
 
 from __future__ import annotations
 
@@ -38,61 +43,109 @@ DRAIN_S = 0.5
 that kept them open is killed with the group after that)."""
 
 
+@dataclass(frozen=True)
+class Capped:
+    """Outcome of :func:`run_capped`.
+
+    Attributes:
+        rc: the exit status; None when the command could not be reaped in time after the kill.
+        stdout: what it printed, up to the cap (and the last chunk read).
+        stderr: what it printed on stderr (its tail, with ``stderr_tail``).
+        killed: ``""``, or why the group was killed before it finished: ``deadline``,
+            ``stdout`` / ``stderr`` (printed past the cap).
+    """
+
+    rc: int | None
+    stdout: bytes
+    stderr: bytes
+    killed: str = ""
+
+
+def run_capped(argv: list[str], deadline_s: float, stdout_max: int, stderr_max: int, *,
+               env: dict | None = None, cwd: str | None = None, stderr_tail: int | None = None,
+               drain_s: float = DRAIN_S, poll_s: float = 0.1, idle_s: float = 0.01,
+               kill_on_exit: bool = False, reap_s: float = 5.0) -> Capped:
+    """Run ``argv`` (no shell, stdin from ``/dev/null``) in a session of its own with a TOTAL
+    deadline of ``deadline_s`` seconds, killing its process group once it printed more than
+    ``stdout_max`` bytes on stdout or ``stderr_max`` bytes on stderr (in all).
+
+    The command leads its own process group (``start_new_session``); after EVERY run (normal
+    exit, deadline, flood) that whole group is SIGKILLed while the leader is still unreaped (its
+    id, the group's, cannot be reused meanwhile), so a child it left behind (``cmd &``,
+    ``nohup cmd``) dies with it; with ``kill_on_exit`` the group is killed as soon as the leader
+    exits too. After the leader exited the pipes are read for ``drain_s`` more seconds (a
+    descendant that left the group with ``setsid`` may hold them). ``stderr_tail`` keeps only
+    the last that-many bytes of stderr.
+
+    Raises:
+        OSError, ValueError: ``argv[0]`` could not be started (missing, not executable, a NUL).
+    """
+    end = time.monotonic() + deadline_s
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, env=env, cwd=cwd)
+    out, err, err_total, killed, exited_at = bytearray(), bytearray(), 0, "", None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(p.stdout, selectors.EVENT_READ)
+            sel.register(p.stderr, selectors.EVENT_READ)
+            while sel.get_map() and not killed:
+                now = time.monotonic()
+                if now >= end:
+                    killed = "deadline"
+                    break
+                if exited_at is None and _exited(p.pid):
+                    exited_at = now
+                    if kill_on_exit:
+                        _signal_group(p.pid)
+                if exited_at is not None and now - exited_at > drain_s:
+                    break  # a descendant outside the group holds the pipes: killed with the group below
+                for key, _ in sel.select(min(end - now, poll_s)):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif key.fileobj is p.stdout:
+                        out += chunk
+                        if len(out) > stdout_max:
+                            killed = "stdout"
+                            break
+                    else:
+                        err += chunk
+                        err_total += len(chunk)
+                        if stderr_tail is not None and len(err) > 2 * stderr_tail:
+                            del err[:-stderr_tail]
+                        if err_total > stderr_max:
+                            killed = "stderr"
+                            break
+        while not killed and exited_at is None and not _exited(p.pid):  # pipes closed; it may still run
+            if time.monotonic() >= end:
+                killed = "deadline"
+            else:
+                time.sleep(idle_s)
+    finally:
+        _signal_group(p.pid)  # before reaping the leader, whose zombie still holds the group id
+        try:
+            rc: int | None = p.wait(timeout=reap_s)
+        except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the kernel: not waited for
+            rc = None
+        p.stdout.close()
+        p.stderr.close()
+    return Capped(rc, bytes(out), bytes(err), killed)
+
+
 def run_bounded(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, max_bytes: int = MAX_OUTPUT,
                 env: dict | None = None) -> CmdResult:
     """Run ``argv`` (no shell) with a TOTAL deadline of ``timeout`` seconds and at most
-    ``max_bytes`` kept per stream; never raises for the command's sake.
-
-    The command starts a new session (``start_new_session``), so it leads its own process
-    group; after EVERY run (normal exit, deadline, flood) that whole group is SIGKILLed, while
-    the leader is still unreaped (its id, the group's, cannot be reused meanwhile), so a child
-    it left behind (``cmd &``, ``(cmd &)``, ``nohup cmd``) dies with it. A child that calls
-    ``setsid()``/``setpgid()`` itself leaves the group and escapes this (best effort: no cgroup
-    is set up for a probing command)."""
+    ``max_bytes`` kept per stream (:func:`run_capped`); never raises for the command's sake."""
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True, env=env)
+        r = run_capped(argv, timeout, max_bytes, max_bytes, env=env)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument
         return CmdResult(127, "", "", f"{str(argv[0])[:200]}: {getattr(exc, 'strerror', None) or exc}")
-    bufs = {p.stdout: bytearray(), p.stderr: bytearray()}
-    note, rc_override = "", None
-    end = time.monotonic() + timeout
-    exited_at = None
-    with selectors.DefaultSelector() as sel:
-        for f in bufs:
-            sel.register(f, selectors.EVENT_READ)
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= end:
-                note, rc_override = f"killed after {timeout:g} s (deadline)", 124
-                break
-            if exited_at is None and _exited(p.pid):
-                exited_at = now
-            if exited_at is not None and now - exited_at > DRAIN_S:
-                break  # a background child holds the pipes open: killed with the group below
-            for key, _ in sel.select(min(end - now, 0.1)):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                buf += chunk
-                if len(buf) > max_bytes:
-                    note, rc_override = f"killed: printed more than {max_bytes} bytes", 125
-                    break
-            if rc_override is not None:
-                break
-    while rc_override is None and not _exited(p.pid):  # pipes closed; the command may still run
-        if time.monotonic() >= end:
-            note, rc_override = f"killed after {timeout:g} s (deadline)", 124
-            break
-        time.sleep(0.01)
-    _kill_group(p)
-    rc = p.returncode if p.returncode is not None else -9
-    for f in bufs:
-        f.close()
-    out, err = (bytes(bufs[f][:max_bytes]).decode("utf-8", "replace") for f in (p.stdout, p.stderr))
-    return CmdResult(rc_override if rc_override is not None else rc, out, err, note)
+    out, err = (b[:max_bytes].decode("utf-8", "replace") for b in (r.stdout, r.stderr))
+    if r.killed == "deadline":
+        return CmdResult(124, out, err, f"killed after {timeout:g} s (deadline)")
+    if r.killed:
+        return CmdResult(125, out, err, f"killed: printed more than {max_bytes} bytes")
+    return CmdResult(r.rc if r.rc is not None else -9, out, err)
 
 
 def _exited(pid: int) -> bool:
@@ -103,13 +156,9 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _kill_group(p: subprocess.Popen) -> None:
-    """SIGKILL ``p``'s process group (``p`` leads it: ``start_new_session``), then reap ``p``."""
+def _signal_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (gone or not ours: nothing to do)."""
     try:
-        os.killpg(p.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        p.wait(timeout=5)
-    except subprocess.TimeoutExpired:
         pass
