@@ -167,15 +167,15 @@ def test_no_writer_in_the_product_bypasses_the_safe_writer():
     root = Path(__file__).resolve().parents[1] / "ddtree_ops"
     pattern = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"'][wax]b?\+?[\"']|json\.dump\(|\.savefig\(")
     allowed = {  # each writes only inside a directory made private by tempfile.mkdtemp/TemporaryDirectory
-        ("ops/preflight.py", "script.write_text(_NCCL_CHILD)"),
-        ("ops/ptxas.py", 'with open(ptx, "w", encoding="ascii") as f:'),
+        ("host/preflight.py", "script.write_text(_NCCL_CHILD)"),
+        ("host/ptxas.py", 'with open(ptx, "w", encoding="ascii") as f:'),
         ("sglang/resolve.py", 'with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:'),
         ("sglang/resolve.py", "json.dump(config, f"),
         ("sglang/resolve.py", 'with open(req_path, "w", encoding="utf-8") as f:'),
         ("sglang/resolve.py", "json.dump(request, f"),
         ("sglang/wheelhouse.py", "(dest / MANIFEST).write_text("),
         ("sglang/wheelhouse.py", 'with urllib.request.urlopen(url, timeout=60) as r, open(target, "wb") as f:'),
-        ("ops/bench_report.py", 'fig.savefig(buf, format="png", dpi=110)'),  # into memory, then write_file
+        ("runtime/bench_report.py", 'fig.savefig(buf, format="png", dpi=110)'),  # into memory, then write_file
     }
     bypass = []
     for path in root.rglob("*.py"):

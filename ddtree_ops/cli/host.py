@@ -104,7 +104,7 @@ def diagnose_cmd(
     found, 2 usage."""
     from ..host import diagnose as dg
 
-    lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in ops/diagnose.py; help repeats them
+    lines = dg.DEFAULT_LINES if lines is None else lines  # the defaults live in host/diagnose.py; help repeats them
     max_mib = dg.DEFAULT_MAX_MIB if max_mib is None else max_mib
     given = [x for x in (unit is not None, file is not None, stdin is not None) if x]
     if len(given) != 1:
