@@ -57,8 +57,8 @@ class ActionModule(ActionBase):
             reader_from_host_files,
             validate_with_checkpoints,
         )
+        from ddtree_ops.config.hostvars import deployment_vars
         from ddtree_ops.config.load import deployment_from_hostvars
-        from ddtree_ops.config.models import deployment_vars
 
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}

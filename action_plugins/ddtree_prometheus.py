@@ -45,7 +45,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError
         from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
-        from ddtree_ops.config.models import deployment_vars
+        from ddtree_ops.config.hostvars import deployment_vars
         from ddtree_ops.render import render_prometheus
         from ddtree_ops.render.monitoring import (
             AlertSettings,

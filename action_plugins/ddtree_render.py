@@ -30,7 +30,7 @@ prints), ``root``, ``dir``, ``keep``, ``files`` to install in the release dir, `
 paths as symlinks through ``current``), and values the roles share with Python, each defined once
 there: ``installs_sglang`` (:attr:`ddtree_ops.config.models.SGLangPin.installs_sglang`),
 ``python_tag_code`` (:data:`ddtree_ops.python_tag.PYTHON_TAG_CODE`), ``driver_query`` (the
-arguments of ``nvidia-smi`` for the driver check: :data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`)
+arguments of ``nvidia-smi`` for the driver check: :data:`ddtree_ops.host.toolkit.QUERY_COMMAND`)
 and ``managed_by`` (how the header of a file ddtree-ops writes starts:
 :data:`ddtree_ops.render.files.MANAGED_BY`). Fails with every finding (field, value, rule, fix) when the
 config is invalid; secret values never appear in ``msg`` or ``findings``
@@ -51,8 +51,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError
         from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
-        from ddtree_ops.config.models import deployment_vars
-        from ddtree_ops.ops.toolkit import QUERY_COMMAND
+        from ddtree_ops.config.hostvars import deployment_vars
+        from ddtree_ops.host.toolkit import QUERY_COMMAND
         from ddtree_ops.python_tag import PYTHON_TAG_CODE
         from ddtree_ops.render import render_host
         from ddtree_ops.render.argv import sglang_build_path

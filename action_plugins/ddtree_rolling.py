@@ -1,6 +1,6 @@
 """Ansible action ``ddtree_rolling``: ``playbooks/rolling.yml``'s inputs checked on the
 controller before anything changes (its first play), by
-:func:`ddtree_ops.ops.release.rolling_settings` (the one definition of the rules).
+:func:`ddtree_ops.host.release.rolling_settings` (the one definition of the rules).
 
 Reads ``rolling_batches``, ``rolling_max_fail_percentage`` and ``rolling_gate_deadline_s``
 from the play's variables (``-e``, inventory) as given, so a Jinja expression is refused rather
@@ -20,7 +20,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        from ddtree_ops.ops.release import ROLLING_DEFAULTS, ReleaseError, rolling_settings
+        from ddtree_ops.host.release import ROLLING_DEFAULTS, ReleaseError, rolling_settings
 
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}

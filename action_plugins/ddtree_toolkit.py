@@ -4,16 +4,16 @@ on the controller (no version logic in YAML). Option ``check`` picks one:
 * ``repo``: ``distribution``, ``version``, ``machine`` (Ansible facts), ``base_url`` ->
   ``repo_path`` (e.g. ``debian12/x86_64``), ``url``, ``list_file``, ``keyring_deb_url``,
   ``keyring_path``, ``keyring_package``. Fails for a distro NVIDIA has no repository for.
-* ``driver``: ``stdout``, ``rc``, ``stderr`` of :data:`ddtree_ops.ops.toolkit.QUERY_COMMAND`
+* ``driver``: ``stdout``, ``rc``, ``stderr`` of :data:`ddtree_ops.host.toolkit.QUERY_COMMAND`
   (the ``cuda_toolkit`` role runs it: ``ddtree_render``'s ``driver_query``), ``cuda``, ``arch``
   -> ``gpus``; fails with one clear message when the
   driver is absent, too old for the toolkit, or the GPUs are not the host class' arch.
   ``min_driver`` / ``min_driver_reason`` (``plan.toolchain``: the pinned build's floor, if higher).
 * ``build_driver``: ``wheelhouse`` (controller directory of the SGLang wheelhouse) and
   ``driver_version``: the one ``sglang-*.whl`` there must not depend on CUDA wheels newer than
-  the driver runs (:func:`ddtree_ops.ops.toolkit.check_build_driver`).
+  the driver runs (:func:`ddtree_ops.host.toolkit.check_build_driver`).
 * ``reboot``: ``connection``, ``host``, ``managed_changed``, ``reboot_required``, ``allowed`` ->
-  ``reboot`` (bool) and ``reason`` (see :func:`ddtree_ops.ops.toolkit.reboot_decision`).
+  ``reboot`` (bool) and ``reason`` (see :func:`ddtree_ops.host.toolkit.reboot_decision`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config.toolchain import KEYRING_DEB, KEYRING_PACKAGE, KEYRING_PATH, NVIDIA_REPO_URL, nvidia_repo
-        from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver, check_driver, reboot_decision
+        from ddtree_ops.host.toolkit import DriverCheckError, check_build_driver, check_driver, reboot_decision
 
         result = super().run(tmp, task_vars)
         result["changed"] = False

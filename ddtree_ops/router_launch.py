@@ -12,7 +12,7 @@ and sets two parsed fields before starting the gateway:
   here). Without it smg serves ``/workers`` (add, remove: drain a worker) to anyone who reaches
   its port; with it, ``GET``/``POST /workers`` answer 401 unless ``Authorization: Bearer KEY``
   (checked against smg 1.13.0 on 2026-12-02: 401 without and with a wrong token, 200/202 with
-  the key). :mod:`ddtree_ops.ops.router_worker` and ``fleet status`` send that header.
+  the key). :mod:`ddtree_ops.fleet.router_worker` and ``fleet status`` send that header.
 
 ``smg launch`` only takes either as a command-line value, which would put the key in
 ``/proc/PID/cmdline`` and the unit file, so both flags are refused on the command line.

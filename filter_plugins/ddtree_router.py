@@ -1,5 +1,5 @@
 """Filter of the ``router`` role: its offline pip commands, built in Python
-(:func:`ddtree_ops.ops.router_wheelhouse.install_steps`, unit-tested in
+(:func:`ddtree_ops.fleet.router_wheelhouse.install_steps`, unit-tested in
 ``tests/test_router_role.py``), so the role only runs them.
 
 * ``ddtree_router_install_steps(wheelhouse_result, venv, host_wheelhouse, host_ops_wheelhouse)``:
@@ -14,7 +14,7 @@ from ansible.errors import AnsibleFilterError
 
 
 def _install_steps(result, venv, host_wheelhouse, host_ops_wheelhouse):
-    from ddtree_ops.ops.router_wheelhouse import RouterWheelhouseError, install_steps
+    from ddtree_ops.fleet.router_wheelhouse import RouterWheelhouseError, install_steps
     from ddtree_ops.sglang.wheelhouse import WheelhouseError
 
     try:

@@ -10,7 +10,7 @@ so the roles only run them. Found through ``filter_plugins`` in ansible.cfg.
   for ``ansible.builtin.pip``'s ``extra_args``
   (:func:`ddtree_ops.sglang.wheelhouse.offline_pip_args`);
 * ``ddtree_wheelhouse_patterns(kind)``: the regexes of the wheelhouse directory names the roles'
-  cleanup may remove (:data:`ddtree_ops.sglang.wheelhouse.WHEELHOUSE_NAME_PATTERNS`).
+  cleanup may remove (:data:`ddtree_ops.config.build_id.WHEELHOUSE_NAME_PATTERNS`).
 
 Refusals are one ``AnsibleFilterError`` line (field, value cut to 200 characters, rule, fix).
 """
@@ -49,7 +49,7 @@ def _offline_args(find_links):
 
 
 def _wheelhouse_patterns(kind):
-    from ddtree_ops.sglang.wheelhouse import WHEELHOUSE_NAME_PATTERNS
+    from ddtree_ops.config.build_id import WHEELHOUSE_NAME_PATTERNS
 
     if kind not in WHEELHOUSE_NAME_PATTERNS:
         raise AnsibleFilterError(f"ddtree_wheelhouse_patterns: kind = {kind!r:.200}: must be one of "

@@ -16,7 +16,7 @@ Per client and concurrency, the figures are:
   CPUs with the client), the same for both clients.
 
 Each client runs in its own process (so ``process_time`` is its own): ours with this
-checkout's ``ddtree_ops.ops.bench``; SGLang's ``async_request_sglang_generate`` from
+checkout's ``ddtree_ops.runtime.bench``; SGLang's ``async_request_sglang_generate`` from
 ``sglang/benchmark/serving.py`` of the cached real SGLang 0.5.23 venv, driven as
 ``bench_serving`` drives it (an ``asyncio.Semaphore`` of the concurrency around every
 request, all requests gathered). That venv lacks ``transformers`` and ``datasets`` (no model
@@ -59,7 +59,7 @@ def sglang_venv_python(version: str = "0.5.23") -> Path:
 # ------------------------------------------------------------------ workers (one process each)
 def worker_ours(url: str, concurrency: int, requests: int, tokens: int) -> dict:
     sys.path.insert(0, str(REPO))
-    from ddtree_ops.ops.bench import BenchOptions, Prompt, run
+    from ddtree_ops.runtime.bench import BenchOptions, Prompt, run
 
     c0, t0 = time.process_time(), time.perf_counter()
     res = run(BenchOptions(url=url, concurrency=(concurrency,), requests=requests, max_new_tokens=tokens,

@@ -3,7 +3,7 @@
 (wall seconds of the rounds) beside the client's own CPU per request (figures: docs/performance.md).
 
 The simulator (``python -m ddtree_ops.sim``, a DDTree 8/32 deployment, fast load/warmup) runs
-in its own process on loopback; :func:`ddtree_ops.ops.warmup.warmup` runs in this one, and its
+in its own process on loopback; :func:`ddtree_ops.runtime.warmup.warmup` runs in this one, and its
 CPU (``time.process_time``: every thread of this process, user + system) is read after each
 batch size. The client's CPU is what ddtree-ops costs per request on the host; the rest of
 the wall time is the server's (here: the simulator's step time, not a GPU).
@@ -83,7 +83,7 @@ def main() -> int:
         hide_sniffio()
     sizes = [int(x) for x in args.batch_sizes.split(",")]
 
-    from ddtree_ops.ops.warmup import WarmupPlan, warmup
+    from ddtree_ops.runtime.warmup import WarmupPlan, warmup
 
     try:
         import sniffio  # noqa: F401  (httpcore searches sys.path per request without it)

@@ -11,7 +11,7 @@ set -euo pipefail
 out=${1:?usage: build-wheelhouse.sh OUT_DIR [PYTHON]}
 py=${2:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
-# one definition of the id: ddtree_ops.sglang.wheelhouse.ops_wheelhouse_id (pyproject.toml + the package's code)
+# one definition of the id: ddtree_ops.config.build_id.ops_wheelhouse_id (pyproject.toml + the package's code)
 hash=$(cd "$root" && "$py" -m ddtree_ops.sglang.wheelhouse --ops-wheelhouse-id --root "$root")
 [[ "$hash" =~ ^[0-9a-f]{12}$ ]] || { echo "build-wheelhouse: no wheelhouse id from $py -m ddtree_ops.sglang.wheelhouse --ops-wheelhouse-id: $hash" >&2; exit 1; }
 # the CPython tag of $py, as ddtree_ops/python_tag.py defines it (standard library only)

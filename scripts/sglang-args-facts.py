@@ -270,7 +270,10 @@ def main(sites: list[str]) -> int:
         out.append(f"* SGLang {v}: {len(opts)} option strings, allow_abbrev={abbrev}, "
                    f"{len(ev)} compatibility checks found.")
     out += ["", "``tests/test_sglang_args.py`` proves this equals the generator's output where the wheels are",
-            "present (``DDTREE_SGLANG_SITES``).", '"""', "", "from __future__ import annotations", ""]
+            "present (``DDTREE_SGLANG_SITES``).", "",
+            "Over 600 lines: generated tables (one parser per release), written by the script named above, "
+            "not by hand.",
+            '"""', "", "from __future__ import annotations", ""]
     out.append("OPTIONS: dict[str, dict[str, tuple[str, str]]] = {")
     for v, opts, _a, _e in rows:
         out.append(f'    "{v}": {{')

@@ -7,7 +7,7 @@
 #     served over HTTP at http://10.213.I.1:8765 for host ddt-thI — for ddt-th1 the address inventory/test gives as
 #     cuda_toolkit_repo_url (10.213.1.1 is the root namespace's end of ddt-th1's veth).
 #   * the NVIDIA driver's nvidia-smi -> /usr/local/bin/nvidia-smi on the host, a script
-#     that answers the driver check's query (ddtree_ops.ops.toolkit.QUERY_COMMAND) for 8 GPUs,
+#     that answers the driver check's query (ddtree_ops.host.toolkit.QUERY_COMMAND) for 8 GPUs,
 #     and for the preflight `-q -x` and `topo -m`: the DERIVED 8x B300 fixtures
 #     (tests/fixtures/gpu/derived/b300x8_*, copied to /usr/local/share/ddtree-standin/ with
 #     the driver version set). Default: driver 580.159.04 (read off a real H200 host,

@@ -51,12 +51,12 @@ def role_tasks(role: str) -> list[dict]:
 def gate_document(acc: float | None, floor: float | None = 1.5, ok: bool | None = None, extra_checks=(),
                   elapsed_s: float = 2.5) -> str:
     """What ``ddtree-ops release gate --json`` prints for a gate that measured ``acc`` against
-    ``floor`` (the floor check from :func:`ddtree_ops.ops.release.floor_check`, the one the gate
+    ``floor`` (the floor check from :func:`ddtree_ops.host.release.floor_check`, the one the gate
     uses), after a passing ``ready`` check and ``extra_checks``; ``ok`` overrides the verdict (a
     host that lies)."""
     import json
 
-    from ddtree_ops.ops.release import floor_check
+    from ddtree_ops.host.release import floor_check
 
     checks = [{"name": "ready", "ok": True, "detail": "/health answered 200"}, *extra_checks]
     if acc is not None and floor is not None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ddtree_ops.config.plandoc_model import PlanSizes
-from ddtree_ops.ops.exporter import LABEL_CHARS, identity_from_server
-from ddtree_ops.ops.warmup import limits_from_server_info
+from ddtree_ops.runtime.exporter import LABEL_CHARS, identity_from_server
+from ddtree_ops.runtime.warmup import limits_from_server_info
 
 
 def _contract_max_capture_sizes() -> int:

@@ -1,4 +1,4 @@
-"""``ddtree-ops bench`` and ``bench-compare`` (``ddtree_ops.ops.bench``, ``bench_report``) against
+"""``ddtree-ops bench`` and ``bench-compare`` (``ddtree_ops.runtime.bench``, ``bench_report``) against
 the SGLang simulator with known ground truth, and against hostile servers.
 
 Ground truth of the simulator (``ddtree_ops.sim.engine``): a verify pass takes
@@ -24,7 +24,8 @@ from test_hostile_servers import Conn, Hostile
 from test_sim import DDTREE_8_32, Sim, http
 
 from ddtree_ops.cli import main
-from ddtree_ops.ops.bench import (
+from ddtree_ops.fleet.sweep import SweepError, load_sweep
+from ddtree_ops.runtime.bench import (
     PROMPTS,
     BenchInputError,
     BenchOptions,
@@ -36,8 +37,7 @@ from ddtree_ops.ops.bench import (
     summarize,
     write_results,
 )
-from ddtree_ops.ops.bench_report import compare, write_report
-from ddtree_ops.ops.sweep import SweepError, load_sweep
+from ddtree_ops.runtime.bench_report import compare, write_report
 
 STEP = 0.02
 ACCEPT = 4
@@ -420,7 +420,7 @@ def _served(base: str) -> float:
 
 
 def test_sweep_file_errors(tmp_path: Path) -> None:
-    from ddtree_ops.ops.sweep import SweepError, apply, load_sweep
+    from ddtree_ops.fleet.sweep import SweepError, apply, load_sweep
 
     f = tmp_path / "s.yml"
     for body, needle in [("[1]", "must be a mapping"), ("points: []", "host = None"),

@@ -1,4 +1,4 @@
-"""``bench`` has a time bound like health and warmup (:func:`ddtree_ops.ops.bench.bound_s`): it is
+"""``bench`` has a time bound like health and warmup (:func:`ddtree_ops.runtime.bench.bound_s`): it is
 printed (``bound_s`` in ``--json``, a line otherwise) and a run never exceeds it, whatever the
 server does — a server that never answers anything (side requests included) costs at most it."""
 
@@ -11,8 +11,8 @@ import pytest
 from test_hostile_servers import Hostile, never_answers
 
 from ddtree_ops.cli import main
-from ddtree_ops.ops import bench as bench_mod
-from ddtree_ops.ops.bench import BenchOptions, Prompt, bound_s, run
+from ddtree_ops.runtime import bench as bench_mod
+from ddtree_ops.runtime.bench import BenchOptions, Prompt, bound_s, run
 
 SLACK_S = 0.5  # event-loop start and teardown on 2 shared cores
 

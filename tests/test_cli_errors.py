@@ -1,4 +1,4 @@
-"""How the CLI reports what no command handled (``ddtree_ops.cli.KNOWN_ERRORS``).
+"""How the CLI reports what no command handled (``ddtree_ops.cli.common.KNOWN_ERRORS``).
 
 Exit codes: 2 usage / environment (named), 70 internal error (a bug: "please report"),
 130 interrupted; never a traceback unless DDTREE_DEBUG=1 asks for one; secrets scrubbed."""
@@ -13,6 +13,8 @@ import pytest
 from helpers import REPO
 
 from ddtree_ops import cli
+from ddtree_ops.cli import common as cli_common
+from ddtree_ops.cli import inventory as cli_inventory
 
 
 def _boom(exc: BaseException):
@@ -23,10 +25,10 @@ def _boom(exc: BaseException):
 
 def test_internal_error_is_exit_70_one_line_and_asks_for_a_report(monkeypatch, capsys):
     monkeypatch.delenv("DDTREE_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "_validate_all", _boom(RuntimeError("the impossible happened")))
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(RuntimeError("the impossible happened")))
     rc = cli.main(["validate", "-i", "inventory/example"])
     io = capsys.readouterr()
-    assert rc == cli.EXIT_INTERNAL == 70
+    assert rc == cli_common.EXIT_INTERNAL == 70
     lines = [ln for ln in io.err.splitlines() if ln.strip()]
     assert len(lines) == 1, io.err
     assert "internal error: RuntimeError: the impossible happened" in lines[0]
@@ -36,7 +38,7 @@ def test_internal_error_is_exit_70_one_line_and_asks_for_a_report(monkeypatch, c
 
 def test_debug_prints_the_traceback(monkeypatch, capsys):
     monkeypatch.setenv("DDTREE_DEBUG", "1")
-    monkeypatch.setattr(cli, "_validate_all", _boom(RuntimeError("kaboom")))
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(RuntimeError("kaboom")))
     assert cli.main(["validate", "-i", "inventory/example"]) == 70
     e = capsys.readouterr().err
     assert "Traceback (most recent call last)" in e and "RuntimeError: kaboom" in e
@@ -44,7 +46,7 @@ def test_debug_prints_the_traceback(monkeypatch, capsys):
 
 def test_internal_error_json_has_a_stable_check_name(monkeypatch, capsys):
     monkeypatch.delenv("DDTREE_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "_validate_all", _boom(ValueError("bad state")))
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(ValueError("bad state")))
     assert cli.main(["validate", "-i", "inventory/example", "--json"]) == 70
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["checks"][0]["name"] == "internal-error"
@@ -54,7 +56,7 @@ def test_internal_error_json_has_a_stable_check_name(monkeypatch, capsys):
 def test_secrets_in_an_unexpected_exception_are_scrubbed(monkeypatch, capsys):
     monkeypatch.delenv("DDTREE_DEBUG", raising=False)
     leak = "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz012345 and https://user:pa55w0rd@example.com/x"
-    monkeypatch.setattr(cli, "_validate_all", _boom(RuntimeError(leak)))
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(RuntimeError(leak)))
     assert cli.main(["validate", "-i", "inventory/example"]) == 70
     e = capsys.readouterr().err
     assert "hf_abcdefghijklmnopqrstuvwxyz012345" not in e and "pa55w0rd" not in e
@@ -68,15 +70,15 @@ def test_secrets_in_an_unexpected_exception_are_scrubbed(monkeypatch, capsys):
     (IsADirectoryError(21, "Is a directory", "/tmp"), "/tmp: Is a directory"),
 ])
 def test_environment_errors_are_named_exit_2(monkeypatch, capsys, exc, expect):
-    monkeypatch.setattr(cli, "_validate_all", _boom(exc))
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(exc))
     assert cli.main(["validate", "-i", "inventory/example"]) == 2
     e = capsys.readouterr().err
     assert expect in e and "internal error" not in e and "Traceback" not in e
 
 
 def test_interrupt_is_130(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_validate_all", _boom(KeyboardInterrupt()))
-    assert cli.main(["validate", "-i", "inventory/example"]) == cli.EXIT_INTERRUPTED == 130
+    monkeypatch.setattr(cli_inventory, "_validate_all", _boom(KeyboardInterrupt()))
+    assert cli.main(["validate", "-i", "inventory/example"]) == cli_common.EXIT_INTERRUPTED == 130
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -36,7 +36,7 @@ import pytest
 from helpers import FIXTURES, base_hostvars
 
 from ddtree_ops.cli import main
-from ddtree_ops.ops import diagnose as dg
+from ddtree_ops.host import diagnose as dg
 
 GPU = FIXTURES / "gpu"
 IMA = "RuntimeError: CUDA error: an illegal memory access was encountered"

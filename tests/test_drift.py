@@ -1,4 +1,4 @@
-"""Config drift (``ddtree_ops.ops.drift``): deployed plan.json vs a running server's
+"""Config drift (``ddtree_ops.runtime.drift``): deployed plan.json vs a running server's
 /server_info — against the simulator started with the argv our renderer builds, and against
 SGLang 0.5.23's own resolved server args (fixture read off the real package)."""
 
@@ -11,9 +11,9 @@ import pytest
 from test_sim import FIXTURES, Sim, get_json
 
 from ddtree_ops.config.load import validate_hostvars
-from ddtree_ops.ops.drift import compared_settings, find_drift
 from ddtree_ops.render.argv import build_argv
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.drift import compared_settings, find_drift
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_a_server_restarted_without_speculation_is_drift(deployed) -> None:
 def test_drift_that_sglangs_resolution_made_names_the_field_to_set_not_a_restart(deployed, changes, field_set):
     """The fix said 'redeploy or restart' where SGLang's own resolution made the difference: a restart starts
     the same server again."""
-    from ddtree_ops.ops.drift import drift_fix
+    from ddtree_ops.runtime.drift import drift_fix
 
     doc, info = deployed
     info = {**copy.deepcopy(info), **changes}
@@ -122,7 +122,7 @@ def test_drift_that_sglangs_resolution_made_names_the_field_to_set_not_a_restart
 @pytest.mark.parametrize("changes", [{"tp_size": 4}, {"tp_size": 4, "page_size": 16},
                                      {"speculative_algorithm": "DFLASH"}])
 def test_drift_of_what_sglang_never_rewrites_is_a_server_not_started_from_the_config(deployed, changes):
-    from ddtree_ops.ops.drift import drift_fix
+    from ddtree_ops.runtime.drift import drift_fix
 
     doc, info = deployed
     drifts, _ = find_drift(doc, {**copy.deepcopy(info), **changes})
@@ -131,7 +131,7 @@ def test_drift_of_what_sglang_never_rewrites_is_a_server_not_started_from_the_co
 
 def test_the_health_drift_check_carries_the_fix(deployed):
     from ddtree_ops.config.plandoc_model import as_plan_doc
-    from ddtree_ops.ops.health import _drift
+    from ddtree_ops.runtime.health import _drift
 
     doc, info = deployed
     c = _drift({**copy.deepcopy(info), "page_size": 16}, as_plan_doc(doc))

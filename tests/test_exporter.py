@@ -21,8 +21,8 @@ from test_sim import Sim, post_json
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, PlanError, parse_upstream, serve
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.exporter import METRIC_NAMES, Exporter, PlanError, parse_upstream, serve
 
 LABELS = {"host": "h1", "host_class": "b300", "model": "moonshotai/Kimi-K2.6"}
 
@@ -145,7 +145,7 @@ def test_parse_upstream_real_label_shapes() -> None:
 def test_counter_reset_restarts_the_window(sim) -> None:
     reg = CollectorRegistry()
     exp = Exporter(sim.plan_doc, registry=reg, upstream=sim.base, window_s=600)
-    from ddtree_ops.ops.exporter import Sample
+    from ddtree_ops.runtime.exporter import Sample
 
     for t, g, v in ((0, 1000, 200), (10, 1500, 300), (20, 50, 20), (30, 110, 30)):
         exp._record(Sample(t=t, up=True, gen_tokens=g, verify_calls=v))
@@ -351,7 +351,7 @@ def test_module_docstring_lists_exactly_the_metrics_table():
     """The prose table of the module docstring names every metric of ``METRICS`` and no other."""
     import re
 
-    import ddtree_ops.ops.exporter as exporter
+    import ddtree_ops.runtime.exporter as exporter
 
     documented = set(re.findall(r"^``(ddtree_[a-z_]+)", exporter.__doc__, flags=re.M))
     assert documented == set(exporter.METRICS) == set(METRIC_NAMES)

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry
 from test_exporter import sim_deployment
 from test_sim import Sim, free_port
 
-from ddtree_ops.ops.exporter import Exporter, serve
-from ddtree_ops.ops.exporter_http import MAX_CONNECTIONS, NOFILE_LIMIT
+from ddtree_ops.config.exporter_limits import MAX_CONNECTIONS, NOFILE_LIMIT
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.exporter import Exporter, serve
 from ddtree_ops.sglang.health_probe import (
     cheap_ready_path,
     min_probe_spacing_s,

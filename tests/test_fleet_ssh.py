@@ -24,8 +24,8 @@ import pytest
 from helpers import gate_document
 
 pytest.importorskip("fabric")
-from ddtree_ops.ops import fleet_ssh  # noqa: E402
-from ddtree_ops.ops.fleet_ssh import Limits, Target  # noqa: E402
+from ddtree_ops.fleet import ssh as fleet_ssh  # noqa: E402
+from ddtree_ops.fleet.ssh import Limits, Target  # noqa: E402
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(not (os.path.exists(SSHD) and os.geteuid() == 0 and shutil.which("ssh-keygen")),
@@ -480,7 +480,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
     o, e = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        from ddtree_ops import cli
+        from ddtree_ops.cli import common as cli
 
         cli.out.file, cli.err.file = o, e
         try:

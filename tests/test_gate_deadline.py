@@ -14,8 +14,7 @@ from test_hostile_servers import Hostile, never_answers
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.health import HealthOptions, bound_s
-from ddtree_ops.ops.release import (
+from ddtree_ops.host.release import (
     GATE_DEADLINE_MIN_S,
     GATE_HEALTH_SHARE,
     GATE_MIN_TIMEOUT_S,
@@ -24,6 +23,7 @@ from ddtree_ops.ops.release import (
     rolling_settings,
 )
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.health import HealthOptions, bound_s
 
 SLACK_S = 0.6  # interpreter start of asyncio.run and teardown on 2 shared cores
 
@@ -86,7 +86,7 @@ def test_the_health_probe_gets_a_meaningful_share_of_the_deadline(deadline, heal
     """/health runs a 1-token generation: it gets GATE_HEALTH_PROBE_SHARE of the request time, the state
     reads (/server_info, /metrics) the rest, each at least GATE_MIN_TIMEOUT_S; --deadline 8 gave every
     request 0.39 s before. The figures are the docstring's of gate_health_options."""
-    from ddtree_ops.ops.release import GATE_HEALTH_PROBE_SHARE
+    from ddtree_ops.host.release import GATE_HEALTH_PROBE_SHARE
 
     o = gate_health_options(_GATE_BASE, deadline)
     assert o.health_deadline_s == pytest.approx(health_s, abs=0.001)

@@ -1,5 +1,5 @@
 """health's progress check reads ``/metrics`` only when it is served as Prometheus text
-(:data:`ddtree_ops.ops.health.PROMETHEUS_TEXT_TYPES`): the same gauges in a ``text/html`` page (a
+(:data:`ddtree_ops.runtime.health.PROMETHEUS_TEXT_TYPES`): the same gauges in a ``text/html`` page (a
 proxy's page, another app) fail the check instead of passing as "idle"."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_hostile_servers import Hostile, fixed
 
-from ddtree_ops.ops.health import HealthOptions, check_health
+from ddtree_ops.runtime.health import HealthOptions, check_health
 
 BODY = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:generation_tokens_total 10\n"
 

@@ -10,8 +10,8 @@ import time
 from test_exporter import sim_deployment
 from test_exporter_load import CountingHealth
 
-from ddtree_ops.ops.health import HealthOptions, bound_s, check_health, wait_ready
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.health import HealthOptions, bound_s, check_health, wait_ready
 
 
 def _by_name(checks) -> dict:

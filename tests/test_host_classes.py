@@ -24,7 +24,7 @@ from ddtree_ops.config.hosts import (
 from ddtree_ops.config.inventory import load_hostvars
 from ddtree_ops.config.plandoc_model import PlanDoc, PlanDocError, load_plan
 from ddtree_ops.config.toolchain import ARCHS
-from ddtree_ops.ops import preflight as pf
+from ddtree_ops.host import preflight as pf
 from ddtree_ops.render.files import plan_document, render_host
 from ddtree_ops.sglang.expect import validated_from_plan
 
@@ -336,7 +336,7 @@ def _topo(n: int, nv: set[tuple[int, int]]) -> str:
     ({(a, b) for g in (0, 4) for a in range(g, g + 4) for b in range(a + 1, g + 4)}, False, True),  # 4-way
 ])
 def test_pcie_classes_take_optional_nvlink_bridges(nv, ok_pcie_bridged, ok_nvl):
-    from ddtree_ops.ops import gpu_facts as gf
+    from ddtree_ops.host import gpu_facts as gf
 
     topo = gf.parse_topo(_topo(8, nv))
     assert pf.interconnect_check(HOST_CLASSES["h100pciex8"], 8, topo)["ok"] is ok_pcie_bridged

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry
 
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.exporter import Exporter, Sample
-from ddtree_ops.ops.health import CHECK_NAMES
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.exporter import Exporter, Sample
+from ddtree_ops.runtime.health import CHECK_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_BEHAVE_S = 15.0
@@ -623,8 +623,8 @@ def test_gzip_answers_within_the_cap_are_decoded() -> None:
 def test_parse_upstream_selects_load_gauges_and_progress_counters() -> None:
     """The exporter's one-regex pre-selection reads the load gauges (summed) and every
     progress counter of ops.health (summed), and nothing else."""
-    from ddtree_ops.ops.exporter import parse_upstream
-    from ddtree_ops.ops.health import PROGRESS_COUNTERS
+    from ddtree_ops.runtime.exporter import parse_upstream
+    from ddtree_ops.runtime.health import PROGRESS_COUNTERS
 
     text = "\n".join([
         "# TYPE sglang:num_running_reqs gauge",
@@ -723,7 +723,7 @@ def test_select_samples_reads_real_shaped_lines_and_skips_longer_names():
 def test_warmup_keeps_only_the_counts_of_each_answer():
     """A batch in flight holds what warmup reads of each answer, not the answer: a server padding
     valid answers (attack: ~9 MB RSS per request in flight at 1 MB a answer) costs nothing after parsing."""
-    from ddtree_ops.ops.warmup import META_KEYS, _meta
+    from ddtree_ops.runtime.warmup import META_KEYS, _meta
     from ddtree_ops.sglang.client import generate_cap
 
     out = {"text": "x", "pad": [0] * 100_000,

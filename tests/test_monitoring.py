@@ -21,7 +21,6 @@ from test_exporter import fixtures_dir, generate, sim_deployment
 from test_sim import Sim, post_json
 
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.exporter import METRIC_NAMES, Exporter, serve
 from ddtree_ops.render.files import plan_document, render_prometheus
 from ddtree_ops.render.monitoring import (
     AlertSettings,
@@ -31,6 +30,7 @@ from ddtree_ops.render.monitoring import (
     render_dashboard,
     render_rules,
 )
+from ddtree_ops.runtime.exporter import METRIC_NAMES, Exporter, serve
 
 pytestmark = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (scripts/setup.sh)")
 

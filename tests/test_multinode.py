@@ -251,8 +251,8 @@ def test_sim_rank_0_waits_for_the_other_node_and_dies_with_it(tmp_path):
         assert _until(lambda: _status(p1) == 200)
         assert _status(p1, "/server_info") == 404 and _status(p1, "/metrics") == 200  # health-only server
         from ddtree_ops.config.plandoc_model import load_plan
-        from ddtree_ops.ops.health import HealthOptions, check_health
         from ddtree_ops.render.files import plan_json
+        from ddtree_ops.runtime.health import HealthOptions, check_health
 
         v0, v1 = _both()
         for v in (v0, v1):
@@ -290,7 +290,7 @@ def test_preflight_checks_rank_0s_store_port_and_health_skips_server_info_on_ran
     import json as _json
 
     from ddtree_ops.config.plandoc_model import load_plan
-    from ddtree_ops.ops.preflight import expect_from
+    from ddtree_ops.host.preflight import expect_from
     from ddtree_ops.render.files import plan_json
 
     v0, v1 = _both()

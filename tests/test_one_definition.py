@@ -87,13 +87,13 @@ def _render(**over) -> dict:
 # --- Prometheus job names ---------------------------------------------------------------------
 
 def test_job_names_have_one_definition():
-    from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB
+    from ddtree_ops.render.files import EXPORTER_JOB, SGLANG_JOB
 
     jobs = "|".join(re.escape(j) for j in (EXPORTER_JOB, SGLANG_JOB))
     literal = rf"""(?i)job(_name)?["']?\s*[:=]\s*\\?["']?({jobs})\b"""
     assert not _hits(literal, ANSIBLE + TEMPLATES + PLUGINS + SCRIPTS)
-    assert not _hits(literal, PACKAGE, {"ddtree_ops/render/monitoring.py": "defines them"})
-    assert _hits(literal, [REPO / "ddtree_ops/render/monitoring.py"])  # the pattern matches the definition
+    assert not _hits(literal, PACKAGE, {"ddtree_ops/render/files.py": "defines them"})
+    assert _hits(literal, [REPO / "ddtree_ops/render/files.py"])  # the pattern matches the definition
 
 
 def test_job_names_reach_prometheus_yml_and_the_rules():
@@ -157,19 +157,19 @@ def test_render_cli_points_rule_files_at_the_rules_file(tmp_path):
 # --- the nvidia-smi query -----------------------------------------------------------------------
 
 def test_driver_query_has_one_definition():
-    from ddtree_ops.ops.toolkit import QUERY_FIELDS
+    from ddtree_ops.host.toolkit import QUERY_FIELDS
 
     literal = r"--query-gpu=|" + re.escape(",".join(QUERY_FIELDS))
     assert not _hits(literal, ANSIBLE + TEMPLATES + PLUGINS + [p for p in SCRIPTS if p.suffix == ".sh"],
                      {"scripts/record-gpu-facts.sh": "records a wider query for fixtures and bug reports (its own)"})
     # in Python, a string that starts the query (docstrings name the flag inside ``...``)
     assert not _hits(r"[\"']--query-gpu=|[\"']driver_version,compute_cap", PACKAGE,
-                     {"ddtree_ops/ops/toolkit.py": "defines it"})
-    assert _hits(r"[\"']--query-gpu=", [REPO / "ddtree_ops/ops/toolkit.py"])
+                     {"ddtree_ops/host/toolkit.py": "defines it"})
+    assert _hits(r"[\"']--query-gpu=", [REPO / "ddtree_ops/host/toolkit.py"])
 
 
 def test_the_role_runs_the_query_the_parser_reads():
-    from ddtree_ops.ops.toolkit import QUERY_COMMAND, parse_query_gpu
+    from ddtree_ops.host.toolkit import QUERY_COMMAND, parse_query_gpu
 
     result = _render()
     assert result["driver_query"] == QUERY_COMMAND[1:]
@@ -280,8 +280,9 @@ def test_loopback_url_has_one_definition():
 
 def test_loopback_urls_come_from_loopback_url():
     from ddtree_ops.config import validate_hostvars
-    from ddtree_ops.config.models import LOOPBACK, Server, loopback_url
-    from ddtree_ops.ops.fleet_ssh import status_command, target_of
+    from ddtree_ops.config.fields import LOOPBACK, loopback_url
+    from ddtree_ops.config.service_models import Server
+    from ddtree_ops.fleet.ssh import status_command, target_of
 
     assert loopback_url(30000) == f"http://{LOOPBACK[4]}:30000"
     assert loopback_url(30000, 6) == f"http://[{LOOPBACK[6]}]:30000"

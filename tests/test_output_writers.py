@@ -1,4 +1,4 @@
-"""Every file ddtree-ops writes goes through one safe writer (:mod:`ddtree_ops.ops.write`): the
+"""Every file ddtree-ops writes goes through one safe writer (:mod:`ddtree_ops._core.write`): the
 results of ``bench`` / ``bench-compare`` / ``sweep``, the sweep's deploy log and extra variables,
 the warm marker. A symlink planted at a result's name or at any temporary name never carries the
 write outside the output directory, and an output directory another user could write is refused.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_ops._core import write as write_mod
+from ddtree_ops._core.write import UnsafeOutput, write_file
 from ddtree_ops.cli import main
-from ddtree_ops.ops import write as write_mod
-from ddtree_ops.ops.bench import BenchResult, LevelResult, load_result, write_results
-from ddtree_ops.ops.bench_report import write_report
-from ddtree_ops.ops.sweep import Deployer, _write_json
-from ddtree_ops.ops.warmup import WarmupReport, write_marker
-from ddtree_ops.ops.write import UnsafeOutput, write_file
+from ddtree_ops.fleet.sweep import Deployer, _write_json
+from ddtree_ops.runtime.bench import BenchResult, LevelResult, load_result, write_results
+from ddtree_ops.runtime.bench_report import write_report
+from ddtree_ops.runtime.warmup import WarmupReport, write_marker
 
 STATS = {"mean": 0.01, "p50": 0.01, "p99": 0.02}
 
@@ -167,15 +167,15 @@ def test_no_writer_in_the_product_bypasses_the_safe_writer():
     root = Path(__file__).resolve().parents[1] / "ddtree_ops"
     pattern = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"'][wax]b?\+?[\"']|json\.dump\(|\.savefig\(")
     allowed = {  # each writes only inside a directory made private by tempfile.mkdtemp/TemporaryDirectory
-        ("ops/preflight.py", "script.write_text(_NCCL_CHILD)"),
-        ("ops/ptxas.py", 'with open(ptx, "w", encoding="ascii") as f:'),
+        ("host/preflight.py", "script.write_text(_NCCL_CHILD)"),
+        ("host/ptxas.py", 'with open(ptx, "w", encoding="ascii") as f:'),
         ("sglang/resolve.py", 'with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:'),
         ("sglang/resolve.py", "json.dump(config, f"),
         ("sglang/resolve.py", 'with open(req_path, "w", encoding="utf-8") as f:'),
         ("sglang/resolve.py", "json.dump(request, f"),
         ("sglang/wheelhouse.py", "(dest / MANIFEST).write_text("),
         ("sglang/wheelhouse.py", 'with urllib.request.urlopen(url, timeout=60) as r, open(target, "wb") as f:'),
-        ("ops/bench_report.py", 'fig.savefig(buf, format="png", dpi=110)'),  # into memory, then write_file
+        ("runtime/bench_report.py", 'fig.savefig(buf, format="png", dpi=110)'),  # into memory, then write_file
     }
     bypass = []
     for path in root.rglob("*.py"):
@@ -248,7 +248,7 @@ def test_the_accept_length_bound_is_every_draft_token_plus_one():
     import typing
 
     from ddtree_ops.config.models import Speculative
-    from ddtree_ops.ops.bench import MAX_ACCEPT_LENGTH
+    from ddtree_ops.runtime.bench import MAX_ACCEPT_LENGTH
 
     inner = typing.get_args(Speculative.model_fields["num_draft_tokens"].annotation)[0]  # Optional[Annotated[int,...]]
     [le] = [m.le for x in inner.__metadata__ for m in getattr(x, "metadata", []) if getattr(m, "le", None)]

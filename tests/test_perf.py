@@ -16,10 +16,11 @@ from helpers import REPO
 from rich.console import Console
 from rich.text import Text
 
-from ddtree_ops.cli import main, say
+from ddtree_ops._core.write import OpenDirs, UnsafeOutput, write_under
+from ddtree_ops.cli import main
+from ddtree_ops.cli.common import say
 from ddtree_ops.config import inventory as inventory_mod
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.write import OpenDirs, UnsafeOutput, write_under
 from ddtree_ops.render import files as files_mod
 from ddtree_ops.render import render_host, render_prometheus
 from ddtree_ops.render.monitoring import render_rules
@@ -319,7 +320,7 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
 
     from ddtree_ops.config import errors
     from ddtree_ops.config.errors import ConfigError
-    from ddtree_ops.config.models import MAX_VAR_NODES, deployment_vars
+    from ddtree_ops.config.hostvars import MAX_VAR_NODES, deployment_vars
 
     monkeypatch.setattr(errors, "_known_secrets", set())
     loader, enc = _vaulted(tmp_path, "CANARY-shared-vault-value")
@@ -358,10 +359,10 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
 @pytest.mark.parametrize("inv", SHIPPED)
 def test_load_memo_gives_what_each_host_alone_gives(inv, monkeypatch):
     """One load with the memo and one without (every walk done for every host) give the same variables."""
-    from ddtree_ops.config import models
+    from ddtree_ops.config import hostvars
 
     with_memo = inventory_mod.load_hostvars(str(REPO / inv))
-    plain = models.deployment_vars
+    plain = hostvars.deployment_vars
     monkeypatch.setattr(inventory_mod, "deployment_vars", lambda a, t, h="", memo=None: plain(a, t, h, None))
     assert inventory_mod.load_hostvars(str(REPO / inv)) == with_memo
 
@@ -412,7 +413,7 @@ def test_check_targets_opens_each_existing_directory_once(tmp_path, monkeypatch)
     not once per file path, and still finds a bad one anywhere in it."""
     import os
 
-    from ddtree_ops.ops import write as write_mod
+    from ddtree_ops._core import write as write_mod
 
     out = tmp_path / "out"
     rels = [f"h{h}/etc/{d}/f{i}" for h in range(3) for d in ("systemd/system", "ddtree-ops/x") for i in range(2)]

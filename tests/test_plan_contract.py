@@ -22,12 +22,12 @@ from ddtree_ops.config import validate_hostvars
 from ddtree_ops.config.errors import ConfigError
 from ddtree_ops.config.inventory import load_hostvars
 from ddtree_ops.config.plandoc_model import SCHEMA_VERSION, PlanDoc, PlanDocError, load_plan
-from ddtree_ops.ops import preflight as pf
-from ddtree_ops.ops.drift import find_drift
-from ddtree_ops.ops.exporter import Exporter
-from ddtree_ops.ops.health import HealthOptions
-from ddtree_ops.ops.warmup import warmup_plan
+from ddtree_ops.host import preflight as pf
 from ddtree_ops.render.files import plan_document, render_host
+from ddtree_ops.runtime.drift import find_drift
+from ddtree_ops.runtime.exporter import Exporter
+from ddtree_ops.runtime.health import HealthOptions
+from ddtree_ops.runtime.warmup import warmup_plan
 
 PLANS = REPO / "tests" / "fixtures" / "plan"
 INVENTORIES = sorted(p.name for p in (REPO / "inventory").iterdir() if p.is_dir())
@@ -288,10 +288,10 @@ def test_file_level_problems_are_the_same_error_type(tmp_path: Path):
 def test_preflight_and_diagnose_apply_the_schema_version_rule_too(rendered, tmp_path, capsys, version):
     """The standard-library readers (preflight's zipapp, diagnose) read schema_version by the
     same rule as the typed loader: a newer version or one that is no integer >= 1 is refused (exit 2)."""
-    from ddtree_ops.ops.diagnose import DiagnoseError
-    from ddtree_ops.ops.diagnose import load_plan as diagnose_plan
-    from ddtree_ops.ops.preflight import PreflightUsageError
-    from ddtree_ops.ops.preflight import load_plan as preflight_plan
+    from ddtree_ops.host.diagnose import DiagnoseError
+    from ddtree_ops.host.diagnose import load_plan as diagnose_plan
+    from ddtree_ops.host.preflight import PreflightUsageError
+    from ddtree_ops.host.preflight import load_plan as preflight_plan
 
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(good_doc(rendered) | {"schema_version": version}))

@@ -1,5 +1,5 @@
 """One set of bounds for plan.json's writer and its readers: what `ddtree-ops render` writes, every
-reader on the host reads (the byte layer ddtree_ops/plandoc.py, the typed contract
+reader on the host reads (the byte layer ddtree_ops/_core/plandoc.py, the typed contract
 ddtree_ops/config/plandoc_model.py, the preflight's standard-library reader), and what a reader
 would refuse, validate refuses first. A plan.json the host refused used to render with exit 0 (an
 extra_args 2**64, .inf/.nan written as NaN/Infinity, 1000 accepted risks), and with --skip-tags
@@ -14,12 +14,12 @@ import pytest
 import yaml
 from helpers import REPO, base_hostvars
 
+from ddtree_ops._core.plandoc import MAX_INT, read_plan_doc
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
-from ddtree_ops.config.models import MAX_ITEMS, MAX_TEXT
+from ddtree_ops.config.fields import MAX_ITEMS, MAX_TEXT
 from ddtree_ops.config.plandoc_model import load_plan
-from ddtree_ops.ops import preflight as pf
-from ddtree_ops.plandoc import MAX_INT, read_plan_doc
+from ddtree_ops.host import preflight as pf
 from ddtree_ops.render import files
 
 # Real options of the pinned release (SGLang 0.5.23, ddtree_ops.config.sglang_args): validate refuses

@@ -1,4 +1,4 @@
-"""The bounded plan.json reader (``ddtree_ops/plandoc.py``) and every command that takes
+"""The bounded plan.json reader (``ddtree_ops/_core/plandoc.py``) and every command that takes
 ``--plan``: a hostile file is one line, exit 2 (deep nesting gave
 RecursionError / exit 70 in diagnose, health, exporter, probe-sglang; a FIFO hung diagnose;
 10**400 overflowed the memory text)."""
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from helpers import base_hostvars
 
-from ddtree_ops import plandoc
+from ddtree_ops._core import plandoc
+from ddtree_ops._core.plandoc import MAX_BYTES, MAX_DEPTH, PlanFileError, read_plan_doc
 from ddtree_ops.cli import main
 from ddtree_ops.config.load import validate_hostvars
-from ddtree_ops.ops import preflight as pf
-from ddtree_ops.plandoc import MAX_BYTES, MAX_DEPTH, PlanFileError, read_plan_doc
+from ddtree_ops.host import preflight as pf
 from ddtree_ops.render.files import plan_document
 
 GOOD = plan_document(validate_hostvars("h1", base_hostvars()))

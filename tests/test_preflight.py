@@ -1,4 +1,4 @@
-"""``ddtree-ops preflight`` (:mod:`ddtree_ops.ops.preflight`, parsers in :mod:`ddtree_ops.ops.gpu_facts`).
+"""``ddtree-ops preflight`` (:mod:`ddtree_ops.host.preflight`, parsers in :mod:`ddtree_ops.host.gpu_facts`).
 
 Parsers run on every real fixture (``tests/fixtures/gpu/``) and on the derived 8x B300 /
 8x RTX PRO 6000 variants (``tests/fixtures/gpu/derived/``, documented as hand-made). The
@@ -24,8 +24,8 @@ from helpers import FIXTURES
 
 from ddtree_ops.cli import main as cli_main
 from ddtree_ops.config.hosts import HOST_CLASSES
-from ddtree_ops.ops import gpu_facts as gf
-from ddtree_ops.ops import preflight as pf
+from ddtree_ops.host import gpu_facts as gf
+from ddtree_ops.host import preflight as pf
 
 GPU = FIXTURES / "gpu"
 DERIVED = GPU / "derived"

@@ -1,4 +1,4 @@
-"""The preflight's NVSwitch fabric check (``fabric``: :func:`ddtree_ops.ops.preflight.fabric_check`)
+"""The preflight's NVSwitch fabric check (``fabric``: :func:`ddtree_ops.host.preflight.fabric_check`)
 and the host-class field that asks for it (``fabric_registration``).
 
 The inputs replay ``nvidia-smi -q -x`` in the shape the real hosts printed it
@@ -19,8 +19,8 @@ import pytest
 from helpers import FIXTURES
 
 from ddtree_ops.config.hosts import HOST_CLASSES, field_problem, resolve_host_classes
-from ddtree_ops.ops import gpu_facts as gf
-from ddtree_ops.ops import preflight as pf
+from ddtree_ops.host import gpu_facts as gf
+from ddtree_ops.host import preflight as pf
 
 GPU = FIXTURES / "gpu"
 B300_XML = (GPU / "derived" / "b300x8_nvidia_smi_q.xml").read_text()

@@ -16,7 +16,7 @@ import pytest
 from replay import ACCEPTANCE_0517, REAL_0517, Replay
 
 from ddtree_ops.cli import main
-from ddtree_ops.ops.warmup import (
+from ddtree_ops.runtime.warmup import (
     DEFAULT_LONG_PROMPT_WORDS,
     WarmupError,
     WarmupPlan,
@@ -135,7 +135,7 @@ def test_exporter_runs_from_the_upstream_alone(recording, name):
     absent rather than invented; up/ready/speculative from the real answers."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from ddtree_ops.ops.exporter import Exporter
+    from ddtree_ops.runtime.exporter import Exporter
 
     with Replay(recording / name) as r:
         e = Exporter(None, upstream=r.url, poll_interval_s=0.2, window_s=60, timeout_s=3)
@@ -163,7 +163,7 @@ def test_exporter_runs_from_the_upstream_alone(recording, name):
 
 @pytest.mark.parametrize("name, words", [("none", "no speculative decoding"), ("eagle3", "tokens per verify pass")])
 def test_health_says_when_a_real_server_runs_no_speculation(name, words):
-    from ddtree_ops.ops.health import HealthOptions, check_health
+    from ddtree_ops.runtime.health import HealthOptions, check_health
 
     with Replay(REAL_0517 / name) as r:
         checks = check_health(r.url, options=HealthOptions(timeout=3, failures=1, interval_s=0, progress_window_s=0.1))
@@ -237,7 +237,7 @@ scripts/gpu-acceptance/run-rendered.sh (the device's checkout path recorded as /
 def test_the_rendered_deployment_matches_what_real_sglang_runs():
     """The plan rendered for h200-01 against the /server_info real SGLang answered for the
     rendered argv: no drift on any compared setting, every one of them reported."""
-    from ddtree_ops.ops.drift import find_drift
+    from ddtree_ops.runtime.drift import find_drift
 
     plan = json.loads((RENDERED / "plan.json").read_text())
     info = json.loads((RENDERED / "server_info.json").read_text())

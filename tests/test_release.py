@@ -1,5 +1,5 @@
 """Releases: the content key (``ddtree_ops.render.release``), the host-side
-``ddtree-ops release`` commands (``ddtree_ops.ops.release``) on a temporary release root,
+``ddtree-ops release`` commands (``ddtree_ops.host.release``) on a temporary release root,
 hostile ids and symlinks, prune rules, and the gate against the simulator on loopback."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from test_warmup_health import _launch
 from ddtree_ops import python_tag
 from ddtree_ops.cli import main
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops import release as hr
+from ddtree_ops.host import release as hr
 from ddtree_ops.render.files import plan_document
 from ddtree_ops.render.release import MANIFEST, build_release, live_links, release_result
 
@@ -495,6 +495,7 @@ def opt_dir():
 
 
 def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
+    from ddtree_ops.config import build_id
     from ddtree_ops.render.argv import sglang_build_path
     from ddtree_ops.sglang import wheelhouse as wh
 
@@ -502,7 +503,7 @@ def test_the_unit_and_the_role_name_the_same_content_keyed_build(opt_dir):
     build = sglang_build_path(v.deployment)
     name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, python_tag.current(),
                          wh.ops_source_id(wh.PROJECT_ROOT))
-    assert build == f"{opt_dir}/sglang-venv.builds/{name}" and wh.BUILD_RE.fullmatch(name)
+    assert build == f"{opt_dir}/sglang-venv.builds/{name}" and build_id.BUILD_RE.fullmatch(name)
     rel = build_release(v)
     assert json.loads(rel.manifest)["identity"]["sglang_build"] == build
     unit = next(f for n, _live, f in rel.files if n.endswith(".service")).content
@@ -716,7 +717,7 @@ def test_gate_fails_an_acceptance_length_no_verify_pass_can_reach(tmp_path, caps
     (33 here) and cannot accept more, so the gate fails it."""
     import dataclasses
 
-    from ddtree_ops.ops import bench
+    from ddtree_ops.runtime import bench
 
     real = bench.run_async
 
@@ -851,7 +852,7 @@ def test_rolling_playbook_checks_its_settings_before_anything_changes(tmp_path):
 
 
 def test_prune_builds_runs_without_the_cli_dependencies(root, opt_dir):
-    """The sglang role runs `python -m ddtree_ops.ops.release prune-builds` with the SGLang build's
+    """The sglang role runs `python -m ddtree_ops.host.release prune-builds` with the SGLang build's
     python, where ddtree-ops is installed without its dependencies (no typer, rich, httpx, yaml)."""
     import subprocess
     import sys
@@ -862,13 +863,13 @@ def test_prune_builds_runs_without_the_cli_dependencies(root, opt_dir):
     block = ("import sys\nfor m in ('typer', 'rich', 'click', 'httpx', 'yaml', 'jinja2', 'prometheus_client', "
              "'fabric', 'paramiko'): sys.modules[m] = None\nimport runpy\n"
              "sys.argv = ['x', 'prune-builds', '--root', sys.argv[1], '--builds', sys.argv[2]]\n"
-             "runpy.run_module('ddtree_ops.ops.release', run_name='__main__')\n")
+             "runpy.run_module('ddtree_ops.host.release', run_name='__main__')\n")
     r = subprocess.run([sys.executable, "-c", block, str(root), str(builds)], capture_output=True, text=True,
                        timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ok"] and doc["removed"] == ["cp311-0123456789abcdef-0123456789ab"] and doc["changed"]
-    r = subprocess.run([sys.executable, "-m", "ddtree_ops.ops.release", "prune-builds", "--root", str(root),
+    r = subprocess.run([sys.executable, "-m", "ddtree_ops.host.release", "prune-builds", "--root", str(root),
                         "--builds", str(builds), "--keep", "../x"], capture_output=True, text=True, timeout=60,
                        cwd=REPO)
     assert r.returncode == 1 and "not an SGLang build name" in json.loads(r.stdout)["checks"][0]["detail"]

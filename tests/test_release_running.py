@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_ops.ops.release import ReleaseError
-from ddtree_ops.ops.release_running import running
+from ddtree_ops.host.release import ReleaseError
+from ddtree_ops.host.release_running import running
 
 RID = "3efecb838ef7"
 

@@ -281,7 +281,7 @@ def test_cli_plan_table_says_why_a_checkpoint_was_not_read_and_shows_each_row_on
 
 def test_cli_plan_table_checkpoint_rows_with_a_local_draft(tmp_path, capsys, monkeypatch):
     """A draft read from disk decides block_size: one row, with its source."""
-    from ddtree_ops.cli import _checkpoint_rows
+    from ddtree_ops.cli.inventory import _checkpoint_rows
 
     ck = {"derived": {"ddtree_speculative.block_size": {"value": 16, "source": "draft config.json (local)"}},
           "checkpoints": {"model": {"read": None}, "draft": {"read": "local", "ref": "/m"}}}

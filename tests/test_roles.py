@@ -35,7 +35,7 @@ def test_argument_specs_match_defaults(role):
 
 @pytest.mark.parametrize("role", ROLES)
 def test_role_vars_not_read_as_deployment_config(role):
-    from ddtree_ops.config.models import is_deployment_var
+    from ddtree_ops.config.hostvars import is_deployment_var
 
     defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
     assert not any(is_deployment_var(k) for k in defaults)

@@ -1,4 +1,4 @@
-"""The rolling gate's verdict and the rollout's summary lines (``ddtree_ops/ops/rollout.py``), and
+"""The rolling gate's verdict and the rollout's summary lines (``ddtree_ops/fleet/rollout.py``), and
 the filters ``playbooks/rolling.yml`` calls them through (``filter_plugins/ddtree_rollout.py``,
 loaded by a real ``ansible-playbook`` with this checkout's ansible.cfg, connection local)."""
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from helpers import REPO, gate_document
 
-from ddtree_ops.ops.rollout import (
+from ddtree_ops.fleet.rollout import (
     GATE_OUTPUT_CAP,
     NOT_UPGRADED,
     read_gate,

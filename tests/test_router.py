@@ -229,7 +229,7 @@ def test_multi_node_flags_in_extra_args_are_refused(flag):
 def test_other_flags_sharing_a_start_are_not_multi_node():
     """Real options of the pinned parsers that share a start with a multi-node flag pass; a
     prefix argparse would find ambiguous (--n, --nccl-) is refused with the rule too."""
-    from ddtree_ops.config.multinode import multinode_flag
+    from ddtree_ops.config.multinode_flags import multinode_flag
 
     for other in ("--nccl-port", "--dist-timeout", "--numa-node", "--num-continuous-decode-steps",
                   "--nsa-decode-backend"):

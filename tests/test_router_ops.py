@@ -1,6 +1,6 @@
 """The router in operation: a worker's drain and re-add through smg 1.13.0's worker API
-(``ddtree_ops.ops.router_worker``), ``fleet status``'s router column
-(``ddtree_ops.ops.router_status``), the facts the ``router`` role copies (byte-identical to
+(``ddtree_ops.fleet.router_worker``), ``fleet status``'s router column
+(``ddtree_ops.fleet.router_status``), the facts the ``router`` role copies (byte-identical to
 ``ddtree-ops render``) and the router wheelhouse's install commands.
 
 The stand-in router below answers as the real smg 1.13.0 did in front of the simulator and on an
@@ -11,8 +11,6 @@ worker objects; ``DELETE /workers/{id}`` 202 then ``draining`` for the settle wi
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import threading
@@ -24,8 +22,8 @@ import pytest
 from helpers import FIXTURES
 from test_router import _instance, _one
 
-from ddtree_ops.ops import router_status, router_worker
-from ddtree_ops.ops.router_worker import Api, RouterError, state_of
+from ddtree_ops.fleet import router_status, router_worker
+from ddtree_ops.fleet.router_worker import Api, RouterError, state_of
 
 GPU = FIXTURES / "gpu" / "router-smg-1.13.0-sglang-0.5.17-h200-2026-12-02"
 RECORDED = json.loads((GPU / "workers.json").read_text())
@@ -185,9 +183,10 @@ def test_router_column_per_instance(smg):
     assert time.monotonic() - t0 < 5
 
 
-def test_fleet_status_shows_the_router_column(monkeypatch):
-    from ddtree_ops import cli, fleet_cli
-    from ddtree_ops.ops import fleet_ssh
+def test_fleet_status_shows_the_router_column(monkeypatch, capsys):
+    from ddtree_ops import cli
+    from ddtree_ops.cli import fleet as fleet_cli
+    from ddtree_ops.fleet import ssh as fleet_ssh
 
     rows = [fleet_ssh.HostStatus("gpu-a", ok=True, release="abc", active_state="active", sub_state="running"),
             fleet_ssh.HostStatus("gpu-b", ok=True, release="abc", active_state="active", sub_state="running")]
@@ -196,11 +195,10 @@ def test_fleet_status_shows_the_router_column(monkeypatch):
     monkeypatch.setattr(fleet_ssh, "status", lambda targets, limits: rows)
     monkeypatch.setattr(router_status, "fleet_cells", lambda inv, vault: {"gpu-b": "gw-1: draining"})
     def run(*args: str) -> str:
-        o = io.StringIO()
-        with contextlib.redirect_stdout(o):
-            cli.out.file = o
-            assert cli.main(["fleet", "status", "-i", "inventory/example", *args]) == 0, o.getvalue()
-        return o.getvalue()
+        rc = cli.main(["fleet", "status", "-i", "inventory/example", *args])
+        text = capsys.readouterr().out
+        assert rc == 0, text
+        return text
 
     assert [h["router"] for h in json.loads(run("--json"))["hosts"]] == [None, "gw-1: draining"]
     lines = run().splitlines()
@@ -238,7 +236,7 @@ def test_role_copies_the_rendered_unit_bytes(tmp_path):
 
 def test_router_install_steps_are_offline():
     from ddtree_ops.config.router import SMG_VERSION
-    from ddtree_ops.ops.router_wheelhouse import RouterWheelhouseError, install_steps, wheelhouse_id
+    from ddtree_ops.fleet.router_wheelhouse import RouterWheelhouseError, install_steps, wheelhouse_id
     from ddtree_ops.sglang.wheelhouse import WheelhouseError
 
     steps = install_steps({"requirement": f"smg=={SMG_VERSION}"}, "/opt/r/venv", "/opt/wh/smg", "/opt/wh/ops")

@@ -123,7 +123,8 @@ def test_default_branches_follow_the_release():
 def test_checks_name_options_the_release_has():
     """A refusal applies where its text was found; its field's option is in that release (an
     extra_args field), or it names a typed inventory field."""
-    from ddtree_ops.config.models import Server, Speculative
+    from ddtree_ops.config.models import Speculative
+    from ddtree_ops.config.service_models import Server
 
     typed = {"ddtree_server": Server.model_fields, "ddtree_speculative": Speculative.model_fields}
     for version, found in sglang_args.CHECK_LINES.items():

@@ -65,7 +65,7 @@ def test_lookup_errors_name_the_release_and_key():
 
 
 def test_exporter_and_health_read_names_every_release_exposes():
-    from ddtree_ops.ops import exporter, health
+    from ddtree_ops.runtime import exporter, health
 
     for name in (exporter.GEN_TOKENS, exporter.VERIFY_CALLS, exporter.SGLANG_ACCEPT,
                  *health.LOAD_GAUGES, *health.PROGRESS_COUNTERS):

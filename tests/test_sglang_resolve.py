@@ -21,8 +21,8 @@ import yaml
 from helpers import FIXTURES, REPO
 
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.drift import find_drift
 from ddtree_ops.sglang import resolve
 from ddtree_ops.sglang.probe import resolution_check
 from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution, summary

@@ -17,7 +17,7 @@ from helpers import base_hostvars
 from sglang_git import GitSource, make_git_source
 
 from ddtree_ops import python_tag
-from ddtree_ops.config import ConfigError, validate_hostvars
+from ddtree_ops.config import ConfigError, build_id, validate_hostvars
 from ddtree_ops.sglang import wheelhouse as wh
 from ddtree_ops.sglang.wheelhouse import WheelhouseError, build
 
@@ -220,4 +220,4 @@ def test_sglang_venv_default_and_argv():
     name = wh.build_name(v.deployment.sglang.model_dump(mode="json"), wh.PROJECT_ROOT, python_tag.current(),
                          wh.ops_source_id(wh.PROJECT_ROOT))
     assert build_argv(v.deployment, v.plan)[0] == f"/opt/ddtree-ops/sglang-venv.builds/{name}/bin/python"
-    assert wh.BUILD_RE.fullmatch(name) and name.startswith(python_tag.current() + "-")
+    assert build_id.BUILD_RE.fullmatch(name) and name.startswith(python_tag.current() + "-")

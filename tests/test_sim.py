@@ -419,7 +419,7 @@ def test_reserved_tokens_only_for_eagle() -> None:
 
 
 def test_count_tokens_is_a_byte_level_stand_in() -> None:
-    from ddtree_ops.ops.warmup import long_prompt
+    from ddtree_ops.runtime.warmup import long_prompt
     from ddtree_ops.sim.engine import count_tokens
 
     assert count_tokens("") == 1 and count_tokens("abc") == 2 and count_tokens("abcd") == 3

@@ -52,8 +52,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddtree_ops.ops.exporter import UPSTREAM_FAMILIES
-from ddtree_ops.ops.warmup import long_prompt
+from ddtree_ops.runtime.exporter import UPSTREAM_FAMILIES
+from ddtree_ops.runtime.warmup import long_prompt
 from ddtree_ops.sim.server import DEFAULT_HEALTH_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ WARMUP_LONG = {"text": long_prompt(1024),
 
 # ------------------------------------------------------------------ what the product reads
 PRODUCT_SERVER_INFO_KEYS = frozenset({
-    # ops/drift.py (_SETTINGS), ops/bench.py (the server summary), sglang/client.py (accept length)
+    # runtime/drift.py (_SETTINGS), runtime/bench.py (the server summary), sglang/client.py (accept length)
     "speculative_algorithm", "speculative_dflash_block_size", "speculative_num_draft_tokens",
     "speculative_ddtree_budget", "tp_size", "dp_size", "max_running_requests", "disable_cuda_graph",
     "cuda_graph_config", "cuda_graph_config.decode", "cuda_graph_config.decode.bs", "cuda_graph_bs_decode",
@@ -107,7 +107,7 @@ PRODUCT_SERVER_INFO_KEYS = frozenset({
     "version", "internal_states", "internal_states[]", "internal_states[].avg_spec_accept_length",
 })
 PRODUCT_RESPONSE_KEYS = frozenset({
-    # ops/warmup.py, ops/bench.py: /generate meta_info and the OpenAI answers and chunks
+    # runtime/warmup.py, runtime/bench.py: /generate meta_info and the OpenAI answers and chunks
     "meta_info", "meta_info.prompt_tokens", "meta_info.completion_tokens", "meta_info.spec_accept_length",
     "meta_info.spec_verify_ct", "text", "choices", "choices[]", "choices[].text", "choices[].delta",
     "choices[].delta.content", "choices[].message", "choices[].message.content", "usage", "usage.prompt_tokens",
@@ -593,7 +593,7 @@ RESOLVED_VALUES = (
     "served_model_name", "enable_metrics", "decode_log_interval", "version",
 )
 """``/server_info`` values that follow from the argv, not from the model or the machine: compared as
-values (what ops/drift.py compares is among them)."""
+values (what runtime/drift.py compares is among them)."""
 
 JSON_ANSWERS = {
     "server_info": "server_info.body", "get_server_info": "get_server_info.body", "model_info": "model_info.body",
@@ -712,8 +712,8 @@ def test_product_keys_are_present_with_their_type(diffs) -> None:
 
 
 def test_product_server_info_keys_cover_drift() -> None:
-    """Every ``/server_info`` key ops/drift.py compares is one of PRODUCT_SERVER_INFO_KEYS."""
-    from ddtree_ops.ops import drift
+    """Every ``/server_info`` key runtime/drift.py compares is one of PRODUCT_SERVER_INFO_KEYS."""
+    from ddtree_ops.runtime import drift
 
     keys = {k for s in drift._SETTINGS for k in s.keys}
     assert keys <= PRODUCT_SERVER_INFO_KEYS, keys - PRODUCT_SERVER_INFO_KEYS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ddtree_ops.ops.sweep import OWN_FILES, SweepError, load_sweep
+from ddtree_ops.fleet.sweep import OWN_FILES, SweepError, load_sweep
 
 
 @pytest.mark.parametrize("name", ["sweep.json", "sweep.md", "restore.log", "Sweep.JSON"])
@@ -26,8 +26,8 @@ def test_the_own_files_are_the_ones_run_sweep_writes(tmp_path):
     invalid points leaves in OUT besides point directories is in it."""
     from helpers import base_hostvars
 
-    from ddtree_ops.ops.bench import BenchOptions
-    from ddtree_ops.ops.sweep import Point, run_sweep
+    from ddtree_ops.fleet.sweep import Point, run_sweep
+    from ddtree_ops.runtime.bench import BenchOptions
 
     out = tmp_path / "out"
     pts = [Point("bad", {"ddtree_speculative.budget": -1})]

@@ -20,8 +20,8 @@ from helpers import FIXTURES, REPO
 
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.toolchain import ARCHS, CUDA_TOOLKITS, TRITONS, default_cuda, nvidia_repo, plan_toolchain
-from ddtree_ops.ops import ptxas as ptxas_mod
-from ddtree_ops.ops.toolkit import DriverCheckError, check_driver, parse_query_gpu, parse_smi_xml, reboot_decision
+from ddtree_ops.host import ptxas as ptxas_mod
+from ddtree_ops.host.toolkit import DriverCheckError, check_driver, parse_query_gpu, parse_smi_xml, reboot_decision
 from ddtree_ops.render.files import service_env
 
 PTXAS_CACHE = Path(os.environ.get("DDTREE_CACHE", "/var/cache/ddtree-ops")) / "ptxas-bin"  # as scripts/triton-venv.sh

@@ -1,5 +1,5 @@
 """``nvidia-smi topo -m`` is parsed in time linear in its text and bounded
-(:func:`ddtree_ops.ops.gpu_facts.parse_topo`): a crafted matrix (3.9 MB, thousands of GPUs) is
+(:func:`ddtree_ops.host.gpu_facts.parse_topo`): a crafted matrix (3.9 MB, thousands of GPUs) is
 refused at once instead of costing half a minute of CPU outside every deadline, and the largest
 matrix one host could print still parses quickly."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ddtree_ops.ops import gpu_facts as gf
+from ddtree_ops.host import gpu_facts as gf
 
 
 def _matrix(n: int, nics: int = 0) -> str:

@@ -126,7 +126,7 @@ def _base_yaml() -> str:
 def _plan_bound_cases() -> list[Case]:
     """Values the writer would put into plan.json that the host's readers refuse, and credentials in argv."""
     cases: list[Case] = []
-    # the host's plan readers' bounds (ddtree_ops/plandoc.py: strict JSON, |int| < 2**63, 4 MiB):
+    # the host's plan readers' bounds (ddtree_ops/_core/plandoc.py: strict JSON, |int| < 2**63, 4 MiB):
     # values the writer would put into plan.json and the host would refuse
     risks = [{"rule": "sm103-ddtree-graph-capture", "reason": f"reason {i} of at least twenty characters"}
              for i in range(1000)]
@@ -366,7 +366,7 @@ def test_hostile_inventory_subprocess(name, tmp_path):
 
 def test_alias_bomb_fails_fast():
     """The size walk stops at the bound: a billion-laughs value fails in well under a second."""
-    from ddtree_ops.config.models import deployment_vars
+    from ddtree_ops.config.hostvars import deployment_vars
 
     lol: list = ["lol"] * 9
     for _ in range(9):
@@ -560,7 +560,7 @@ def test_render_under_umask_000_creates_0755_directories(tmp_path, capsys):
 
 
 def test_write_under_checks_every_level(tmp_path):
-    from ddtree_ops.ops.write import UnsafeOutput, check_targets, write_under
+    from ddtree_ops._core.write import UnsafeOutput, check_targets, write_under
 
     out = tmp_path / "OUT"
     write_under(out, "a/b/c.txt", "x", 0o644)
@@ -573,7 +573,7 @@ def test_write_under_checks_every_level(tmp_path):
 
 
 def test_write_under_refuses_escapes(tmp_path):
-    from ddtree_ops.ops.write import UnsafeOutput, write_under
+    from ddtree_ops._core.write import UnsafeOutput, write_under
 
     for rel in ("../x", "a/../../x", "", "/", "a/./b"):
         with pytest.raises(UnsafeOutput):
@@ -610,7 +610,7 @@ def test_prometheus_one_target_per_host_with_hostile_labels():
                                       ("10.0.0.5", "http://10.0.0.5:30000"), ("fd00::5", "http://[fd00::5]:30000"),
                                       ("fe80::1%eth0", "http://[fe80::1%25eth0]:30000")])
 def test_local_url_used_everywhere(host, url):
-    from ddtree_ops.cli import _url
+    from ddtree_ops.cli.common import _url
     from ddtree_ops.render.files import exporter_unit, plan_document, ready_commands
 
     hv = base_hostvars()
@@ -866,8 +866,8 @@ def test_vault_values_the_deployment_does_not_refer_to_are_decrypted_up_to_a_bou
     """Each vaulted string costs a key derivation: those the deployment refers to (by name, through
     other variables' Jinja) are always decrypted; the others too (their text may be pasted by hand into
     a plain field), at most MAX_UNREACHED_DECRYPTS per host; every one marks its holder."""
-    import ddtree_ops.config.models as models
-    from ddtree_ops.config.models import _reachable_vars, _vault_plaintexts
+    import ddtree_ops.config.hostvars as models
+    from ddtree_ops.config.hostvars import _reachable_vars, _vault_plaintexts
 
     _, enc = _vaulted(tmp_path, "VCANARY_reachable_secret")
     all_vars = {**base_hostvars(), "junk_vaulted": [enc] * 50, "used": enc, "mid": "{{ used ~ 'x' }}",

@@ -19,7 +19,7 @@ from helpers import REPO
 from ddtree_ops.cli import main
 from ddtree_ops.config import ConfigError, validate_hostvars
 from ddtree_ops.config.sandbox import SYSCALL_ALLOW, SYSCALL_DENY
-from ddtree_ops.ops.ports import check_port, unit_of
+from ddtree_ops.host.ports import check_port, unit_of
 from ddtree_ops.render import render_host
 from ddtree_ops.render.files import DEVICES_UNIT, NVIDIA_MODPROBE
 

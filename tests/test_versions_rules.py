@@ -218,7 +218,7 @@ def test_plan_driver_floor_is_the_build_s_when_toolkit_is_12_8():
 
 def test_driver_check_uses_the_plan_floor():
     """Toolkit 12.8 alone accepts driver 575; the cu13 SGLang build does not."""
-    from ddtree_ops.ops.toolkit import DriverCheckError, check_driver
+    from ddtree_ops.host.toolkit import DriverCheckError, check_driver
 
     hv = ct200("0.5.23", attention_backend="triton")
     hv["ddtree_toolchain"] = {"cuda": "12.8"}
@@ -407,7 +407,7 @@ def test_table_equals_the_released_metadata(version):
     """The plan-time table row equals what the released wheel's METADATA (fixture) asks for."""
     from helpers import FIXTURES
 
-    from ddtree_ops.ops.toolkit import wheel_requires
+    from ddtree_ops.host.toolkit import wheel_requires
 
     name, requires = wheel_requires(_meta_dir(FIXTURES / "sglang" / f"METADATA-{version}"))
     assert name == f"sglang {version}"
@@ -428,7 +428,7 @@ def _meta_dir(metadata_file):
 def test_wheel_driver_check_reads_the_actual_wheel(tmp_path):
     from helpers import FIXTURES
 
-    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+    from ddtree_ops.host.toolkit import DriverCheckError, check_build_driver
 
     wheel = _wheel(tmp_path, (FIXTURES / "sglang" / "METADATA-0.5.23").read_text())
     with pytest.raises(DriverCheckError) as exc:
@@ -440,7 +440,7 @@ def test_wheel_driver_check_reads_the_actual_wheel(tmp_path):
 
 
 def test_wheel_driver_check_without_cuda_deps(tmp_path):
-    from ddtree_ops.ops.toolkit import check_build_driver
+    from ddtree_ops.host.toolkit import check_build_driver
 
     wheel = _wheel(tmp_path, "Metadata-Version: 2.1\nName: sglang\nVersion: 9.9\nRequires-Dist: numpy\n\nREADME\n")
     assert "not constrained" in check_build_driver("535.104.05", wheel)
@@ -453,14 +453,14 @@ def test_wheel_driver_check_without_cuda_deps(tmp_path):
     (lambda t: _wheel(t, "Name: sglang\n", dist_info="deep/sglang-0.5.23.dist-info"), "has 0"),
 ])
 def test_wheel_driver_check_refuses_unreadable_wheels(tmp_path, make, needle):
-    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+    from ddtree_ops.host.toolkit import DriverCheckError, check_build_driver
 
     with pytest.raises(DriverCheckError, match=needle):
         check_build_driver("580.65.06", make(tmp_path))
 
 
 def test_wheel_driver_check_refuses_a_bad_driver_string(tmp_path):
-    from ddtree_ops.ops.toolkit import DriverCheckError, check_build_driver
+    from ddtree_ops.host.toolkit import DriverCheckError, check_build_driver
 
     with pytest.raises(DriverCheckError, match="not dotted numbers"):
         check_build_driver("580;reboot", _wheel(tmp_path, "Name: sglang\n"))

@@ -1,4 +1,4 @@
-"""Warmup and health (``ddtree_ops.ops.warmup``, ``ddtree_ops.ops.health``) against the SGLang
+"""Warmup and health (``ddtree_ops.runtime.warmup``, ``ddtree_ops.runtime.health``) against the SGLang
 simulator on loopback (free ports), started with the argv our renderer builds; faults come
 from the simulator's ``/_sim/fault`` controls."""
 
@@ -19,8 +19,10 @@ from test_sim import Sim, http, post_json
 from ddtree_ops.cli import main
 from ddtree_ops.config.load import validate_hostvars
 from ddtree_ops.config.plandoc_model import PlanSizes
-from ddtree_ops.ops.health import CHECK_NAMES, HealthOptions, bound_s, check_health
-from ddtree_ops.ops.warmup import (
+from ddtree_ops.render.argv import build_argv
+from ddtree_ops.render.files import plan_document, render_host
+from ddtree_ops.runtime.health import CHECK_NAMES, HealthOptions, bound_s, check_health
+from ddtree_ops.runtime.warmup import (
     WarmupError,
     image_data_url,
     image_side,
@@ -29,8 +31,6 @@ from ddtree_ops.ops.warmup import (
     warmup_batch_sizes,
     warmup_plan,
 )
-from ddtree_ops.render.argv import build_argv
-from ddtree_ops.render.files import plan_document, render_host
 
 MIN_PIXELS = 3136
 
@@ -300,7 +300,7 @@ def test_warm_marker_check(deployed, sim, tmp_path):
     o = HealthOptions(timeout=3, failures=1, warm_marker=tmp_path / "warm.json")
     assert {c.name: c for c in check_health(sim.base, options=o)}["warm"].ok is False
     rep = warmup(sim.base, [1], deadline_s=30)
-    from ddtree_ops.ops.warmup import write_marker
+    from ddtree_ops.runtime.warmup import write_marker
     write_marker(tmp_path / "warm.json", rep)
     assert {c.name: c for c in check_health(sim.base, options=o)}["warm"].ok is True
 

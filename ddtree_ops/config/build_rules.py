@@ -184,7 +184,7 @@ def _simulator_parse(d: Deployment) -> Iterator[Finding]:
     import contextlib
     import io
 
-    from ..sim.args import build_parser
+    from .sim_parser import build_parser
 
     build = d.sglang.simulated_build or ("ddtree" if d.sglang.ddtree_source else "release")
     parser = build_parser(d.sglang.base_version, build)
@@ -202,8 +202,9 @@ def _simulator_parse(d: Deployment) -> Iterator[Finding]:
         yield Finding("error", EXTRA, list(d.server.extra_args),
                       f"the SGLang simulator of {d.sglang.base_version} ({build} build) "
                       + (f"does not know {', '.join(flags)}" if flags else f"refuses them: {problem}"),
-                      "remove the flags the simulator does not model (ddtree_ops/sim/args.py), or deploy a real build",
-                      "ddtree_ops/sim/args.py build_parser")
+                      "remove the flags the simulator does not model (ddtree_ops/config/sim_parser.py), "
+                      "or deploy a real build",
+                      "ddtree_ops/config/sim_parser.py build_parser")
 
 
 def rule_sglang_env(d: Deployment, p: Plan) -> Iterator[Finding]:

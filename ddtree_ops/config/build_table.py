@@ -49,6 +49,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .sglang_env import ENV_DEPRECATION_NOTES, ENV_READ_DIRECTLY, ENV_REGISTRY, ENV_RENAMED
+from .versions import RELEASES
 
 
 @dataclass(frozen=True)
@@ -407,18 +408,6 @@ class BuildCuda:
 
 
 BUILD_REQUIRES_CUDA: dict[str, BuildCuda] = {
-    b.version: b
-    for b in (
-        BuildCuda("0.5.13.post1", 13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.6.12",
-                                       "nvidia-cutlass-dsl[cu13]==4.5.2"),
-                  "sglang-0.5.13.post1.dist-info/METADATA Requires-Dist"),
-        BuildCuda("0.5.17", 13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.6.15.post1",
-                                 "humming-kernels[cu13]==0.1.10", "nvidia-cutlass-dsl[cu13]==4.6.0"),
-                  "sglang-0.5.17.dist-info/METADATA Requires-Dist"),
-        BuildCuda("0.5.23", 13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.7.2", "humming-kernels[cu13]==0.1.12",
-                                 "nvidia-cutlass-dsl[cu13]==4.8.0", "nvshmem4py-cu13"),
-                  "sglang-0.5.23.dist-info/METADATA Requires-Dist"),
-    )
+    r.version: BuildCuda(r.version, r.cuda_major, r.cuda_requires, r.cuda_source) for r in RELEASES.values()
 }
-"""Per release (peer tier: equal to :func:`cuda_major_of_requires` on the real METADATA; every row:
-equal to it on the METADATA fixture, ``tests/test_versions_rules.py``)."""
+"""The CUDA rows of :data:`ddtree_ops.config.versions.RELEASES` (one row per release holds them)."""

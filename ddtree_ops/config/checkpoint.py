@@ -28,6 +28,10 @@ Rules (:data:`CHECKPOINT_RULES`, each names its SGLang source):
 * :func:`rule_ckpt_memory` — per-GPU memory estimate (:func:`estimate_memory`).
 * :func:`rule_ckpt_draft_weights` — an EAGLE3 draft ships the tensors its config makes SGLang
   load from it (:mod:`.draft_weights`; tensor names only, from the index or the safetensors header).
+
+Over 600 lines: the readers (local, Hub), the strict checks of the three config files and the
+rules that hold a deployment to what they say; kept together because each rule quotes the
+file and field it reads. The readers are the first candidate for a module of their own.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..plandoc import read_at_most
+from .._core.bounded import read_at_most
+from .._core.strictjson import StrictJSONError, Words, loads
 from .draft_weights import (
     BORROWS_MISSING_HEAD,
     EAGLE3_SOURCE,
@@ -120,36 +125,19 @@ class CheckpointFacts:
         return f"{MODEL}.path" if self.role == "model" else f"{SPEC}.draft_model_path"
 
 
-def _reject_constant(name: str) -> Any:
-    raise CheckpointFileError(f"holds {name}, which strict JSON (RFC 8259) does not allow")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise CheckpointFileError(f"repeats the key {shorten(k, 60)!r} (which one a loader keeps is undefined)")
-        out[k] = v
-    return out
-
-
 MAX_INT_DIGITS = 30
 """Longest integer literal parsed (a config's largest sizes have < 20 digits; Python refuses
 int strings over 4300 digits with a ValueError, and huge ints overflow float arithmetic)."""
 
 
-def _bounded_int(s: str) -> int:
-    digits = len(s.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise CheckpointFileError(f"holds an integer of {digits} digits (no config value is that large)")
-    return int(s)
-
-
-def _finite_float(s: str) -> float:
-    x = float(s)
-    if x != x or x in (float("inf"), float("-inf")):
-        raise CheckpointFileError(f"holds the number {shorten(s, 40)}, which overflows a float")
-    return x
+_WORDS = Words(
+    max_int_digits=MAX_INT_DIGITS,
+    long_int=lambda digits: f"holds an integer of {digits} digits (no config value is that large)",
+    not_finite=lambda s: f"holds the number {shorten(s, 40)}, which overflows a float",
+    constant=lambda name: f"holds {name}, which strict JSON (RFC 8259) does not allow",
+    duplicate=lambda k: f"repeats the key {shorten(k, 60)!r} (which one a loader keeps is undefined)",
+)
+"""A checkpoint file's limits and wording of the strict parser (:mod:`ddtree_ops._core.strictjson`)."""
 
 
 def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
@@ -167,10 +155,9 @@ def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise CheckpointFileError(f"is not UTF-8 text (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates,
-                           parse_int=_bounded_int, parse_float=_finite_float)
-    except CheckpointFileError:
-        raise
+        value = loads(text, _WORDS)
+    except StrictJSONError as exc:
+        raise CheckpointFileError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise CheckpointFileError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:

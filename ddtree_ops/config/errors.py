@@ -351,6 +351,18 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def one_line(data: bytes | str, limit: int) -> str:
+    """Host-controlled text as one safe line: decoded (invalid UTF-8 replaced), terminal escapes
+    (ECMA-48 CSI/OSC) removed and other control characters, tabs and newlines made spaces
+    (:func:`ddtree_ops._core.scrub.strip_controls`, the log reader's), secrets scrubbed, cut to
+    ``limit`` characters plus ``…``."""
+    from .._core.scrub import strip_controls
+
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else str(data)
+    text = strip_controls(text[: limit * 8]).replace("\t", " ").replace("\n", " ")  # scrub sees a bounded text
+    return shorten(scrub(text).strip(), limit)
+
+
 _PLAIN_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}")
 
 

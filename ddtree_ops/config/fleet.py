@@ -10,7 +10,7 @@ Instances of one machine must hold disjoint resources, else refused at validate 
 one finding naming both instances:
 
 * ports: SGLang ``ddtree_server.port``, ``ddtree_ops.exporter_port`` and the rendezvous
-  port (``--nccl-port``, :attr:`~.models.Server.rendezvous_port`), all against all (one
+  port (``--nccl-port``, :attr:`~.service_models.Server.rendezvous_port`), all against all (one
   listener per address and port, ip(7) EADDRINUSE; Prometheus gets one target per instance);
 * unit names (``ddtree_service.name``: units, env files and default directories derive from it);
 * directories: config, state, cache, runtime (``RuntimeDirectory``) and the Prometheus
@@ -18,7 +18,7 @@ one finding naming both instances:
 * GPUs: :func:`~.instance.gpu_set` (``CUDA_VISIBLE_DEVICES`` / ``base_gpu_id``, tp x dp);
 * rank 0 of a multi-node server also holds its torch.distributed store port
   (``ddtree_server.multinode.dist_init_port``) on its machine; the nodes of one such server are
-  checked against each other by :func:`~.multinode.multinode_findings`;
+  checked against each other by :func:`~.multinode_fleet.multinode_findings`;
 * the service account (``ddtree_service.user``: its home is the instance's state directory);
 * a shared SGLang venv (``ddtree_service.sglang_venv``) must hold one SGLang pin.
 
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from .errors import Finding
 from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
 from .load import Validated
-from .multinode import multinode_findings
+from .multinode_fleet import multinode_findings
 from .scrape import machine_name, scrape_host
 
 SOURCE = "one listener per address and port (ip(7) EADDRINUSE); Prometheus static_configs targets"

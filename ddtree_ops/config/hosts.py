@@ -5,7 +5,7 @@ their CUDA arch, memory per GPU, how they are connected, and the oldest CUDA too
 ptxas knows the arch. Every rule that depends on the machine reads these fields (never a
 class name): the validator (:mod:`.rules`, :mod:`.build_rules`, :mod:`.checkpoint`, the
 plan's toolchain), the rendered units (GPU count of the device unit, the NVLink device group
-of the sandbox) and the preflight on the host (:mod:`ddtree_ops.ops.preflight`).
+of the sandbox) and the preflight on the host (:mod:`ddtree_ops.host.preflight`).
 
 **The GPU count is part of the class.** An ``h200x1`` (one H200, e.g. a cloud slice of an HGX
 board) and an ``h200x8`` (the whole board) are two classes, named ``<gpu><variant>x<count>``.
@@ -84,7 +84,7 @@ class HostClass:
             driver can look ready while registration stays ``In Progress`` (NVIDIA/gpu-operator#2781).
         source: where the facts come from.
 
-    The preflight (:mod:`ddtree_ops.ops.preflight`) checks a machine against these: GPU
+    The preflight (:mod:`ddtree_ops.host.preflight`) checks a machine against these: GPU
     count, name (:meth:`matches_name`), compute capability (:attr:`compute_cap`), memory per
     GPU (:attr:`min_memory_mib`) and interconnect (``nvlink``: every GPU pair ``NV#`` in
     ``nvidia-smi topo -m``; ``pcie``: no GPU ``NV#`` to more than :attr:`nvlink_bridge_peers`

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Finding, scrub, shorten
-from .models import deployment_vars
+from .hostvars import deployment_vars
 
 TEMPLATE_DEADLINE_S = 10.0
 """Longest the Jinja of one host's variables may take to template (a loop, a ``pipe`` lookup),
@@ -428,7 +428,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
                                    + (" and the file the parser names" if causes else ""))])
     out: dict[str, dict[str, Any]] = {}
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
-    memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (models._memo_get)
+    memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (hostvars._memo_get)
     for host in hosts:
         all_vars = vm.get_vars(host=host, include_hostvars=True)
         templar = Templar(loader=loader, variables=all_vars)
@@ -454,7 +454,7 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
 
 def _template_one(templar: Any, name: str, value: Any, host: str) -> Any:
     """``value`` of variable ``name`` templated; a failing template is one finding naming it."""
-    from .models import template_error
+    from .hostvars import template_error
 
     try:
         return templar.template(value)
@@ -473,11 +473,11 @@ def _template_if_marked(templar: Any, memo: dict | None = None) -> Callable[[Any
     same types (``tests/test_perf.py`` checks the rendered output is byte-identical); the
     Templar's walk cost ~1 ms a host, most of ``validate``'s per-host time (``scripts/bench-controller.py``).
     Anything else (a marker, a vaulted string, another type) goes through the Templar.
-    ``memo`` (one load's, ``models._memo_get``): the verdict on a container the hosts share
+    ``memo`` (one load's, ``hostvars._memo_get``): the verdict on a container the hosts share
     (their group_vars values), worked out once per load; the test depends on the value alone.
     """
     from .errors import _is_vaulted
-    from .models import _memo_get, _memo_put
+    from .hostvars import _memo_get, _memo_put
 
     def plain(value: Any) -> bool:
         known = _memo_get(memo, "plain", value)

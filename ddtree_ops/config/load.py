@@ -13,8 +13,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import ConfigError, Finding, findings_from_validation_error
+from .fields import inventory_name_problem
 from .hosts import class_names
-from .models import GROUPS_VAR, INVENTORY_VARS, Deployment, inventory_name_problem, is_deployment_var
+from .hostvars import GROUPS_VAR, INVENTORY_VARS, is_deployment_var
+from .models import Deployment
 from .plan import Plan, make_plan
 from .rules import RULES
 

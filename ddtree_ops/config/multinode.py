@@ -29,64 +29,30 @@ ddtree-ops models that as one deployment of several inventory hosts (each node i
 target, unit and release), listed in ``ddtree_server.multinode.nodes``: GPUs are accounted per
 machine (:func:`~.instance.rank_gpus`), rank 0's store port per machine
 (:mod:`~.fleet`), every node must carry the same pinned build and settings
-(:func:`multinode_findings`), the router fronts rank 0 only, and only rank 0 gets the
+(:func:`~.multinode_fleet.multinode_findings`), the router fronts rank 0 only, and only rank 0 gets the
 warmup, the deployed-settings health check and the exporter (:mod:`ddtree_ops.render.files`).
 
 The SGLang flags themselves are refused in ``ddtree_server.extra_args`` in every spelling
 argparse accepts: the option, a unique prefix (SGLang's parser keeps ``allow_abbrev=True``)
-and ``--flag=VALUE`` (the ``extra_args`` field validator of :class:`~.models.Server`, ahead of
+and ``--flag=VALUE`` (the ``extra_args`` field validator of :class:`~.service_models.Server`, ahead of
 its spelling check, so ``--nnodes=2`` gets this rule rather than the generic "no =VALUE").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .errors import Finding
+from .multinode_flags import DIST_INIT_PORT_OFFSET, SOURCE
 
 if TYPE_CHECKING:  # the models import this module lazily; no circle at run time
-    from .load import Validated
     from .models import Deployment
     from .plan import Plan
-
-MULTINODE_FLAGS: tuple[str, ...] = ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr")
-"""Option strings of SGLang's multi-node destinations (``nnodes``, ``node_rank``,
-``dist_init_addr``) in both pinned releases' parsers; no other option of those
-parsers is a prefix of one of them (read off both packages), so every prefix abbreviates one of these."""
-
-SOURCE = ("sglang/srt/server_args.py (SGLang 0.5.13.post1, add_cli_args: multi-node distributed serving); "
-          "sglang/srt/arg_groups/fields/parallel.py (0.5.23)")
-RULE = ("ddtree-ops renders the multi-node flags from ddtree_server.multinode (GPUs, ports and health are "
-        "accounted per node from it)")
-FIX = ("remove it; list the machines in ddtree_server.multinode.nodes (rank 0 first, each its own inventory host), "
-       "set ddtree_server.multinode.dist_init_addr to rank 0's ansible_host and tp_size to the GPUs of all nodes")
-
-DIST_INIT_PORT_OFFSET = 200
-"""``--dist-init-addr`` port of a multi-node server without ``ddtree_server.multinode.dist_init_port``:
-its SGLang port plus this (30000 -> 30200), apart from the ``--nccl-port`` default (+100)."""
 
 ENGINE_SOURCE = ("sglang/srt/entrypoints/engine.py _launch_subprocesses (tp_size_per_node, node_rank >= 1: "
                  "launch_dummy_health_check_server); ServerArgs.check_server_args")
 SRV = "ddtree_server.multinode"
-
-
-def multinode_flag(flag: str) -> str | None:
-    """The multi-node option ``flag`` is, abbreviates or sets with ``=VALUE``; None otherwise."""
-    bare = flag.split("=", 1)[0]
-    if len(bare) <= 2 or not bare.startswith("--"):
-        return None
-    for option in MULTINODE_FLAGS:
-        if option.startswith(bare):
-            return option
-    return None
-
-
-def describe(flag: str, option: str) -> str:
-    """The rule for ``flag`` (which sets ``option``), naming how argparse reads it."""
-    bare = flag.split("=", 1)[0]
-    how = "is" if bare == option else f"abbreviates (argparse accepts unique prefixes) {option}, which is"
-    return f"{flag} {how} a multi-node flag; {RULE}"
 
 
 def dist_timeout_s(d: Deployment) -> int:
@@ -164,63 +130,3 @@ def rule_multinode(d: Deployment, p: Plan) -> Iterator[Finding]:
                       "slowest node included), and a collective that waits longer aborts the server",
                       f"raise it to at least {d.service.start_timeout_s}, or remove it (default: the start window)",
                       SOURCE)
-
-
-SAME = ("sglang", "host_class", "model", "speculative", "server")
-"""Deployment fields every node of one server must hold alike: the pinned build (one build on
-every rank, or the collectives of different code meet), the host class (per-node GPU count and
-arch), and everything the argv renders except the node rank."""
-
-
-def multinode_findings(validated: Iterable[Validated], addresses: dict[str, str],
-                       focus: set[str] | None = None) -> list[Finding]:
-    """Checks across the nodes of each multi-node server.
-
-    Args:
-        validated: deployments that each passed validation.
-        addresses: inventory host -> its machine name (:func:`~.fleet.machine_names`' first).
-        focus: report only on these hosts (``--limit``); None: all.
-
-    Returns:
-        One error per problem: a node listed but not in the inventory (or not valid), a node
-        whose pinned build / class / settings differ from rank 0's, two nodes on one machine,
-        ``dist_init_addr`` not rank 0's address. Sources: the module docstring (one store at
-        rank 0's ``--dist-init-addr``, ``model_runner.py`` ``init_torch_distributed``).
-    """
-    from .scrape import machine_name
-
-    unique = {v.deployment.host: v for v in validated}
-    out: list[Finding] = []
-    for host in sorted(unique):
-        d = unique[host].deployment
-        mn = d.server.multinode
-        if mn is None or (focus is not None and host not in focus):
-            continue
-        rank0 = unique.get(mn.nodes[0])
-        for node in mn.nodes:
-            if node not in unique:
-                out.append(Finding("error", f"{SRV}.nodes", node,
-                                   f"node {node} of {host}'s server is not a valid host of this inventory (the server "
-                                   "would wait for it forever)", f"add {node} to the inventory, or remove it from the "
-                                   "list (and lower tp_size)", SOURCE, host=host))
-        if rank0 is None or rank0.deployment.host == host:
-            continue
-        r0 = rank0.deployment
-        for field in SAME:
-            if getattr(d, field) != getattr(r0, field):
-                out.append(Finding("error", f"ddtree_{field}", "...",
-                                   f"differs between {host} and rank 0 ({r0.host}) of one multi-node server: every "
-                                   "node must run the same pinned build and settings", f"give every node of "
-                                   f"{SRV}.nodes the same ddtree_{field} (set it in one group's group_vars)",
-                                   SOURCE, host=host))
-        mine, theirs = addresses.get(host), addresses.get(r0.host)
-        if mine is not None and mine == theirs:
-            out.append(Finding("error", f"{SRV}.nodes", host,
-                               f"{host} and {r0.host} reach one machine ({mine}); each node is its own machine",
-                               "give each node its own ansible_host", SOURCE, host=host))
-        if host == mn.nodes[-1] and theirs is not None and machine_name(mn.dist_init_addr) != theirs:
-            out.append(Finding("error", f"{SRV}.dist_init_addr", mn.dist_init_addr,
-                               f"is not rank 0's address ({r0.host}: {theirs}); the other nodes would wait for a "
-                               "store nobody listens on", f"set it to {theirs} (rank 0's ansible_host)", SOURCE,
-                               host=host))
-    return out

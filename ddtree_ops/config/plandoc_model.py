@@ -3,9 +3,9 @@
 One writer, :func:`ddtree_ops.render.files.plan_document` (``ddtree-ops render`` and the deploy
 play), and one reader for every command that takes ``--plan`` on a host with ddtree-ops
 installed: ``health``, ``warmup``, ``bench`` (records the document), ``exporter``,
-``probe-sglang``, and the drift comparison (:mod:`ddtree_ops.ops.drift`). The layers:
+``probe-sglang``, and the drift comparison (:mod:`ddtree_ops.runtime.drift`). The layers:
 
-1. bytes: :func:`ddtree_ops.plandoc.read_plan_doc` (regular file, 4 MiB, strict JSON, depth 64,
+1. bytes: :func:`ddtree_ops._core.plandoc.read_plan_doc` (regular file, 4 MiB, strict JSON, depth 64,
    integers below 2**63; standard library only);
 2. the version: ``schema_version`` (an integer; a document without it was written before the
    field existed and is read as version 1: from 310472b, which added ``paths``, to dab7f1d the
@@ -15,7 +15,7 @@ installed: ``health``, ``warmup``, ``bench`` (records the document), ``exporter`
    change bumps it; ``tests/fixtures/plan/`` holds documents of earlier writers);
 3. the fields readers use, typed with the inventory's own bounds (:mod:`ddtree_ops.config.models`)
    and, for the fields the preflight reads, with the preflight's own rules
-   (:func:`ddtree_ops.ops.preflight.plan_fields`: the preflight zipapp runs on hosts with a bare
+   (:func:`ddtree_ops.config.plan_fields.plan_fields`: the preflight zipapp runs on hosts with a bare
    python3 and keeps its standard-library reader; ``tests/test_plan_contract.py`` proves both
    accept the same documents).
 
@@ -28,7 +28,7 @@ two consumers that need it as written: ``bench`` records it, ``probe-sglang`` re
 stored deployment with the inventory's rules (where unknown fields are refused).
 
 Derived values are written once, by the writer: ``url`` (the server's loopback URL,
-:attr:`~ddtree_ops.config.models.Server.local_url`) and ``sglang_base_version``
+:attr:`~ddtree_ops.config.service_models.Server.local_url`) and ``sglang_base_version``
 (:attr:`~ddtree_ops.config.models.SGLangPin.base_version`); a version-1 document from before
 ``sglang_base_version`` existed gets it from the same property when it is loaded.
 
@@ -55,11 +55,13 @@ from pydantic import (
     model_validator,
 )
 
-from ..plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
-from ..plandoc import PlanFileError, newer_schema, read_plan_doc, shown
+from .._core.plandoc import SCHEMA_VERSION as SCHEMA_VERSION  # defined with the byte layer (the zipapp reads it too)
+from .._core.plandoc import PlanFileError, newer_schema, read_plan_doc, shown
 from .errors import ConfigError, Finding, scrub
+from .fields import MAX_PATH, ArgText, BatchSize, Port, _bounded
 from .hosts import resolve_host_classes
-from .models import MAX_PATH, ArgText, BatchSize, Ops, Port, SGLangPin, _bounded
+from .models import SGLangPin
+from .service_models import Ops
 
 FIX = "re-render it (ddtree-ops render / deploy.yml) or use the host's /etc/ddtree-ops/<name>/plan.json"
 SOURCE = "plan.json contract: ddtree_ops.config.plandoc_model.PlanDoc"
@@ -135,7 +137,7 @@ class _Doc(BaseModel):
 
 
 class PlanOps(Ops):
-    """``deployment.ops``: :class:`~ddtree_ops.config.models.Ops` itself (same fields, bounds and
+    """``deployment.ops``: :class:`~ddtree_ops.config.service_models.Ops` itself (same fields, bounds and
     defaults), unknown keys ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -160,7 +162,7 @@ class PlanModelSpec(_Doc):
 
 
 class PlanServer(_Doc):
-    """``deployment.server``: ``port`` (:data:`~ddtree_ops.config.models.Port`) and ``tp_size``
+    """``deployment.server``: ``port`` (:data:`~ddtree_ops.config.fields.Port`) and ``tp_size``
     (1..64, drift's ``tp_size`` and the exporter's info label)."""
 
     port: Port
@@ -188,7 +190,7 @@ class PlanDeployment(_Doc):
 
 MAX_CAPTURE_SIZES = 512
 """Most entries of ``plan.capture_bs`` (the inventory's bound); warmup holds a server's own
-capture list to it too (:func:`ddtree_ops.ops.warmup.limits_from_server_info`)."""
+capture list to it too (:func:`ddtree_ops.runtime.warmup.limits_from_server_info`)."""
 
 
 class PlanSizes(_Doc):
@@ -278,7 +280,7 @@ class PlanDoc(_Doc):
     @classmethod
     def of(cls, document: Any, path: str | os.PathLike[str] = "<rendered>", option: str = "--plan") -> PlanDoc:
         """The typed view of a plan document already in memory (``render``'s, or one read by
-        :func:`ddtree_ops.plandoc.read_plan_doc`).
+        :func:`ddtree_ops._core.plandoc.read_plan_doc`).
 
         Raises:
             PlanDocError: a newer ``schema_version``, or a field that breaks its rule (the first
@@ -335,13 +337,13 @@ def _base_version(document: dict[str, Any], option: str, path: str) -> str | Non
 
 
 def _preflight_fields(document: dict[str, Any], option: str, path: str) -> None:
-    """The preflight's own check of the fields it reads (:func:`ddtree_ops.ops.preflight.plan_fields`),
+    """The preflight's own check of the fields it reads (:func:`ddtree_ops.config.plan_fields.plan_fields`),
     so this model accepts no document the preflight refuses."""
-    from ..ops.preflight import PreflightUsageError, plan_fields
+    from .plan_fields import PlanFieldError, plan_fields
 
     try:
         plan_fields(document)
-    except PreflightUsageError as exc:
+    except PlanFieldError as exc:
         field = exc.field or "<document>"
         cur: Any = document
         for k in exc.field.split(".") if exc.field else ():
@@ -357,14 +359,14 @@ def load_plan(path: str | os.PathLike[str], option: str = "--plan") -> PlanDoc:
     """Read, check and type the plan.json at ``path``.
 
     Args:
-        path: the file (symlinks followed; see :mod:`ddtree_ops.plandoc` for the byte-level rules).
+        path: the file (symlinks followed; see :mod:`ddtree_ops._core.plandoc` for the byte-level rules).
         option: the option that named it, for the message.
 
     Returns:
         The document's typed view (:attr:`PlanDoc.document` holds it as read).
 
     Raises:
-        PlanDocError: everything :func:`~ddtree_ops.plandoc.read_plan_doc` refuses, a newer
+        PlanDocError: everything :func:`~ddtree_ops._core.plandoc.read_plan_doc` refuses, a newer
             ``schema_version``, or a field that breaks its rule.
     """
     try:

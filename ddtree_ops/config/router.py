@@ -25,9 +25,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from .errors import Finding, findings_from_validation_error
+from .fields import HostText, Port, _bounded, _fail, _Model, inventory_name_problem
 from .instance import DP_ATTENTION_FLAG
 from .load import Validated
-from .models import HostText, Port, _bounded, _fail, _Model, inventory_name_problem
 from .multinode import ENGINE_SOURCE as MULTINODE_SOURCE
 
 ROUTER_GROUP = "routers"
@@ -243,7 +243,7 @@ def _one_router(host: str, hv: dict[str, Any], instances: dict[str, Validated], 
     address = hv.get("ansible_host")
     if address is not None:
         from .errors import RULE_FIX_SEP
-        from .models import _ip_or_host  # one definition of a host name / address
+        from .fields import _ip_or_host  # one definition of a host name / address
 
         try:
             address = _ip_or_host(str(address))
@@ -368,6 +368,7 @@ def load_router_vars(inventory: str, vault_password_files: Iterable[str] = ()) -
     from ansible.vars.manager import VariableManager
 
     from .errors import ConfigError
+    from .hostvars import deployment_vars
     from .inventory import (
         TEMPLATE_DEADLINE_S,
         TemplateTimeout,
@@ -376,7 +377,6 @@ def load_router_vars(inventory: str, vault_password_files: Iterable[str] = ()) -
         _template_if_marked,
         _vault_secrets,
     )
-    from .models import deployment_vars
 
     loader = DataLoader()
     with _ansible_failures([], []):

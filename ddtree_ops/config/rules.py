@@ -15,11 +15,12 @@ from .env_dirs import rule_env_dirs
 from .errors import Finding
 from .instance import MULTIPROC_ENV, VISIBLE_ENV, GpuSetError, gpu_count_needed, rank_gpus, visible_gpus
 from .memory_reserve import rule_memory_reserve
-from .models import NCCL_PORT_OFFSET, Deployment
+from .models import Deployment
 from .multinode import rule_multinode
 from .plan import EAGLE_SIZED, SPEC_DEFAULT_MAX_RUNNING_REQUESTS, Plan
 from .sandbox import rule_sandbox_paths, rule_service_not_root
 from .scrape import rule_sglang_scrape
+from .service_models import NCCL_PORT_OFFSET
 from .sglang_compat import rule_algorithm_in_release, rule_extra_args_parse, rule_speculation_compat
 from .toolchain import ARCHS, CUDA_TOOLKITS, at_least, default_cuda, version_key
 from .versions import DDTREE_SOURCES, KNOWN_ISSUES
@@ -399,7 +400,7 @@ def rule_health_timeout(d: Deployment, p: Plan) -> Iterator[Finding]:
         yield _err("ddtree_ops.health_timeout_s", d.ops.health_timeout_s,
                    "the unit's readiness check runs `ddtree-ops health --timeout` with it, which accepts at most "
                    "300 s (SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)",
-                   "use 3..300 (default 5)", "ddtree_ops/cli.py health")
+                   "use 3..300 (default 5)", "ddtree_ops/cli/__init__.py health")
 
 
 def rule_silent_rewrites(d: Deployment, p: Plan) -> Iterator[Finding]:

@@ -1,6 +1,6 @@
 """Where Prometheus (and ddtree-ops run from the controller) reaches a host's SGLang and exporter.
 
-The exporter listens on every address (:attr:`~.models.Ops.exporter_url`); SGLang listens where
+The exporter listens on every address (:attr:`~.service_models.Ops.exporter_url`); SGLang listens where
 ``ddtree_server.host`` says (its ``--host``: uvicorn binds that one address). A server bound to one
 address answers nowhere else, so the ``sglang`` job's target is that address, not ``ansible_host``;
 one bound to loopback answers only on its own machine, so a Prometheus elsewhere cannot scrape it

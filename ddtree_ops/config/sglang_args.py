@@ -9,6 +9,8 @@ fields of ``sglang/srt/server_args.py``, ``sglang/srt/arg_groups/``) of:
 
 ``tests/test_sglang_args.py`` proves this equals the generator's output where the wheels are
 present (``DDTREE_SGLANG_SITES``).
+
+Over 600 lines: generated tables (one parser per release), written by the script named above, not by hand.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Which variables cannot change a finding, read off the rules:
   every host); the host name reaches a finding only as its ``host`` (the ``host:`` prefix of
   the message and the plan's warnings), which is re-bound per host.
 
-Everything else of the host's variables (:func:`~.models.deployment_vars`: every ``ddtree_*``
+Everything else of the host's variables (:func:`~.hostvars.deployment_vars`: every ``ddtree_*``
 variable, ``group_names``, and whether ``ansible_host`` is set) is the key, compared by value
 and type (:func:`share_key`), vaulted strings told apart from plain ones. Each host's name and
 address are still validated by :class:`~.models.Deployment`'s own fields; a host whose name or
@@ -37,7 +37,7 @@ SHARE = True
 the tests compare both)."""
 
 ADDRESS_VAR = "ansible_host"
-"""The inventory variable of :attr:`Deployment.address` (``models.INVENTORY_VARS['address']``)."""
+"""The inventory variable of :attr:`Deployment.address` (``hostvars.INVENTORY_VARS['address']``)."""
 
 
 class _Unkeyable(Exception):
@@ -45,7 +45,7 @@ class _Unkeyable(Exception):
 
 
 def share_key(hostvars: dict[str, Any], memo: dict[int, tuple[Any, Any]] | None = None) -> tuple | None:
-    """A hashable form of ``hostvars`` (one host's :func:`~.models.deployment_vars`) without
+    """A hashable form of ``hostvars`` (one host's :func:`~.hostvars.deployment_vars`) without
     ``ansible_host``'s value (only whether it is set), or ``None`` when a value is of a type not
     compared here (the host is then validated alone).
 

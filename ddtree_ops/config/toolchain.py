@@ -47,7 +47,7 @@ Sources
   turned into ``_`` (``TRITON_PTXAS_PATH``, ``TRITON_PTXAS_BLACKWELL_PATH``), tries that
   path first and **silently falls back to the bundled binary** when the path does not
   answer ``--version`` (so a wrong override is invisible unless checked, see
-  :mod:`ddtree_ops.ops.ptxas`). ``TRITON_PTXAS_PATH`` does not change what Triton >= 3.6
+  :mod:`ddtree_ops.host.ptxas`). ``TRITON_PTXAS_PATH`` does not change what Triton >= 3.6
   uses for Blackwell: there the variable is ``TRITON_PTXAS_BLACKWELL_PATH``. Triton 3.6.0
   on sm_103 therefore already works with its bundled ptxas-blackwell 12.9; Triton 3.4/3.5
   (ptxas 12.8 only) do not and need ``TRITON_PTXAS_PATH``.

@@ -168,11 +168,17 @@ class Release:
             ``DDTREE``).
         import_lock: ``requirements/`` lock of the import chain (CPU import for the probe);
             None where no lock is recorded (the release is installed with its own dependencies).
+        cuda_major: the CUDA major its wheel depends on (``Requires-Dist``), e.g. 13.
+        cuda_requires: the ``Requires-Dist`` lines that ask for it.
+        cuda_source: the METADATA file read.
     """
 
     version: str
     speculative_algorithms: tuple[str, ...]
     import_lock: str | None
+    cuda_major: int
+    cuda_requires: tuple[str, ...]
+    cuda_source: str
 
 
 RELEASES: dict[str, Release] = {
@@ -182,6 +188,8 @@ RELEASES: dict[str, Release] = {
             "0.5.13.post1",
             ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
             "requirements/sglang-0.5.13.post1-import.txt",
+            13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.6.12", "nvidia-cutlass-dsl[cu13]==4.5.2"),
+            "sglang-0.5.13.post1.dist-info/METADATA Requires-Dist",
         ),
         Release(
             # read off the released wheel (sglang/srt/speculative/spec_info.py SpeculativeAlgorithm); no
@@ -189,16 +197,25 @@ RELEASES: dict[str, Release] = {
             "0.5.17",
             ("DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
             None,
+            13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.6.15.post1", "humming-kernels[cu13]==0.1.10",
+                 "nvidia-cutlass-dsl[cu13]==4.6.0"),
+            "sglang-0.5.17.dist-info/METADATA Requires-Dist",
         ),
         Release(
             "0.5.23",
             ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE"),
             "requirements/sglang-0.5.23-import.txt",
+            13, ("cuda-python>=13.0", "flashinfer_python[cu13]==0.7.2", "humming-kernels[cu13]==0.1.12",
+                 "nvidia-cutlass-dsl[cu13]==4.8.0", "nvshmem4py-cu13"),
+            "sglang-0.5.23.dist-info/METADATA Requires-Dist",
         ),
     )
 }
 """Releases read off their real wheels (``scripts/sglang-venv.sh VERSION``; the probe tests
-check the peer versions' rows, 0.5.13.post1 and 0.5.23, against the packages)."""
+check the peer versions' rows, 0.5.13.post1 and 0.5.23, against the packages): one row per
+release for its per-version facts (the CUDA major: peer tier equal to
+:func:`ddtree_ops.config.build_table.cuda_major_of_requires` on the real METADATA; every row:
+equal to it on the METADATA fixture, ``tests/test_versions_rules.py``)."""
 
 
 def _since(table, v: Version):

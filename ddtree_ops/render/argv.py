@@ -17,7 +17,7 @@ from ..config.versions import GraphFlagDialect, version_info
 
 def sglang_build_path(d: Deployment) -> str | None:
     """The SGLang build a release of ``d`` runs: ``<sglang_venv>.builds/<build name>``, the name
-    content-keyed by :func:`ddtree_ops.sglang.wheelhouse.build_name` (pin, lock, controller
+    content-keyed by :func:`ddtree_ops.config.build_id.build_name` (pin, lock, controller
     Python tag, ddtree-ops source id), the same directory the ``sglang`` role installs into;
     None when no build is installed (:attr:`ddtree_ops.config.models.SGLangPin.installs_sglang`).
 
@@ -29,8 +29,8 @@ def sglang_build_path(d: Deployment) -> str | None:
     """
     if not d.sglang.installs_sglang:
         return None
+    from ..config.build_id import PROJECT_ROOT, WheelhouseError, build_name, ops_source_id
     from ..python_tag import current
-    from ..sglang.wheelhouse import PROJECT_ROOT, WheelhouseError, build_name, ops_source_id
 
     pin = d.sglang.model_dump(mode="json")
     try:

@@ -23,19 +23,26 @@ if TYPE_CHECKING:
     from ..config.router import Router
 
 from ..config.envchars import env_char_problem
+from ..config.exporter_limits import NOFILE_LIMIT
 from ..config.instance import MULTIPROC_ENV, cache_env, multiproc_dir
 from ..config.load import Validated
 from ..config.sandbox import unit_sandbox
 from ..config.scrape import scrape_host, sglang_scrape_host, url_host
-from ..ops.exporter_http import NOFILE_LIMIT
 from .argv import build_argv
-from .monitoring import EXPORTER_JOB, ROUTER_JOB, SGLANG_JOB
+
+ROUTER_JOB = "smg"
+"""Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``)."""
 
 MANAGED_BY = "Managed by ddtree-ops: do not edit"
 """The start of the header of every file ddtree-ops writes on a host: the rendered files'
 (:data:`MANAGED`) and the ``cuda_toolkit`` role's own (``ddtree_render`` returns it as ``managed_by``)."""
 MANAGED = f"{MANAGED_BY}; re-render with `ddtree-ops render` or deploy.yml."
 """Header comment of every file :func:`render_host` and :func:`render_prometheus` render."""
+
+EXPORTER_JOB = "ddtree_exporter"
+"""Prometheus job of the exporters (``prometheus.yml`` of :func:`prometheus_document`, the rules' selectors)."""
+SGLANG_JOB = "sglang"
+"""Prometheus job of the SGLang servers' own ``/metrics``."""
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """The YAML emitter of rendered documents: libyaml's safe dumper where PyYAML has it (half
@@ -165,7 +172,7 @@ def secrets_path(v: Validated) -> str:
 def plan_document(v: Validated) -> dict:
     """What ``plan.json`` on the host holds: the deployment (no secrets: :data:`SECRET_FIELDS`
     left out) and its plan. ``exporter_unit`` is the exporter's unit (the preflight lets it hold
-    ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.models.Server.local_url`;
+    ``exporter_port``). ``url`` is :attr:`~ddtree_ops.config.service_models.Server.local_url`;
     ``paths.secrets`` is where the secrets file lives (present or not). ``schema_version``,
     ``url``, ``rendezvous_port`` (the ``--nccl-port`` rendered: the host's preflight checks it is
     free) and ``sglang_base_version`` are the contract's version and derived values
@@ -196,9 +203,9 @@ def plan_document(v: Validated) -> dict:
 
 def plan_json(v: Validated) -> str:
     """plan.json's text, read back through every reader of it on the host before it is written:
-    the byte layer (:func:`ddtree_ops.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
+    the byte layer (:func:`ddtree_ops._core.plandoc.parse_plan_doc`: size, depth, strict JSON, integer
     range) and the typed contract (:class:`ddtree_ops.config.plandoc_model.PlanDoc`, which runs the
-    preflight's standard-library reader :func:`ddtree_ops.ops.preflight.plan_fields` first). One set of
+    preflight's standard-library reader :func:`ddtree_ops.host.preflight.plan_fields` first). One set of
     bounds: a document a reader would refuse on the host is refused here, at validate and render,
     before a release is made of it.
 
@@ -206,9 +213,9 @@ def plan_json(v: Validated) -> str:
         ConfigError: one finding naming the inventory (the document as a whole), the reader's
             rule and the fix.
     """
+    from .._core.plandoc import MAX_BYTES, parse_plan_doc
     from ..config.errors import ConfigError, Finding
     from ..config.plandoc_model import PlanDoc, PlanDocError
-    from ..plandoc import MAX_BYTES, parse_plan_doc
 
     # NaN and infinities are refused when the inventory is loaded; one that got past that is refused
     # here like any other document the readers would refuse (strict JSON), never written as NaN
@@ -345,7 +352,7 @@ def exporter_unit_name(v: Validated) -> str:
 def exporter_unit(v: Validated) -> RenderedFile:
     """The exporter's systemd unit: ``ddtree-ops exporter --plan plan.json`` on
     ``0.0.0.0:<ddtree_ops.exporter_port>``, polling the SGLang server at its
-    :attr:`~ddtree_ops.config.models.Server.local_url`."""
+    :attr:`~ddtree_ops.config.service_models.Server.local_url`."""
     d = v.deployment
     svc = d.service
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops", "exporter", "--plan", f"{svc.config_path}/plan.json",

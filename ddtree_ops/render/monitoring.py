@@ -1,6 +1,6 @@
 """Prometheus alert rules and the Grafana dashboard of a fleet, generated from Python.
 
-The rules read the exporter's contract (:data:`ddtree_ops.ops.exporter.METRIC_NAMES`) and
+The rules read the exporter's contract (:data:`ddtree_ops.runtime.exporter.METRIC_NAMES`) and
 SGLang's own metric names as the fleet's pinned releases spell them
 (:func:`ddtree_ops.config.sglang_metrics.promql_selector`, read off each release's wheel),
 scraped by the ``sglang`` job of :func:`ddtree_ops.render.files.render_prometheus`. The acceptance-length
@@ -22,14 +22,11 @@ from typing import TYPE_CHECKING
 import yaml
 
 from ..config.sglang_metrics import promql_selector
+from .files import EXPORTER_JOB, ROUTER_JOB, SGLANG_JOB
 
 if TYPE_CHECKING:
     from ..config.load import Validated
 
-EXPORTER_JOB = "ddtree_exporter"
-"""Prometheus job of the exporters (``prometheus.yml`` of :func:`~.files.prometheus_document`, the rules' selectors)."""
-SGLANG_JOB = "sglang"
-"""Prometheus job of the SGLang servers' own ``/metrics``."""
 RULES_FILE = "ddtree-rules.yml"
 """File name of the alert rules in the Prometheus config directory (``prometheus_targets`` role: ``rules_path``)."""
 DASHBOARD_FILE = "ddtree-dashboard.json"
@@ -39,9 +36,6 @@ PROMETHEUS_CONFIG_DIR = "/etc/prometheus"
 ``ddtree-ops render`` points ``rule_files`` at; the ``prometheus_targets`` role's
 ``prometheus_targets_config_dir`` default)."""
 DASHBOARD_UID = "ddtree-ops"
-ROUTER_JOB = "smg"
-"""Prometheus job of the routers' metrics (smg ``--prometheus-port``, families ``smg_*``; scraped by
-:func:`~.files.prometheus_document`)."""
 SMG_METRICS = ("smg_worker_health", "smg_worker_pool_size", "smg_worker_cb_state", "smg_http_responses_total",
                "smg_router_request_duration_seconds", "smg_worker_requests_active",
                "smg_router_upstream_responses_total")
@@ -335,7 +329,7 @@ def router_rules(settings: AlertSettings = AlertSettings()) -> list[dict]:
                 "summary": "router {{ $labels.host }}: no healthy worker",
                 "runbook": "Every request through this router fails: ddtree-ops fleet status (router column), then "
                 "the instances' units and health; a worker left drained by a cut-off rollout is re-added with "
-                "python -m ddtree_ops.ops.router_worker add on the router host (docs/router.md).",
+                "python -m ddtree_ops.fleet.router_worker add on the router host (docs/router.md).",
             },
         },
         {

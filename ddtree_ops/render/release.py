@@ -1,7 +1,7 @@
 """Releases: the content key of a deployment and the layout of its release on the host.
 One definition, used by ``ddtree-ops render`` (prints the id), the
 ``ddtree_render`` action plugin (returns it; the ``ddtree_service`` role installs the release
-under it) and the host-side ``ddtree-ops release`` commands (:mod:`ddtree_ops.ops.release`,
+under it) and the host-side ``ddtree-ops release`` commands (:mod:`ddtree_ops.host.release`,
 which re-check a release against its manifest before switching to it).
 
 Layout on the host (``R`` = :func:`release_root`, ``{config_dir}/releases``)::
@@ -32,7 +32,7 @@ Not in a release: the secrets file (``{config_dir}/secrets.env``, 0600: a secret
 new release, and a hash of secrets is never printed) and the ops venv (shared by every release
 of the host; its version is part of the identity). The SGLang build is pinned, not copied: the
 unit's ``ExecStart`` runs ``<sglang_venv>.builds/<build name>/bin/python`` (content-keyed:
-:func:`ddtree_ops.sglang.wheelhouse.build_name`, the directory the ``sglang`` role installs
+:func:`ddtree_ops.config.build_id.build_name`, the directory the ``sglang`` role installs
 into), recorded as ``identity.sglang_build`` in the manifest; the role removes only builds no
 release on the host names (``ddtree-ops release prune-builds``), so a rollback across an SGLang
 pin change runs the old build again.
@@ -44,7 +44,17 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..ops.release import CURRENT, FORMAT, HISTORY, ID_LENGTH, ID_RE, MANIFEST, MANIFEST_MODE, compute_id, file_entry
+from ..config.release_layout import (
+    CURRENT,
+    FORMAT,
+    HISTORY,
+    ID_LENGTH,
+    ID_RE,
+    MANIFEST,
+    MANIFEST_MODE,
+    compute_id,
+    file_entry,
+)
 from .files import RenderedFile, render_host
 
 if TYPE_CHECKING:
@@ -85,7 +95,7 @@ class Release:
     """A rendered release.
 
     Attributes:
-        id: content key (:func:`ddtree_ops.ops.release.compute_id`).
+        id: content key (:func:`ddtree_ops.host.release.compute_id`).
         root: the release root on the host (:func:`release_root`).
         files: ``(name in the release dir, live path, RenderedFile)`` per file.
         manifest: the ``release.json`` text.

@@ -80,7 +80,7 @@ def validated_from_plan(doc: PlanDoc) -> Validated:
         ConfigError: the stored deployment no longer validates.
     """
     from ..config import validate_hostvars
-    from ..config.models import INVENTORY_VARS
+    from ..config.hostvars import INVENTORY_VARS
 
     dep = doc.document["deployment"]  # an object with a host: PlanDoc checked it
     hostvars = {INVENTORY_VARS[k]: val for k, val in dep.items() if k in INVENTORY_VARS and val is not None}

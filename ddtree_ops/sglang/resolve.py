@@ -34,6 +34,9 @@ override ``runtime_context.override_platform(has_flashinfer=True)`` (a real inst
 ``flashinfer-python``: it is a dependency of the SGLang wheel; the resolver venv has none).
 ``--device cuda`` is added when the argv names no device. The result says so
 (``pretend``); a real GPU is never overridden.
+
+Over 600 lines: the bounded child run of the pinned build's own resolver and the diff of its
+answer against the plan, which share the result's shape. Not yet split further.
 """
 
 from __future__ import annotations
@@ -356,38 +359,20 @@ def passes(res: dict[str, Any]) -> bool:
 
 def shown(text: Any, limit: int = SHOWN_MAX) -> str:
     """``text`` as the controller prints it: terminal escapes and control characters removed
-    (:func:`ddtree_ops.ops.diagnose._clean`), secrets redacted
+    (:func:`ddtree_ops._core.scrub.strip_controls`), secrets redacted
     (:func:`ddtree_ops.config.errors.scrub`), cut to ``limit`` characters plus ``…``.
     Controller side only (imports ddtree-ops' dependencies)."""
+    from .._core.scrub import strip_controls
     from ..config.errors import scrub, shorten
-    from ..ops.diagnose import _clean
 
-    return shorten(scrub(_clean(str(text))), limit)
-
-
-def _exited(pid: int) -> bool:
-    """Whether ``pid`` (our child) has exited, WITHOUT reaping it: its zombie keeps the
-    process-group id from being reused until :func:`_kill_group` ran."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _kill_group(pgid: int) -> None:
-    import signal
-
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return shorten(scrub(strip_controls(str(text))), limit)
 
 
 def run_child(argv: list[str], env: dict[str, str], deadline_s: float,
               cwd: str | None = None) -> tuple[int | None, bytes, bytes, str]:
     """Run ``argv`` in its own session (process group) with a TOTAL deadline and bounded
-    output; the whole group is killed at the deadline, on a flood, and once the child exited
-    (leftover descendants die with it).
+    output (:func:`ddtree_ops._core.proc.run_capped`); the whole group is killed at the
+    deadline, on a flood, and once the child exited (leftover descendants die with it).
 
     Returns:
         ``(exit status or None when killed, stdout (at most STDOUT_MAX_BYTES + 64 KiB),
@@ -401,59 +386,15 @@ def run_child(argv: list[str], env: dict[str, str], deadline_s: float,
     Raises:
         OSError: ``argv[0]`` could not be started (missing, not executable).
     """
-    import selectors
-    import subprocess
-    import time
+    from .._core.proc import run_capped
 
-    end = time.monotonic() + deadline_s
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True, env=env, cwd=cwd)
-    out, err, err_total, why, exited_at = bytearray(), bytearray(), 0, "", None
-    try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(p.stdout, selectors.EVENT_READ)
-            sel.register(p.stderr, selectors.EVENT_READ)
-            while sel.get_map() and not why:
-                now = time.monotonic()
-                if now >= end:
-                    why = f"did not finish within {deadline_s:g} s (killed with its process group)"
-                    break
-                if exited_at is None and _exited(p.pid):
-                    exited_at = now
-                    _kill_group(p.pid)
-                if exited_at is not None and now - exited_at > DRAIN_S:
-                    break  # a descendant outside the group holds the pipes: the result is complete
-                for key, _ in sel.select(min(end - now, 0.2)):
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                    elif key.fileobj is p.stdout:
-                        out += chunk
-                        if len(out) > STDOUT_MAX_BYTES:
-                            why = f"printed more than {STDOUT_MAX_BYTES // 2**20} MiB on stdout (killed)"
-                            break
-                    else:
-                        err += chunk
-                        err_total += len(chunk)
-                        if len(err) > 2 * STDERR_TAIL_BYTES:
-                            del err[:-STDERR_TAIL_BYTES]
-                        if err_total > STDERR_MAX_BYTES:
-                            why = f"printed more than {STDERR_MAX_BYTES // 2**20} MiB on stderr (killed)"
-                            break
-        while not why and exited_at is None and not _exited(p.pid):  # it closed its pipes but runs on
-            if time.monotonic() >= end:
-                why = f"did not finish within {deadline_s:g} s (killed with its process group)"
-            else:
-                time.sleep(0.05)
-    finally:
-        _kill_group(p.pid)  # before reaping the child, whose zombie still holds the group id
-        try:
-            rc = p.wait(timeout=2)
-        except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the kernel: not waited for
-            rc = None
-        p.stdout.close()
-        p.stderr.close()
-    return (None if why else rc), bytes(out), bytes(err[-STDERR_TAIL_BYTES:]), why
+    r = run_capped(argv, deadline_s, STDOUT_MAX_BYTES, STDERR_MAX_BYTES, env=env, cwd=cwd,
+                   stderr_tail=STDERR_TAIL_BYTES, drain_s=DRAIN_S, poll_s=0.2, idle_s=0.05, kill_on_exit=True,
+                   reap_s=2.0)
+    why = {"deadline": f"did not finish within {deadline_s:g} s (killed with its process group)",
+           "stdout": f"printed more than {STDOUT_MAX_BYTES // 2**20} MiB on stdout (killed)",
+           "stderr": f"printed more than {STDERR_MAX_BYTES // 2**20} MiB on stderr (killed)"}.get(r.killed, "")
+    return (None if why else r.rc), r.stdout, r.stderr[-STDERR_TAIL_BYTES:], why
 
 
 def _checked(doc: Any) -> Resolution:

@@ -64,7 +64,7 @@ def count_tokens(text: str) -> int:
 
     Calibrated on the 4096-token byte-level BPE of the tiny Llama the real-SGLang fixtures were
     recorded with (``scripts/gpu-acceptance/models/tiny-llama``): on English prose it makes one
-    token of 3.1 bytes (the 1024-word warmup prompt of ``ddtree_ops.ops.warmup.long_prompt``:
+    token of 3.1 bytes (the 1024-word warmup prompt of ``ddtree_ops.runtime.warmup.long_prompt``:
     6521 bytes, 2085 real tokens, 2175 here), so the count is at least the real one on prose;
     tokenizers with larger vocabularies (Llama 3, Qwen: ~4 bytes a token on English) make fewer
     tokens still. Short strings, code and markup can make more real tokens than this count

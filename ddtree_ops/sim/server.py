@@ -37,6 +37,9 @@ list per prompt) and ``/v1/chat/completions`` takes ``image_url`` content parts;
 is a ``data:image/png;base64,...`` URL or bare base64 PNG. The simulated model
 understands images only when ``SGLANG_SIM_VISION_MIN_PIXELS`` is set; smaller images,
 undecodable images or images sent to a text-only model answer 400.
+
+Over 600 lines: the simulator is a test double (nothing in the product imports it); its HTTP
+server mirrors SGLang's endpoints and startup phases in one place on purpose.
 """
 
 from __future__ import annotations

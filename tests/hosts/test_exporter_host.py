@@ -12,7 +12,7 @@ import pytest
 import yaml
 from hostutil import TEST_INVENTORY, copy_test_inventory, deploy, ssh
 
-from ddtree_ops.ops.exporter_http import NOFILE_LIMIT
+from ddtree_ops.config.exporter_limits import NOFILE_LIMIT
 
 pytestmark = pytest.mark.hosts
 EXPORTER_UNIT = "ddtree-sglang-exporter.service"

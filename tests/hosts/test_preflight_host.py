@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hostutil import HOST, copy_test_inventory, deploy, recap, ssh, ssh_options
 
-from ddtree_ops.ops.preflight import build_zipapp
+from ddtree_ops.host.preflight import build_zipapp
 
 pytestmark = pytest.mark.hosts
 

@@ -181,7 +181,7 @@ OPS = "/opt/ddtree-ops/venv/bin"
 # activated before the current one (history).
 _FAKE_OLDER = r"""
 import json, shutil, sys
-from ddtree_ops.ops.release import MANIFEST, compute_id
+from ddtree_ops.host.release import MANIFEST, compute_id
 root, cur, build = sys.argv[1:4]
 doc = json.load(open(f"{root}/{cur}/{MANIFEST}"))
 doc["identity"]["sglang_build"] = build

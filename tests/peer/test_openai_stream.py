@@ -19,7 +19,7 @@ import pytest
 from peerutil import resolver_python, run_worker, sglang_python
 from test_sim import DDTREE_8_32, Sim
 
-from ddtree_ops.ops.bench import RequestResult, _handle_event, _Tokens
+from ddtree_ops.runtime.bench import RequestResult, _handle_event, _Tokens
 
 pytestmark = pytest.mark.peer
 

@@ -29,8 +29,8 @@ from helpers import FIXTURES, REPO
 from peerutil import resolver_python, sglang_python
 
 from ddtree_ops.config import validate_hostvars
-from ddtree_ops.ops.drift import find_drift
 from ddtree_ops.render.files import plan_document
+from ddtree_ops.runtime.drift import find_drift
 from ddtree_ops.sglang.expect import probe_request, run_probe
 from ddtree_ops.sglang.resolve import diff_plan, passes, planned_values, request_for, run_resolution
 

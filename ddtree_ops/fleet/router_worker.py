@@ -1,0 +1,255 @@
+"""A worker's registration at the router (smg 1.13.0's worker API), every call with a total deadline.
+
+Source: smg 1.13.0 (PyPI wheel ``smg-1.13.0-cp38-abi3-...whl``, the one
+:data:`ddtree_ops.config.router.SMG_WHEEL` pins), its routes read from the wheel's
+``smg_rs.abi3.so`` (``/workers``, ``/workers/{id}``) and checked against that binary in front of
+the simulator (``tests/test_router_worker.py`` replays the answers recorded from it):
+
+* ``GET /workers`` -> ``{"workers": [{"id", "url", "is_healthy", "status", ...}], "total", "stats"}``
+  (``status`` is ``ready``, ``draining``, ``pending``, ``not_ready`` or ``failed``; recorded on an
+  H200 in ``tests/fixtures/gpu/router-smg-1.13.0-sglang-0.5.17-h200-2026-12-02/workers.json``);
+* ``DELETE /workers/{id}`` -> 202 ``{"status": "accepted", "worker_id"}``: the worker turns
+  ``draining`` (no new request is routed to it) for ``--drain-settle-secs`` (default 5 s, a fixed
+  delay: smg does not wait for its in-flight requests; smg docs ``graceful-shutdown.md``), then
+  leaves the registry;
+* ``POST /workers`` ``{"url": URL}`` -> 202 ``{"status": "accepted", "worker_id", "location"}``:
+  the worker is probed and turns ``ready`` with ``is_healthy: true``.
+
+Standard library only: it runs on the router host in the router's venv (ddtree-ops is installed
+there without dependencies), and on the controller. The router's API key, when one is given, is
+read from its 0600 file and sent as ``Authorization: Bearer`` (smg checks it only with
+``--control-plane-api-keys``); it is never printed.
+
+CLI (one JSON object on stdout; exit 0 ok, 1 failed, 2 usage)::
+
+    python -m ddtree_ops.fleet.router_worker list  --api URL [--api-key-file F] [--deadline S]
+    python -m ddtree_ops.fleet.router_worker drain --api URL --worker URL [--api-key-file F] [--deadline S]
+        [--in-flight-s S]
+    python -m ddtree_ops.fleet.router_worker add   --api URL --worker URL [--api-key-file F] [--deadline S]
+    python -m ddtree_ops.fleet.router_worker wait-ready --health URL [--deadline S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BODY = 8 << 20
+"""Largest answer read from the router (bytes); ``GET /workers`` of 256 workers is ~1 MB."""
+MAX_KEY = 4096
+POLL_S = 0.5
+DEFAULT_DEADLINE_S = 60.0
+IN_FLIGHT_S = 0.0
+"""Extra wait after a drained worker left the registry (``drain --in-flight-s``): smg's settle
+window is a fixed delay, a request longer than it is still running on the worker."""
+STATES = ("ready", "draining", "pending", "not_ready", "failed")
+"""``status`` values of smg 1.13.0's worker registry."""
+
+
+class RouterError(Exception):
+    """A router call that failed or ran past its deadline (the message never holds the key)."""
+
+
+@dataclass(frozen=True)
+class Api:
+    """Where the router's HTTP API is and the key to send."""
+
+    base: str
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        u = urllib.parse.urlsplit(self.base)
+        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query:
+            raise RouterError(f"router api {self.base[:200]!r}: must be http(s)://HOST:PORT with no path. "
+                              "Fix: give the router's --port address, e.g. http://127.0.0.1:30080")
+
+
+def read_key_file(path: str) -> str:
+    """The key in ``path``: a regular file not readable by group or others (0600), one line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RouterError(f"--api-key-file {path!r}: {exc.strerror}. Fix: give the router's key file "
+                          "(/etc/ddtree-router/api-key)") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise RouterError(f"--api-key-file {path!r}: mode {stat.S_IMODE(st.st_mode):04o}, must be a regular "
+                              "file readable by its owner only. Fix: chmod 0600 it")
+        data = f.read(MAX_KEY + 1)
+    key = data.decode("utf-8", "replace").rstrip("\n")
+    if not key or len(data) > MAX_KEY or "\n" in key:
+        raise RouterError(f"--api-key-file {path!r}: must hold one non-empty line of at most {MAX_KEY} bytes")
+    return key
+
+
+def _call(api: Api, method: str, path: str, deadline: float, body: dict | None = None) -> tuple[int, Any]:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RouterError(f"{method} {path}: deadline passed")
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if api.key:
+        headers["Authorization"] = f"Bearer {api.key}"
+    req = urllib.request.Request(api.base.rstrip("/") + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=min(left, 10.0)) as r:  # noqa: S310 - http(s) only (Api)
+            status, raw = r.status, r.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read(MAX_BODY + 1) if exc.fp else b""
+    except (OSError, ValueError) as exc:
+        raise RouterError(f"{method} {api.base}{path}: {getattr(exc, 'reason', exc)}") from None
+    if len(raw) > MAX_BODY:
+        raise RouterError(f"{method} {path}: answer larger than {MAX_BODY} bytes")
+    try:
+        doc = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        doc = raw[:200].decode("utf-8", "replace")
+    return status, doc
+
+
+def workers(api: Api, deadline: float) -> list[dict]:
+    """``GET /workers``: the registry (each ``{id, url, is_healthy, status}`` at least)."""
+    status, doc = _call(api, "GET", "/workers", deadline)
+    if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+        raise RouterError(f"GET /workers: HTTP {status}, not smg's worker list")
+    return [w for w in doc["workers"] if isinstance(w, dict) and isinstance(w.get("url"), str)]
+
+
+def norm(url: str) -> str:
+    return url.rstrip("/")
+
+
+def state_of(registry: list[dict], url: str) -> str:
+    """A worker's state at the router: its ``status`` (``ready`` only when also ``is_healthy``;
+    ``unhealthy`` otherwise), ``absent`` when the router does not list it."""
+    for w in registry:
+        if norm(w["url"]) == norm(url):
+            s = str(w.get("status"))
+            if s == "ready" and w.get("is_healthy") is not True:
+                return "unhealthy"
+            return s
+    return "absent"
+
+
+def drain(api: Api, url: str, deadline_s: float = DEFAULT_DEADLINE_S, in_flight_s: float = IN_FLIGHT_S) -> dict:
+    """Take ``url`` out of the router: ``DELETE /workers/{id}`` of every entry for it, then wait
+    until the router no longer lists it (smg drains it for ``--drain-settle-secs`` first), then
+    ``in_flight_s`` more. Absent already: nothing to do."""
+    t0 = time.monotonic()
+    end = t0 + deadline_s
+    reg = workers(api, end)
+    ids = [w.get("id") for w in reg if norm(w["url"]) == norm(url)]
+    for wid in ids:
+        if not isinstance(wid, str) or not wid or "/" in wid:
+            raise RouterError(f"GET /workers: worker {url} has no usable id ({str(wid)[:40]!r})")
+        status, doc = _call(api, "DELETE", f"/workers/{urllib.parse.quote(wid)}", end)
+        if status not in (200, 202, 404):
+            raise RouterError(f"DELETE /workers/{wid} ({url}): HTTP {status} {str(doc)[:200]}")
+    while True:
+        state = state_of(workers(api, end), url)
+        if state == "absent":
+            break
+        if time.monotonic() + POLL_S >= end:
+            raise RouterError(f"drain {url}: still {state} at the router after {deadline_s:g} s "
+                              "(smg's --drain-settle-secs is 5 s). Fix: check the router's journal")
+        time.sleep(POLL_S)
+    if in_flight_s > 0:
+        time.sleep(min(in_flight_s, max(0.0, end - time.monotonic())))
+    return {"ok": True, "worker": url, "was_listed": bool(ids), "seconds": round(time.monotonic() - t0, 2)}
+
+
+def add(api: Api, url: str, deadline_s: float = DEFAULT_DEADLINE_S) -> dict:
+    """Register ``url`` at the router (``POST /workers``) unless it is listed, then wait until
+    it is ``ready`` and healthy there (smg probes it first)."""
+    t0 = time.monotonic()
+    end = t0 + deadline_s
+    before = state_of(workers(api, end), url)
+    if before in ("absent", "failed"):
+        status, doc = _call(api, "POST", "/workers", end, {"url": url})
+        if status not in (200, 201, 202):
+            raise RouterError(f"POST /workers {url}: HTTP {status} {str(doc)[:200]}")
+    while True:
+        state = state_of(workers(api, end), url)
+        if state == "ready":
+            break
+        if time.monotonic() + POLL_S >= end:
+            raise RouterError(f"add {url}: {state} at the router after {deadline_s:g} s, not ready. Fix: check "
+                              "the worker's health from the router host (curl URL/health) and the router's journal")
+        time.sleep(POLL_S)
+    return {"ok": True, "worker": url, "was": before, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def wait_ready(health: str, deadline_s: float = DEFAULT_DEADLINE_S) -> dict:
+    """Wait until smg's health listener answers ``GET /readiness`` 200 (at least one healthy
+    worker; smg 1.13.0 ``--health-check-port``, recorded in the GPU fixture's
+    ``health_port_readiness.txt``)."""
+    api = Api(health)
+    t0 = time.monotonic()
+    end = t0 + deadline_s
+    last = "no answer"
+    while True:
+        try:
+            status, doc = _call(api, "GET", "/readiness", end)
+            if status == 200 and isinstance(doc, dict) and doc.get("status") == "ready":
+                return {"ok": True, "readiness": doc, "seconds": round(time.monotonic() - t0, 2)}
+            last = f"HTTP {status} {str(doc)[:200]}"
+        except RouterError as exc:
+            last = str(exc)
+        if time.monotonic() + POLL_S >= end:
+            raise RouterError(f"router {health}/readiness not ready after {deadline_s:g} s: {last}")
+        time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddtree_ops.fleet.router_worker",
+                                 description="A worker's registration at the smg router.")
+    ap.add_argument("action", choices=("list", "drain", "add", "wait-ready"))
+    ap.add_argument("--api", help="the router's API, http://HOST:PORT (its --port)")
+    ap.add_argument("--health", help="the router's health listener, http://HOST:PORT (wait-ready)")
+    ap.add_argument("--worker", help="the worker's URL as the router lists it")
+    ap.add_argument("--api-key-file", help="0600 file with the router's API key")
+    ap.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="total seconds")
+    ap.add_argument("--in-flight-s", type=float, default=IN_FLIGHT_S, help="drain: extra wait after removal")
+    a = ap.parse_args(argv)
+    if not 0 < a.deadline <= 3600 or not 0 <= a.in_flight_s <= 3600:
+        ap.error("--deadline must be in (0, 3600], --in-flight-s in [0, 3600]")
+    try:
+        if a.action == "wait-ready":
+            if not a.health:
+                ap.error("wait-ready needs --health")
+            out = wait_ready(a.health, a.deadline)
+        else:
+            if not a.api or (a.action != "list" and not a.worker):
+                ap.error(f"{a.action} needs --api" + ("" if a.action == "list" else " and --worker"))
+            api = Api(a.api, read_key_file(a.api_key_file) if a.api_key_file else None)
+            if a.action == "list":
+                end = time.monotonic() + a.deadline
+                out = {"ok": True, "workers": [{"url": w["url"], "state": state_of([w], w["url"])}
+                                               for w in workers(api, end)]}
+            elif a.action == "drain":
+                out = drain(api, a.worker, a.deadline, a.in_flight_s)
+            else:
+                out = add(api, a.worker, a.deadline)
+    except RouterError as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Operations against a running server: health, warmup."""
