@@ -80,7 +80,7 @@ def test_a_server_text_cut_inside_a_token_leaks_no_part_of_it() -> None:
 def test_every_printed_check_is_scrubbed_whatever_built_it(as_json, capsys) -> None:
     """The last sink of every check-printing command (health, warmup, bench, release gate): a detail or an
     extra field built from server text by any path prints scrubbed."""
-    from ddtree_ops.cli import CheckFailed, _print_checks
+    from ddtree_ops.cli.common import CheckFailed, _print_checks
 
     with pytest.raises(CheckFailed):
         _print_checks([{"name": "x", "ok": False, "detail": f"server said Authorization: Bearer {BEARER}"}],
