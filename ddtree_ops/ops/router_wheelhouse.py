@@ -20,20 +20,24 @@ place only when complete (under a lock), as :mod:`ddtree_ops.sglang.wheelhouse` 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..config.router import SMG_SHA256, SMG_VERSION, SMG_WHEEL
 from ..python_tag import PYTHON_TAG_CODE
-from ..sglang.wheelhouse import WheelhouseError, _pip, _run, host_dir, offline_pip_args, sha256_file
+from ..sglang.wheelhouse import (
+    WheelhouseError,
+    _pip,
+    _run,
+    host_dir,
+    offline_pip_args,
+    publish_locked,
+    sha256_file,
+)
 
 BUILDER_VERSION = "1"
 MANIFEST = "wheelhouse.json"
@@ -79,21 +83,11 @@ def build(out: Path, python: str = sys.executable) -> dict[str, Any]:
         raise RouterWheelhouseError(f"--python {python!r}: tag {tag!r} is not CPython's. Fix: use the hosts' CPython")
     final = out / f"smg-{tag}-{wheelhouse_id(tag)}"
     out.mkdir(parents=True, exist_ok=True)
-    changed = False
-    lock_fd = os.open(out / ".lock-router", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(lock_fd, "r+b") as lockf:
-        fcntl.flock(lockf, fcntl.LOCK_EX)
-        if not (final / MANIFEST).is_file():
-            changed = True
-            work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
-            try:
-                (work / "wheels").mkdir()
-                _populate(python, work / "wheels")
-                if final.exists():
-                    shutil.rmtree(final)
-                (work / "wheels").rename(final)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+    def populate(work: Path) -> None:
+        (work / "wheels").mkdir()
+        _populate(python, work / "wheels")
+
+    changed = publish_locked(out, final, ".lock-router", populate)
     manifest = json.loads((final / MANIFEST).read_text())
     files = manifest.pop("files")
     for name, digest in files.items():
