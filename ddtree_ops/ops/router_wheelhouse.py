@@ -52,7 +52,7 @@ class RouterWheelhouseError(Exception):
 def wheelhouse_id(python_tag: str) -> str:
     key = {"builder": BUILDER_VERSION, "python": python_tag, "version": SMG_VERSION, "wheel": SMG_WHEEL,
            "sha256": SMG_SHA256}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
 
 
 def _populate(python: str, dest: Path) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def _populate(python: str, dest: Path) -> dict[str, Any]:
                                     "its sha256")
     files = {f.name: sha256_file(f) for f in sorted(dest.iterdir()) if f.is_file()}
     manifest = {"requirement": spec, "wheel": SMG_WHEEL, "files": files}
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return manifest
 
 
@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = build(a.out, a.python)
     except (RouterWheelhouseError, WheelhouseError, OSError, ValueError) as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(json.dumps({"ok": False, "error": str(exc)}, allow_nan=False))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(result, allow_nan=False))
     return 0
 
 
