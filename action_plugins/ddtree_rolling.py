@@ -2,9 +2,10 @@
 controller before anything changes (its first play), by
 :func:`ddtree_ops.host.release.rolling_settings` (the one definition of the rules).
 
-Reads ``rolling_batches``, ``rolling_max_fail_percentage`` and ``rolling_gate_deadline_s``
-from the play's variables (``-e``, inventory) as given, so a Jinja expression is refused rather
-than run; absent ones take the playbook's defaults. No options.
+Reads ``rolling_batches``, ``rolling_max_fail_percentage``, ``rolling_gate_deadline_s`` and the
+router drain's ``rolling_router_deadline_s`` / ``rolling_router_in_flight_s`` from the play's
+variables (``-e``, inventory) as given, so a Jinja expression is refused rather than run; absent
+ones take the playbook's defaults. No options.
 
 Returns the values normalised (``rolling_batches`` a list...). Fails with one line naming the
 variable, its value, the rule and the fix.

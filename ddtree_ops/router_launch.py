@@ -1,21 +1,16 @@
-"""Start smg with its API key read from a systemd credential, not argv.
+"""Start smg with its workers' API key read from a systemd credential, not argv.
 
 ``python -m ddtree_ops.router_launch NAME SMG-LAUNCH-ARGS...``: reads
 ``$CREDENTIALS_DIRECTORY/NAME`` (systemd.exec(5) ``LoadCredential=``), parses the arguments
 with smg's own parser (``smg.launch_router.parse_router_args``, what ``smg launch`` calls)
-and sets two parsed fields before starting the gateway:
+and sets the parsed ``api_key`` before starting the gateway. ``smg launch`` only takes the
+key as ``--api-key VALUE``, which would put it in ``/proc/PID/cmdline`` and the unit file.
 
-* ``api_key``: the key smg sends to its workers (``--api-key``);
-* ``control_plane_api_keys``: the same key as smg's one admin key of its control plane
-  (``--control-plane-api-keys 'id:name:role:key'``; smg 1.13.0 ``smg/router_args.py``
-  ``_parse_control_plane_api_keys`` turns each entry into ``(id, name, key, role)``, the shape set
-  here). Without it smg serves ``/workers`` (add, remove: drain a worker) to anyone who reaches
-  its port; with it, ``GET``/``POST /workers`` answer 401 unless ``Authorization: Bearer KEY``
-  (checked against smg 1.13.0 on 2026-12-02: 401 without and with a wrong token, 200/202 with
-  the key). :mod:`ddtree_ops.fleet.router_worker` and ``fleet status`` send that header.
-
-``smg launch`` only takes either as a command-line value, which would put the key in
-``/proc/PID/cmdline`` and the unit file, so both flags are refused on the command line.
+With the key set, smg 1.13.0 sends it to its workers and asks every client for it too: the data
+plane (``/generate``, ``/v1/...``) and the worker API (``/workers``: list, add, drain) answer 401
+("Missing API key: send it as `Authorization: Bearer <key>`") without ``Authorization: Bearer KEY``
+(checked against the smg 1.13.0 wheel on 2026-12-02, and on the test hosts by
+``tests/hosts/test_router_host.py``).
 Standard library and smg only: it runs in the router's venv.
 """
 
@@ -26,10 +21,6 @@ import sys
 from pathlib import Path
 
 MAX_KEY = 4096
-KEY_FLAGS = ("--api-key", "--control-plane-api-keys")
-"""smg options that carry the credential: set from it, never given on the command line."""
-CONTROL_PLANE_ID = "ddtree-ops"
-"""Id and name of the control-plane key entry (smg logs the id, never the key)."""
 
 
 def read_credential(name: str) -> str:
@@ -52,19 +43,14 @@ def read_credential(name: str) -> str:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m ddtree_ops.router_launch CREDENTIAL-NAME SMG-LAUNCH-ARGS...")
-    # smg's parser accepts unique prefixes (argparse allow_abbrev): --api-k is --api-key too, and
-    # --control-plane-api is --control-plane-api-keys
-    for a in argv[1:]:
-        bare = a.split("=", 1)[0]
-        hit = next((f for f in KEY_FLAGS if len(bare) > 3 and f.startswith(bare)), None)
-        if hit:
-            sys.exit(f"router_launch: {hit} must not be given on the command line (it is the credential's)")
+    # smg's parser accepts unique prefixes (argparse allow_abbrev): --api-k is --api-key too
+    if any(len(a.split("=", 1)[0]) > 3 and "--api-key".startswith(a.split("=", 1)[0]) for a in argv[1:]):
+        sys.exit("router_launch: --api-key must not be given on the command line (it is the credential's)")
     key = read_credential(argv[0])
     from smg.launch_router import launch_router, parse_router_args
 
     args = parse_router_args(argv[1:])
     args.api_key = key
-    args.control_plane_api_keys = [(CONTROL_PLANE_ID, CONTROL_PLANE_ID, key, "admin")]
     launch_router(args)
 
 

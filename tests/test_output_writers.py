@@ -174,6 +174,7 @@ def test_no_writer_in_the_product_bypasses_the_safe_writer():
         ("sglang/resolve.py", 'with open(req_path, "w", encoding="utf-8") as f:'),
         ("sglang/resolve.py", "json.dump(request, f"),
         ("sglang/wheelhouse.py", "(dest / MANIFEST).write_text("),
+        ("fleet/router_wheelhouse.py", "(dest / MANIFEST).write_text("),
         ("sglang/wheelhouse.py", 'with urllib.request.urlopen(url, timeout=60) as r, open(target, "wb") as f:'),
         ("runtime/bench_report.py", 'fig.savefig(buf, format="png", dpi=110)'),  # into memory, then write_file
     }

@@ -804,7 +804,8 @@ def test_rolling_settings_refuse_hostile_values(name, value, rule):
 
 def test_rolling_settings_normalise_good_values():
     assert hr.rolling_settings({}) == {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0.0,
-                                       "rolling_gate_deadline_s": 120.0}
+                                       "rolling_gate_deadline_s": 120.0, "rolling_router_deadline_s": 60.0,
+                                       "rolling_router_in_flight_s": 5.0}
     assert hr.rolling_settings({"rolling_batches": "5", "rolling_max_fail_percentage": "25",
                                 "rolling_gate_deadline_s": 30})["rolling_batches"] == [5]
     assert hr.rolling_settings({"rolling_batches": [1, " 100% "]})["rolling_batches"] == [1, "100%"]
@@ -849,6 +850,16 @@ def test_rolling_playbook_checks_its_settings_before_anything_changes(tmp_path):
     bad = run({"rolling_gate_deadline_s": f"{{{{ lookup('pipe', 'touch {marker}') }}}}"})
     assert bad["failed"] and "Jinja" in bad["msg"] and not marker.exists()
     assert "rolling_batches = 0" in run({"rolling_batches": 0})["msg"]
+    # the router drain's waits: bounded, and the in-flight wait inside the drain's deadline
+    for bad, name in (({"rolling_router_deadline_s": 0}, "rolling_router_deadline_s"),
+                      ({"rolling_router_deadline_s": 1e9}, "rolling_router_deadline_s"),
+                      ({"rolling_router_in_flight_s": -1}, "rolling_router_in_flight_s"),
+                      ({"rolling_router_deadline_s": 10, "rolling_router_in_flight_s": 30},
+                       "rolling_router_in_flight_s"),
+                      ({"rolling_router_in_flight_s": "5; reboot"}, "rolling_router_in_flight_s")):
+        got = run(bad)
+        assert got["failed"] and got["msg"].startswith(f"{name} = "), (bad, got)
+    assert run({"rolling_router_deadline_s": "30", "rolling_router_in_flight_s": 0})["rolling_router_deadline_s"] == 30
 
 
 def test_prune_builds_runs_without_the_cli_dependencies(root, opt_dir):

@@ -9,7 +9,6 @@ import copy
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -273,31 +272,6 @@ def test_launcher_reads_one_line_credential_and_refuses_argv_keys(tmp_path, monk
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
     with pytest.raises(SystemExit, match="CREDENTIALS_DIRECTORY"):
         router_launch.read_credential("api-key")
-
-
-def test_launcher_sets_the_key_for_the_workers_and_as_the_control_plane_admin_key(tmp_path, monkeypatch):
-    """With a key, smg guards its worker API (/workers: add, drain) with it too; neither flag that
-    carries it may come from the command line, in any prefix smg's parser would accept."""
-    import types
-
-    from ddtree_ops import router_launch
-
-    (tmp_path / "api-key").write_text("k3y-value-0123\n")
-    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
-    seen = {}
-    fake = types.ModuleType("smg.launch_router")
-    fake.parse_router_args = lambda argv: types.SimpleNamespace(argv=argv, api_key=None, control_plane_api_keys=[])
-    fake.launch_router = lambda args: seen.setdefault("args", args)
-    monkeypatch.setitem(sys.modules, "smg", types.ModuleType("smg"))
-    monkeypatch.setitem(sys.modules, "smg.launch_router", fake)
-    router_launch.main(["api-key", "--port", "30080"])
-    args = seen["args"]
-    assert args.argv == ["--port", "30080"] and args.api_key == "k3y-value-0123"
-    # smg 1.13.0 _parse_control_plane_api_keys' shape: (id, name, key, role)
-    assert args.control_plane_api_keys == [("ddtree-ops", "ddtree-ops", "k3y-value-0123", "admin")]
-    for flag in ("--control-plane-api-keys", "--control-plane-api", "--control-plane-api-keys=a:b:admin:c"):
-        with pytest.raises(SystemExit, match="--control-plane-api-keys must not be given"):
-            router_launch.main(["api-key", flag, "x"])
 
 
 def test_an_inventory_router_names_its_key_by_a_secret_env_name(tmp_path, capsys):

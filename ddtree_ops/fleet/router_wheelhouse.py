@@ -20,20 +20,24 @@ place only when complete (under a lock), as :mod:`ddtree_ops.sglang.wheelhouse` 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..config.router import SMG_SHA256, SMG_VERSION, SMG_WHEEL
 from ..python_tag import PYTHON_TAG_CODE
-from ..sglang.wheelhouse import WheelhouseError, _pip, _run, host_dir, offline_pip_args, sha256_file
+from ..sglang.wheelhouse import (
+    WheelhouseError,
+    _pip,
+    _run,
+    host_dir,
+    offline_pip_args,
+    publish_locked,
+    sha256_file,
+)
 
 BUILDER_VERSION = "1"
 MANIFEST = "wheelhouse.json"
@@ -48,7 +52,7 @@ class RouterWheelhouseError(Exception):
 def wheelhouse_id(python_tag: str) -> str:
     key = {"builder": BUILDER_VERSION, "python": python_tag, "version": SMG_VERSION, "wheel": SMG_WHEEL,
            "sha256": SMG_SHA256}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
 
 
 def _populate(python: str, dest: Path) -> dict[str, Any]:
@@ -67,7 +71,7 @@ def _populate(python: str, dest: Path) -> dict[str, Any]:
                                     "its sha256")
     files = {f.name: sha256_file(f) for f in sorted(dest.iterdir()) if f.is_file()}
     manifest = {"requirement": spec, "wheel": SMG_WHEEL, "files": files}
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return manifest
 
 
@@ -79,21 +83,11 @@ def build(out: Path, python: str = sys.executable) -> dict[str, Any]:
         raise RouterWheelhouseError(f"--python {python!r}: tag {tag!r} is not CPython's. Fix: use the hosts' CPython")
     final = out / f"smg-{tag}-{wheelhouse_id(tag)}"
     out.mkdir(parents=True, exist_ok=True)
-    changed = False
-    lock_fd = os.open(out / ".lock-router", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(lock_fd, "r+b") as lockf:
-        fcntl.flock(lockf, fcntl.LOCK_EX)
-        if not (final / MANIFEST).is_file():
-            changed = True
-            work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
-            try:
-                (work / "wheels").mkdir()
-                _populate(python, work / "wheels")
-                if final.exists():
-                    shutil.rmtree(final)
-                (work / "wheels").rename(final)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+    def populate(work: Path) -> None:
+        (work / "wheels").mkdir()
+        _populate(python, work / "wheels")
+
+    changed = publish_locked(out, final, ".lock-router", populate)
     manifest = json.loads((final / MANIFEST).read_text())
     files = manifest.pop("files")
     for name, digest in files.items():
@@ -135,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = build(a.out, a.python)
     except (RouterWheelhouseError, WheelhouseError, OSError, ValueError) as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(json.dumps({"ok": False, "error": str(exc)}, allow_nan=False))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(result, allow_nan=False))
     return 0
 
 

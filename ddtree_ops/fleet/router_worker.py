@@ -99,7 +99,7 @@ def _call(api: Api, method: str, path: str, deadline: float, body: dict | None =
     headers = {"Accept": "application/json"}
     data = None
     if body is not None:
-        data = json.dumps(body).encode()
+        data = json.dumps(body, allow_nan=False).encode()
         headers["Content-Type"] = "application/json"
     if api.key:
         headers["Authorization"] = f"Bearer {api.key}"
@@ -244,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 out = add(api, a.worker, a.deadline)
     except RouterError as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}))
+        print(json.dumps({"ok": False, "error": str(exc)}, allow_nan=False))
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(out))
+    print(json.dumps(out, allow_nan=False))
     return 0
 
 

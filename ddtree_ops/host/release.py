@@ -530,7 +530,8 @@ share (health's ``bound_s``: 5 requests of timeout + 0.25 s local work and one p
 a tenth of the deadline, i.e. 5.6 s; at 6 s ``/health`` gets 0.35 s, the others 0.2 s; a test recomputes it).
 A shorter deadline cannot be honoured, so it is refused before anything runs instead of being overrun."""
 ROLLING_DEFAULTS: dict[str, Any] = {"rolling_batches": [1, "50%"], "rolling_max_fail_percentage": 0,
-                                    "rolling_gate_deadline_s": 120}
+                                    "rolling_gate_deadline_s": 120, "rolling_router_deadline_s": 60,
+                                    "rolling_router_in_flight_s": 5}
 """``playbooks/rolling.yml``'s defaults (its second play's ``vars``; a test keeps them equal)."""
 ROLLING_BATCH_MAX = 10_000
 """Largest batch given as a host count (and most batches listed)."""
@@ -569,10 +570,15 @@ def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
       1..:data:`ROLLING_BATCH_MAX` or a percentage ``"N%"`` with N 1..100;
     * ``rolling_max_fail_percentage``: a number 0..100;
     * ``rolling_gate_deadline_s``: seconds, a number > 0 and <= :data:`GATE_DEADLINE_MAX_S`
-      (``release gate --deadline``'s bound).
+      (``release gate --deadline``'s bound);
+    * ``rolling_router_deadline_s``: seconds 1..:data:`GATE_DEADLINE_MAX_S`, the total deadline of
+      each drain and re-add of a host at a router (``router_worker --deadline``);
+    * ``rolling_router_in_flight_s``: seconds 0.. ``rolling_router_deadline_s``, the wait after a
+      drained worker left the router for requests still running on it (``--in-flight-s``: smg's
+      drain settle window is a fixed delay, not a wait for in-flight requests).
 
     Returns:
-        The three values, normalised (batches a list; counts ints; percentages strings).
+        The values, normalised (batches a list; counts ints; percentages strings).
 
     Raises:
         ReleaseError: the first value that breaks its rule (one line: name, value, rule, fix).
@@ -606,8 +612,18 @@ def rolling_settings(values: dict[str, Any]) -> dict[str, Any]:
         raise _rolling_value("rolling_gate_deadline_s", v["rolling_gate_deadline_s"],
                              f"must be seconds > 0 and <= {GATE_DEADLINE_MAX_S:g} (release gate --deadline), and "
                              f"at least {GATE_DEADLINE_MIN_S:g} (the health checks and one request must fit)")
+    router = _plain_number(v["rolling_router_deadline_s"])
+    if router is None or not 1 <= router <= GATE_DEADLINE_MAX_S:
+        raise _rolling_value("rolling_router_deadline_s", v["rolling_router_deadline_s"],
+                             f"must be seconds 1..{GATE_DEADLINE_MAX_S:g} (each drain or re-add at a router)")
+    in_flight = _plain_number(v["rolling_router_in_flight_s"])
+    if in_flight is None or not 0 <= in_flight <= router:
+        raise _rolling_value("rolling_router_in_flight_s", v["rolling_router_in_flight_s"],
+                             f"must be seconds 0..{router:g} (rolling_router_deadline_s: the wait for requests "
+                             "still running on a drained worker fits in the drain's deadline)")
     return {"rolling_batches": batches, "rolling_max_fail_percentage": fail,
-            "rolling_gate_deadline_s": deadline}
+            "rolling_gate_deadline_s": deadline, "rolling_router_deadline_s": router,
+            "rolling_router_in_flight_s": in_flight}
 
 
 # --- SGLang builds the releases run ---------------------------------------------------------

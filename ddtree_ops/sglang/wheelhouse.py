@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -304,26 +305,36 @@ def build(pin: dict[str, Any], out: Path, root: Path = PROJECT_ROOT, python: str
     wid = wheelhouse_id(pin, root, tag)
     final = out / f"{tag}-{wid}"
     out.mkdir(parents=True, exist_ok=True)
-    changed = False
-    # opened without O_TRUNC or following a symlink: a link planted at .lock truncates nothing
-    lock_fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(lock_fd, "r+b") as lockf:
-        fcntl.flock(lockf, fcntl.LOCK_EX)
-        if not (final / MANIFEST).is_file():
-            changed = True
-            work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
-            try:
-                _populate(pin, root, python, work, wid)
-                if final.exists():
-                    shutil.rmtree(final)
-                (work / "wheels").rename(final)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+    changed = publish_locked(out, final, ".lock", lambda work: _populate(pin, root, python, work, wid))
     manifest = json.loads((final / MANIFEST).read_text())
     files = manifest.pop("files")
     return {"ok": True, "dir": str(final), "id": final.name, "changed": changed,
             "build": build_name(pin, root, tag, ops_source_id(root)), **manifest,
             "file_count": len(files), "size_bytes": sum(f.stat().st_size for f in final.iterdir() if f.is_file())}
+
+
+def publish_locked(out: Path, final: Path, lock_name: str, populate: Callable[[Path], None]) -> bool:
+    """Build a content-keyed wheelhouse directory once, under an exclusive lock of ``out/lock_name``.
+
+    When ``final`` has no manifest yet, ``populate(work)`` fills ``work/wheels`` (manifest included) in
+    a fresh temporary directory beside it, which then replaces ``final`` by one rename: a build killed
+    half-way leaves no ``final`` a later run would take for complete. The lock file is opened without
+    O_TRUNC or following a symlink (a link planted at it truncates nothing). Returns whether it built.
+    """
+    lock_fd = os.open(out / lock_name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(lock_fd, "r+b") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        if (final / MANIFEST).is_file():
+            return False
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
+        try:
+            populate(work)
+            if final.exists():
+                shutil.rmtree(final)
+            (work / "wheels").rename(final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return True
 
 
 def _populate(pin: dict[str, Any], root: Path, python: str, work: Path, wid: str) -> None:

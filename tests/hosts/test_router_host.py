@@ -41,7 +41,8 @@ ROUTER_UNIT = "ddtree-router.service"
 PORT, METRICS = 30080, 29000
 CLIENTS = 4
 API_KEY = "rt-Key-0f-the-host-test-9c2e"
-"""The router's key: smg sends it to the workers and guards its worker API (/workers) with it."""
+"""The router's key: smg sends it to the workers and asks every client for it (requests and /workers)."""
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
@@ -89,7 +90,7 @@ class Load:
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
 
     def _run(self) -> None:
-        with httpx.Client(timeout=httpx.Timeout(30.0)) as c:
+        with httpx.Client(timeout=httpx.Timeout(30.0), headers=AUTH) as c:
             while not self.stop.is_set():
                 try:
                     r = c.post(f"{self.url}/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
@@ -117,7 +118,7 @@ class Load:
 
 
 def _workers(addr: str) -> list[dict]:
-    r = httpx.get(f"http://{addr}:{PORT}/workers", timeout=10, headers={"Authorization": f"Bearer {API_KEY}"})
+    r = httpx.get(f"http://{addr}:{PORT}/workers", timeout=10, headers=AUTH)
     r.raise_for_status()
     return r.json()["workers"]
 
@@ -169,16 +170,19 @@ def test_router_is_installed_and_requests_reach_both_instances(fleet):
     assert unit.stdout.split() == ["ddtree-router", "active", "verified"], unit.stdout + unit.stderr
     urls = {f"http://{a[h]}:30000" for h in WORKERS}
     assert {w["url"] for w in _workers(a[ROUTER])} == urls
-    # the key guards the worker API: without it (or with another) nobody lists, adds or drains workers
+    # the key guards the router: without it (or with another) no request is served and nobody lists,
+    # adds or drains workers
     for headers in ({}, {"Authorization": "Bearer not-the-key"}):
         assert httpx.get(f"http://{a[ROUTER]}:{PORT}/workers", timeout=10, headers=headers).status_code == 401
         assert httpx.post(f"http://{a[ROUTER]}:{PORT}/workers", timeout=10, headers=headers,
                           json={"url": "http://192.0.2.1:30000"}).status_code == 401
+        assert httpx.post(f"http://{a[ROUTER]}:{PORT}/generate", timeout=10, headers=headers,
+                          json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}}).status_code == 401
     cmdline = ssh(a[ROUTER], f"cat /proc/$(systemctl show -p MainPID --value {ROUTER_UNIT})/cmdline | tr '\\0' ' '; "
                              f"cat /etc/systemd/system/{ROUTER_UNIT}").stdout
     assert "ddtree_ops.router_launch" in cmdline and API_KEY not in cmdline
     before = _served(a[ROUTER])
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=AUTH) as c:
         for _ in range(20):
             assert c.post(f"http://{a[ROUTER]}:{PORT}/generate",
                           json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}}).status_code == 200

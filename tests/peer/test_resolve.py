@@ -127,9 +127,9 @@ def test_ct200_takes_the_sm120_path(results):
     v, res = results["ct200-default"]
     assert res["state"] == "resolved" and "answer for sm_120" in res["pretend"]
     assert (res["resolved"]["attention_backend"], res["resolved"]["page_size"]) == ("flashinfer", 16)
-    assert diff_plan(planned_values(v.plan), res) == [
-        "SGLang 0.5.23 will change attention_backend unset (SGLang decides) → flashinfer "
-        "(set by SGLang's _attention_backend_default)"]
+    # the plan derives that backend itself (config/derived.py), so SGLang's own pick is no change
+    assert v.plan.attention_backend is None and v.plan.derived["attention_backend"]["value"] == "flashinfer"
+    assert diff_plan(planned_values(v.plan), res) == []
 
 
 def test_a_path_needing_cuda_kernels_is_not_run_and_says_why(results):
