@@ -226,6 +226,8 @@ CRAFTED = {
     "accept_length above every draft": _doc(accept_length=5000.0),
     "ttft negative": _doc(ttft_s={"mean": -1.0, "p50": None, "p99": None}),
     "output tok/s 2**200": _doc(output_tok_s=2**200),
+    "ok 10**4000 (written whole into report.md)": _doc(ok=10**4000),
+    "failed 2**60": _doc(failed=2**60),
 }
 
 

@@ -124,3 +124,35 @@ def test_the_deploy_action_refuses_a_vaulted_value_reused_as_plain_text(tmp_path
     dumped = json.dumps(result, default=str)
     assert result.get("failed") and "ddtree_model.path" in result["msg"] and "vaulted" in result["msg"], result
     assert plain not in dumped
+
+
+@pytest.mark.parametrize("vaulted, reused", [
+    ("TCANARYtrail9nl\n", "TCANARYtrail9nl"),  # `echo X | ansible-vault encrypt_string --stdin-name` vaults "X\n"
+    ("  SCANARYspace9lead  ", "SCANARYspace9lead"),
+])
+def test_a_vaulted_value_with_surrounding_space_is_recognised_trimmed(tmp_path, capsys, vaulted, reused):
+    """The text as vaulted and as it is pasted: whitespace around the vaulted value is not part of
+    what an operator copies into a field, so the trimmed text counts as the secret too."""
+    inv, pw = _inventory(tmp_path, {"ddtree_model": {**base_hostvars()["ddtree_model"],
+                                                     "served_model_name": f"m-{reused}"}})
+    gv = inv / "group_vars" / "all.yml"
+    gv.write_text(gv.read_text() + _encrypt(pw, "stdin_vaulted", vaulted) + "\n")
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 2
+    text = "".join(capsys.readouterr())
+    assert reused not in text and "ddtree_model.served_model_name" in text and "(redacted)" in text, text
+
+
+@pytest.mark.parametrize("value, refused", [("1", False), ("true", False), ("Off", False),
+                                            ("abcdef", True), ("2", True)])
+def test_a_switch_under_a_secret_looking_env_name_is_no_secret(value, refused):
+    """huggingface_hub's HF_HUB_DISABLE_IMPLICIT_TOKEN=1 is a switch (huggingface_hub/constants.py):
+    a boolean value under a name holding "token" is accepted; any other value there still is not."""
+    from ddtree_ops.config import ConfigError, validate_hostvars
+
+    hv = base_hostvars()
+    hv["ddtree_service"] = {"env": {"HF_HUB_DISABLE_IMPLICIT_TOKEN": value}}
+    if refused:
+        with pytest.raises(ConfigError, match="looks like a secret"):
+            validate_hostvars("h1", hv)
+    else:
+        assert validate_hostvars("h1", hv).deployment.service.env == {"HF_HUB_DISABLE_IMPLICIT_TOKEN": value}

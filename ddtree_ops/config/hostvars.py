@@ -301,9 +301,12 @@ def _vault_plaintexts(all_vars: dict[str, Any], template: Callable[[Any], Any],
                     unreached += 1
                 text, fresh = _plaintext(leaf, str(name), template, memo, done)
                 done += fresh
-                if isinstance(text, str) and (str(name) in reachable or _counts_unreached(text)):
-                    register_secret(text)
-                    plain.add(text)
+                # the text as vaulted and as it is reused: `echo SECRET | ansible-vault encrypt_string`
+                # vaults "SECRET\n", and a value pasted by hand into a field carries no surrounding space
+                for t in {text, text.strip()} if isinstance(text, str) else ():
+                    if t and (str(name) in reachable or _counts_unreached(t)):
+                        register_secret(t)
+                        plain.add(t)
         if not vaulted and memo is not None and isinstance(value, (dict, list, tuple)) and _nodes(value) <= start:
             _memo_put(memo, "unvaulted", value, (_nodes(value), start - budget))
     if holders:

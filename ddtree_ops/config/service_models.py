@@ -273,6 +273,14 @@ class Server(_Model):
         return v
 
 
+SWITCH_VALUES = frozenset({"0", "1", "true", "false", "yes", "no", "on", "off"})
+"""Environment values that set a switch (case-insensitive): no credential, under any name."""
+
+
+def _is_switch(value: object) -> bool:
+    return isinstance(value, str) and value.strip().lower() in SWITCH_VALUES
+
+
 class Service(_Model):
     """systemd service settings for one SGLang instance.
 
@@ -345,7 +353,9 @@ class Service(_Model):
                 raise _fail(f"environment name {key!r} must match [A-Z_][A-Z0-9_]*", "use an upper-case name")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise _fail("secrets never go in the plain env file", "set ddtree_hf_token (ansible-vault) instead")
-            if is_secret_name(key):
+            # a switch is no secret whatever its name: huggingface_hub's HF_HUB_DISABLE_IMPLICIT_TOKEN=1
+            # (huggingface_hub/constants.py) turns the implicit token off
+            if is_secret_name(key) and not _is_switch(v[key]):
                 raise _fail(f"{key} looks like a secret (its name holds token, key, password, secret, credential or "
                             "auth); this env file is world-readable (0644) and copied into plan.json",
                             f"move it to ddtree_secret_env: {{{key}: ...}} (ansible-vault it); it then lands only in "

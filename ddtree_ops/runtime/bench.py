@@ -985,8 +985,9 @@ def level_problem(lv: Any) -> str | None:
     if type(c) is not int or not 1 <= c <= 1 << 20:
         return f"concurrency {preview(repr(c), 40)} is not an integer 1..{1 << 20}"
     for key in ("ok", "failed"):
-        if type(lv.get(key)) is not int or lv[key] < 0:
-            return f"{key} {preview(repr(lv.get(key)), 40)} is not a count (an integer >= 0)"
+        if type(lv.get(key)) is not int or not 0 <= lv[key] <= MAX_COUNT:
+            # bounded like every other number: a 4000-digit count would be written whole into report.md
+            return f"{key} {preview(repr(lv.get(key)), 40)} is not a count (an integer 0..2**53)"
     if not _finite(lv.get("output_tok_s")) or not 0 <= lv["output_tok_s"] <= MAX_COUNT:
         return f"output_tok_s {preview(repr(lv.get('output_tok_s')), 40)} is not a number 0..2**53"
     for key in LEVEL_STATS:
