@@ -229,3 +229,17 @@ def test_the_closed_gaps_keep_scrub_linear(name, unit, count):
     full = _cpu_seconds(unit * count)
     ratio = full / max(small, 0.005)
     assert ratio < 10, f"{name}: {full:.3f} s CPU for 4x the input of {small:.3f} s (x{ratio:.1f}): not linear"
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("denied \x1b[31mBearer abcdefghijklmnop9", "abcdefghijklmnop9"),          # a coloured log line
+    ("Authorization: \x1b[1mBearer SECRETsecret99", "SECRETsecret99"),
+    ("x\x1b]0;title\x07hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 y", "AbCdEfGhIjKlMnOpQrStUvWxYz012345"),
+    ("\x9b1mtoken=ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123 end", "AbCdEfGhIjKlMnOpQrStUvWxYz0123"),
+])
+def test_a_terminal_escape_before_a_credential_does_not_hide_it(text, secret):
+    """An escape sequence separates words (``\\x1b[31mBearer`` is not the word ``mBearer``); the
+    escapes themselves are kept for the printer to strip."""
+    got = scrub(text)
+    assert secret not in got and REDACTED in got, repr(got)
+    assert scrub("ok \x1b[0m plain \x1b[31mred\x1b[0m") == "ok \x1b[0m plain \x1b[31mred\x1b[0m"

@@ -63,7 +63,25 @@ def scrub(text: str) -> str:
       an identifier before a space (``token: X``, ``HF_TOKEN X``) redacts only a token-like value
       (:func:`_token_like`), so prose (``a secret: it``) stays readable.
 
+    A terminal escape sequence (ECMA-48 CSI/OSC, 7- or 8-bit: a coloured log line) separates words:
+    the text between escapes is scrubbed piece by piece, so ``\x1b[31mBearer X`` is ``Bearer X``
+    after an escape, not the word ``mBearer`` (the escapes are kept; printing strips them).
+
     Every pattern runs in time linear in ``len(text)`` (``tests/test_scrub.py`` times 1 MB lines)."""
+    if "\x1b" in text or "\x9b" in text:
+        parts = _ESCAPE_SPLIT.split(text)
+        return "".join(part if i % 2 else _scrub_plain(part) for i, part in enumerate(parts))
+    return _scrub_plain(text)
+
+
+_ESCAPE_SPLIT = re.compile(r"(\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?"
+                           r"|\x9b[0-?]*[ -/]*[@-~]?)")
+"""Terminal escape sequences (CSI, OSC, the other two-byte escapes; 8-bit CSI), one capture group:
+``re.split`` keeps them at the odd indexes."""
+
+
+def _scrub_plain(text: str) -> str:
+    """:func:`scrub` of a text without terminal escapes."""
     for s in _secrets_longest_first():
         if s in text:
             text = text.replace(s, REDACTED)
