@@ -101,12 +101,16 @@ def test_node_must_be_listed_and_dp_stays_on_one_machine():
     assert "across nodes is not modelled" in f.rule
 
 
-@pytest.mark.parametrize("nodes, needle", [(["b300-01"], "at least 2"), (["b300-01", "b300-01"], "twice"),
-                                           (["b300-01", "Bad_Name"], "Bad_Name")])
+@pytest.mark.parametrize("nodes, needle", [
+    (["b300-01"], "lists 1 node(s); one server spans at least 2"),
+    (["b300-01", "b300-01"], "twice"),
+    (["b300-01", "Bad_Name"], "Bad_Name"),
+    ([f"b300-{i:02}" for i in range(1, 18)], "lists 17 node(s); one server spans at least 2 and at most 16")])
 def test_bad_node_lists(nodes, needle):
     hv = _hv("b300-01", {"multinode": {"nodes": nodes, "dist_init_addr": "10.0.0.1"}})
-    text = " ".join(f.message() for f in _errors("b300-01", hv))
-    assert "ddtree_server.multinode.nodes" in text and needle in text, text
+    found = [f for f in _errors("b300-01", hv) if f.field == "ddtree_server.multinode.nodes"]
+    assert len(found) == 1 and needle in found[0].message(), [f.message() for f in found]
+    assert "List should have" not in found[0].message()
 
 
 def test_store_port_clashes_on_the_node_and_on_rank_0s_machine():
@@ -150,6 +154,75 @@ def test_missing_node_wrong_store_address_and_shared_machine():
     assert any("each node is its own machine" in f.rule for f in found), [f.message() for f in found]
 
 
+def _plain(host: str, address: str) -> dict:
+    """An ordinary one-machine server (no multinode block) at ``address``."""
+    hv = copy.deepcopy(base_hostvars())
+    hv["ansible_host"] = address
+    return hv
+
+
+def _fleet(hvs: dict[str, dict], focus: set[str] | None = None) -> list:
+    """fleet_findings of ``hvs`` in name order and in reverse: the same findings either way."""
+    vs = [validate_hostvars(h, hv) for h, hv in sorted(hvs.items())]
+    found = fleet_findings(vs, focus=focus)
+    assert [f.message() for f in fleet_findings(vs[::-1], focus=focus)] == [f.message() for f in found]
+    return found
+
+
+def test_rank_0_listing_a_one_machine_server_is_refused_from_either_side():
+    # b300-02 has no multinode block: rank 0 would render --nnodes 2 and wait for it forever
+    hvs = {"b300-01": _hv("b300-01"), "b300-02": _plain("b300-02", "10.0.0.2")}
+    for focus in (None, {"b300-01"}, {"b300-02"}):
+        (f,) = _fleet(hvs, focus)
+        assert f.field == "ddtree_server.multinode.nodes" and f.value == "b300-02", f.message()
+        assert "ordinary one-machine server" in f.rule and "same ddtree_server.multinode" in f.fix
+    assert _fleet(hvs, {"b300-09"}) == []  # a host of neither server in focus: nothing about them
+
+
+def test_a_host_claimed_by_two_servers_is_refused():
+    # b300-03 (rank 0 of its own server) lists b300-02, which is rank 1 of b300-01's server
+    hvs = {h: _hv(h) for h in NODES}
+    hvs["b300-03"] = _hv("b300-03", {"multinode": {"nodes": ["b300-03", "b300-02"], "dist_init_addr": "10.0.0.3"}})
+    hvs["b300-03"]["ansible_host"] = "10.0.0.3"
+    for focus in (None, {"b300-03"}, {"b300-02"}):
+        (f,) = _fleet(hvs, focus)
+        assert f.field == "ddtree_server.multinode.nodes" and f.value == "b300-02", f.message()
+        assert "carries another ddtree_server.multinode" in f.rule and "nodes [b300-01, b300-02]" in f.rule
+        assert "one server's nodes only" in f.fix
+    assert _fleet(hvs, {"b300-01"}) == []  # b300-01's own server is consistent
+
+
+def test_wrong_store_address_is_refused_when_the_last_node_is_not_multinode():
+    three = {"nodes": [*NODES, "b300-03"], "dist_init_addr": "10.0.0.77"}
+    hvs = {h: _hv(h, {"tp_size": 24, "multinode": three}) for h in NODES}
+    hvs["b300-03"] = _plain("b300-03", "10.0.0.3")
+    found = _fleet(hvs)
+    assert sorted((f.field, f.value) for f in found) == [
+        ("ddtree_server.multinode.dist_init_addr", "10.0.0.77"), ("ddtree_server.multinode.nodes", "b300-03")]
+    (addr,) = [f for f in found if f.field.endswith("dist_init_addr")]
+    assert "not rank 0's address (b300-01: 10.0.0.1)" in addr.rule and "10.0.0.1" in addr.fix
+
+
+@pytest.mark.parametrize("focus", [None, {"b300-01"}, {"b300-02"}])
+def test_wrong_store_address_is_refused_whichever_node_is_in_focus(focus):
+    wrong = {"multinode": {"nodes": list(NODES), "dist_init_addr": "10.0.0.77"}}
+    (f,) = _fleet({h: _hv(h, wrong) for h in NODES}, focus)
+    assert f.field == "ddtree_server.multinode.dist_init_addr" and f.value == "10.0.0.77"
+    assert f.host in (focus or {"b300-01"})
+
+
+def test_validate_limit_to_rank_0_refuses_a_wrong_store_address(tmp_path, capsys):
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    hosts = {h: {"ansible_host": a} for h, a in NODES.items()}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"sglang_servers": {"children": {"b300": {"hosts": hosts}}}}))
+    gv = _hv("b300-01", {"multinode": {"nodes": list(NODES), "dist_init_addr": "10.0.0.77"}})
+    gv.pop("ansible_host")
+    (inv / "group_vars" / "sglang_servers.yml").write_text(yaml.safe_dump(gv))
+    assert main(["validate", "-i", str(inv), "-l", "b300-01"]) == 2
+    assert "dist_init_addr" in capsys.readouterr().err
+
+
 def test_dflash_pipeline_rule_applies_to_a_multinode_server():
     hv = _hv("b300-01", {"extra_args": {"--pp-size": 2}})
     text = " ".join(f.message() for f in _errors("b300-01", hv))
@@ -184,6 +257,18 @@ def test_router_fronts_rank_0_only():
     routers = {"gw": {"ansible_host": "10.0.0.50", "ddtree_router": {"instances": ["b300-02"]}}}
     _, found = validate_routers(routers, [v0, v1])
     assert any("list b300-01 (rank 0)" in f.fix for f in found), [f.message() for f in found]
+
+
+@pytest.mark.parametrize("name", ["port", "health_port", "metrics_port"])
+def test_router_on_rank_0s_machine_clashes_with_the_store_port(name):
+    v0, v1 = _both()  # the store: rank 0's port + 200 = 30200 on 10.0.0.1
+    routers = {"gw": {"ansible_host": "10.0.0.1", "ddtree_router": {name: 30200}}}
+    _, found = validate_routers(routers, [v0, v1])
+    assert any(f.field == f"ddtree_router.{name}" and "ddtree_server.multinode.dist_init_port" in f.rule
+               for f in found), [f.message() for f in found]
+    routers = {"gw": {"ansible_host": "10.0.0.2", "ddtree_router": {name: 30200}}}  # rank 1 holds no store
+    _, found = validate_routers(routers, [v0, v1])
+    assert not any("dist_init_port" in f.rule for f in found), [f.message() for f in found]
 
 
 def test_validate_accepts_a_two_node_inventory(tmp_path, capsys):

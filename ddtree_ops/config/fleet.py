@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from .errors import Finding
-from .instance import VISIBLE_ENV, GpuSetError, gpu_set, paths_overlap, state_dirs
+from .instance import VISIBLE_ENV, GpuSetError, gpu_set, listen_ports, paths_overlap, state_dirs
 from .load import Validated
 from .multinode_fleet import multinode_findings
 from .scrape import machine_name, scrape_host
@@ -80,15 +80,6 @@ def instance_waves(validated: Iterable[Validated]) -> dict[str, int]:
     return waves
 
 
-def _ports(v: Validated) -> list[tuple[str, int]]:
-    d = v.deployment
-    ports = [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
-             ("ddtree_server.nccl_port", d.server.rendezvous_port)]
-    if d.server.dist_init_port is not None and d.node_rank == 0:  # rank 0's store listens on its machine
-        ports.append(("ddtree_server.multinode.dist_init_port", d.server.dist_init_port))
-    return ports
-
-
 def _gpus(v: Validated) -> tuple[int, ...]:
     try:
         return gpu_set(v.deployment)
@@ -99,8 +90,8 @@ def _gpus(v: Validated) -> tuple[int, ...]:
 def _clashes(a: Validated, b: Validated) -> Iterator[tuple[str, object, str, str]]:
     """(field of a, value, what both claim, b's side) for each resource ``a`` and ``b`` share."""
     da, db = a.deployment, b.deployment
-    for field, port in _ports(a):
-        for other, oport in _ports(b):
+    for field, port in listen_ports(da):
+        for other, oport in listen_ports(db):
             if port == oport:
                 yield field, port, f"port {port}", other
                 break

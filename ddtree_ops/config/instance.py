@@ -31,6 +31,19 @@ which systemd creates at start and removes at stop (:func:`multiproc_dir`)."""
 _INDEX_LIST = re.compile(r"[0-9]{1,2}(,[0-9]{1,2})*")
 
 
+def listen_ports(d: Deployment) -> list[tuple[str, int]]:
+    """(field, port) of each port the instance listens on, on its machine: SGLang's ``--port``,
+    the exporter, the rendezvous port (``--nccl-port``) and, on rank 0 of a multi-node server, the
+    torch.distributed store (:mod:`~.multinode`: rank 0 listens on ``--dist-init-addr``). One
+    listener per address and port (ip(7) EADDRINUSE): :mod:`~.fleet` checks instances against
+    each other with it, :mod:`~.router` a router on the machine."""
+    ports = [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
+             ("ddtree_server.nccl_port", d.server.rendezvous_port)]
+    if d.server.dist_init_port is not None and d.node_rank == 0:  # rank 0's store listens on its machine
+        ports.append(("ddtree_server.multinode.dist_init_port", d.server.dist_init_port))
+    return ports
+
+
 class GpuSetError(ValueError):
     """``CUDA_VISIBLE_DEVICES`` is not a list of distinct device indices (message: rule | fix)."""
 

@@ -26,7 +26,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 
 from .errors import Finding, findings_from_validation_error
 from .fields import HostText, Port, _bounded, _fail, _Model, inventory_name_problem
-from .instance import DP_ATTENTION_FLAG
+from .instance import DP_ATTENTION_FLAG, listen_ports
 from .load import Validated
 from .multinode import ENGINE_SOURCE as MULTINODE_SOURCE
 
@@ -185,12 +185,6 @@ def _machine(address: str) -> str:
     return machine_name(address)
 
 
-def _instance_ports(v: Validated) -> list[tuple[str, int]]:
-    d = v.deployment
-    return [("ddtree_server.port", d.server.port), ("ddtree_ops.exporter_port", d.ops.exporter_port),
-            ("ddtree_server.nccl_port", d.server.rendezvous_port)]
-
-
 def validate_routers(router_vars: dict[str, dict[str, Any]], validated: Iterable[Validated]
                      ) -> tuple[list[Router], list[Finding]]:
     """Validate every router host against the fleet's validated instances.
@@ -290,7 +284,7 @@ def _port_clashes(host: str, settings: RouterSettings, machine: str, instances: 
             continue
         own[port] = name
         for v in on_machine:
-            for ifield, iport in _instance_ports(v):
+            for ifield, iport in listen_ports(v.deployment):
                 if iport == port:
                     found.append(_finding(host, field, port,
                                           f"{field} {port} clashes with {v.deployment.host}'s {ifield} on machine "

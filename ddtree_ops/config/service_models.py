@@ -54,6 +54,10 @@ NCCL_PORT_OFFSET = 100
 ports; a clash with another instance's port on the machine is refused by :mod:`~.fleet`."""
 
 
+MAX_NODES = 16
+"""Most nodes one ``ddtree_server.multinode`` lists (:class:`MultiNode`)."""
+
+
 class MultiNode(_Model):
     """One SGLang server spread over several machines of one host class
     (:mod:`~.multinode` has the rules and their sources).
@@ -72,7 +76,7 @@ class MultiNode(_Model):
             started anywhere inside the start window still joins.
     """
 
-    nodes: Annotated[list[Annotated[str, Field(max_length=MAX_NAME)]], Field(min_length=2, max_length=16)]
+    nodes: list[Annotated[str, Field(max_length=MAX_NAME)]]
     dist_init_addr: HostText
     dist_init_port: Port | None = None
     dist_timeout_s: _bounded(0, 86400, gt=True) | None = None
@@ -80,6 +84,9 @@ class MultiNode(_Model):
     @field_validator("nodes")
     @classmethod
     def _nodes(cls, v: list[str]) -> list[str]:
+        if not 2 <= len(v) <= MAX_NODES:  # ahead of the names: one line naming the count and the limit
+            raise _fail(f"lists {len(v)} node(s); one server spans at least 2 and at most {MAX_NODES}",
+                        f"list 2 to {MAX_NODES} nodes (rank 0 first); on one machine remove ddtree_server.multinode")
         for name in v:
             problem = inventory_name_problem(name)
             if problem:
