@@ -9,7 +9,8 @@ through :mod:`ddtree_ops.fleet.router_worker` from the controller at each router
 
 A cell reads ``ROUTER: STATE`` per router that lists (or should list) the instance, joined with
 ``, ``: ``ready``, ``draining``, ``pending``, ``not_ready``, ``failed``, ``unhealthy`` (``ready``
-but failing smg's health check), ``absent`` (not registered: drained, or never re-added), or
+but failing smg's health check), ``unknown`` (a ``status`` smg 1.13.0 does not have: the router's
+own text is never shown), ``absent`` (not registered: drained, or never re-added), or
 ``unreachable`` (the router did not answer). No router in the inventory: no cell.
 """
 
@@ -40,7 +41,7 @@ def registries(routers: Iterable[Router], deadline_s: float = DEFAULT_DEADLINE_S
     def one(r: Router) -> list[dict] | None:
         try:
             return workers(Api(router_api(r), r.api_key), end)
-        except RouterError:
+        except (RouterError, RecursionError):  # no answer by the deadline, or not smg's (too deep to read)
             return None
 
     if not routers:

@@ -18,7 +18,10 @@ the simulator (``tests/test_router_worker.py`` replays the answers recorded from
 Standard library only: it runs on the router host in the router's venv (ddtree-ops is installed
 there without dependencies), and on the controller. The router's API key, when one is given, is
 read from its 0600 file and sent as ``Authorization: Bearer`` (smg checks it only with
-``--control-plane-api-keys``); it is never printed.
+``--control-plane-api-keys``); it is never printed. Each call ends by its total deadline (connection,
+headers and body together, not per socket read), follows no redirect (the key goes only to the
+address given), refuses user info in a URL, and shows the router's text only cleaned (no key, no
+escapes, secrets redacted) and its ``status`` only when one of :data:`STATES`.
 
 CLI (one JSON object on stdout; exit 0 ok, 1 failed, 2 usage)::
 
@@ -32,20 +35,25 @@ CLI (one JSON object on stdout; exit 0 ok, 1 failed, 2 usage)::
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import socket
 import stat
 import sys
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+from .._core.scrub import clean_text
 
 MAX_BODY = 8 << 20
 """Largest answer read from the router (bytes); ``GET /workers`` of 256 workers is ~1 MB."""
 MAX_KEY = 4096
+CHUNK = 64 << 10
+"""One socket read of an answer: each read waits at most the time left of the call's deadline."""
 POLL_S = 0.5
 DEFAULT_DEADLINE_S = 60.0
 IN_FLIGHT_S = 0.0
@@ -53,6 +61,9 @@ IN_FLIGHT_S = 0.0
 window is a fixed delay, a request longer than it is still running on the worker."""
 STATES = ("ready", "draining", "pending", "not_ready", "failed")
 """``status`` values of smg 1.13.0's worker registry."""
+UNKNOWN = "unknown"
+"""What :func:`state_of` shows for a ``status`` outside :data:`STATES` (never the router's own text:
+it may hold terminal escapes or bidi overrides)."""
 
 
 class RouterError(Exception):
@@ -67,10 +78,31 @@ class Api:
     key: str | None = None
 
     def __post_init__(self) -> None:
-        u = urllib.parse.urlsplit(self.base)
-        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query:
-            raise RouterError(f"router api {self.base[:200]!r}: must be http(s)://HOST:PORT with no path. "
-                              "Fix: give the router's --port address, e.g. http://127.0.0.1:30080")
+        try:
+            u = urllib.parse.urlsplit(self.base)
+            u.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            u = None
+        if u is not None and "@" in u.netloc:
+            raise RouterError(f"router api {u.scheme}://(redacted)@{u.netloc.rpartition('@')[2][:100]}: user info "
+                              "in the URL is refused (it would be sent and printed). Fix: give http(s)://HOST:PORT "
+                              "and the key with --api-key-file")
+        if u is None or u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query \
+                or u.fragment:
+            raise RouterError(f"router api {clean_text(self.base)[:200]!r}: must be http(s)://HOST:PORT with no "
+                              "path. Fix: give the router's --port address, e.g. http://127.0.0.1:30080")
+        if self.key is not None and not (self.key and self.key.isascii() and self.key.isprintable()):
+            raise RouterError("router api key: empty or holds a control or non-ASCII character (a CR of a CRLF "
+                              "line end?); it must be printable ASCII (an HTTP header value, RFC 9110 5.5). "
+                              "Fix: store the key as one line of printable characters")
+
+    def shown(self, text: object, limit: int = 200) -> str:
+        """Server-supplied ``text`` safe to print: the key's own text replaced, then one line without
+        escapes and with secret-looking values redacted (:func:`ddtree_ops._core.scrub.clean_text`)."""
+        text = str(text)
+        if self.key:
+            text = text.replace(self.key, "(redacted)")
+        return clean_text(text)[:limit]
 
 
 def read_key_file(path: str) -> str:
@@ -89,32 +121,85 @@ def read_key_file(path: str) -> str:
     key = data.decode("utf-8", "replace").rstrip("\n")
     if not key or len(data) > MAX_KEY or "\n" in key:
         raise RouterError(f"--api-key-file {path!r}: must hold one non-empty line of at most {MAX_KEY} bytes")
+    if not (key.isascii() and key.isprintable()):
+        why = "a carriage return (CRLF line end)" if "\r" in key else "a control or non-ASCII character"
+        raise RouterError(f"--api-key-file {path!r}: the key holds {why}; it must be printable ASCII (an HTTP "
+                          "header value, RFC 9110 5.5). Fix: rewrite the file with one line ending in LF only")
     return key
 
 
+def _abort(conn: http.client.HTTPConnection) -> None:
+    """Shut the connection's socket: a read blocked on it (a header line, a body dripping) returns."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _read(conn: http.client.HTTPConnection, method: str, path: str,
+          deadline: float, body: bytes | None, headers: dict) -> tuple[int, bytes]:
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+        b = r.read1(CHUNK)
+        if not b:
+            break
+        chunks.append(b)
+        size += len(b)
+        if size > MAX_BODY:
+            raise RouterError(f"{method} {path}: answer larger than {MAX_BODY} bytes")
+    if time.monotonic() >= deadline:
+        raise TimeoutError("deadline passed")  # the watchdog shut the socket: what came is not the whole answer
+    if r.length:
+        raise http.client.IncompleteRead(b"", r.length)  # fewer bytes than its Content-Length
+    return r.status, b"".join(chunks)
+
+
 def _call(api: Api, method: str, path: str, deadline: float, body: dict | None = None) -> tuple[int, Any]:
+    """One HTTP call that ends by ``deadline`` (monotonic), connection, headers and body together: each
+    socket read waits at most the time left and a watchdog shuts the socket at the deadline. A
+    redirect is not followed (the key would go where the answer says)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise RouterError(f"{method} {path}: deadline passed")
-    headers = {"Accept": "application/json"}
+    headers = {"Accept": "application/json", "Connection": "close"}
     data = None
     if body is not None:
         data = json.dumps(body, allow_nan=False).encode()
         headers["Content-Type"] = "application/json"
     if api.key:
         headers["Authorization"] = f"Bearer {api.key}"
-    req = urllib.request.Request(api.base.rstrip("/") + path, data=data, method=method, headers=headers)
+    u = urllib.parse.urlsplit(api.base)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = cls(u.hostname, u.port, timeout=left)
+    watchdog = threading.Timer(left, _abort, (conn,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        with urllib.request.urlopen(req, timeout=min(left, 10.0)) as r:  # noqa: S310 - http(s) only (Api)
-            status, raw = r.status, r.read(MAX_BODY + 1)
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read(MAX_BODY + 1) if exc.fp else b""
-    except (OSError, ValueError) as exc:
-        raise RouterError(f"{method} {api.base}{path}: {getattr(exc, 'reason', exc)}") from None
-    if len(raw) > MAX_BODY:
-        raise RouterError(f"{method} {path}: answer larger than {MAX_BODY} bytes")
+        status, raw = _read(conn, method, path, deadline, data, headers)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if time.monotonic() >= deadline or isinstance(exc, TimeoutError):
+            raise RouterError(f"{method} {api.base}{path}: no whole answer within the deadline") from None
+        raise RouterError(f"{method} {api.base}{path}: {api.shown(getattr(exc, 'reason', exc))}") from None
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if 300 <= status < 400:
+        raise RouterError(f"{method} {api.base}{path}: HTTP {status} redirect, not followed (the key is sent "
+                          "only to the address given). Fix: give the router's own --port address")
     try:
         doc = json.loads(raw) if raw.strip() else None
+    except RecursionError:
+        raise RouterError(f"{method} {api.base}{path}: HTTP {status}, JSON nested too deeply, not smg's "
+                          "answer") from None
     except ValueError:
         doc = raw[:200].decode("utf-8", "replace")
     return status, doc
@@ -134,10 +219,13 @@ def norm(url: str) -> str:
 
 def state_of(registry: list[dict], url: str) -> str:
     """A worker's state at the router: its ``status`` (``ready`` only when also ``is_healthy``;
-    ``unhealthy`` otherwise), ``absent`` when the router does not list it."""
+    ``unhealthy`` otherwise; :data:`UNKNOWN` when not one of :data:`STATES`), ``absent`` when the
+    router does not list it."""
     for w in registry:
         if norm(w["url"]) == norm(url):
-            s = str(w.get("status"))
+            s = w.get("status")
+            if s not in STATES:
+                return UNKNOWN
             if s == "ready" and w.get("is_healthy") is not True:
                 return "unhealthy"
             return s
@@ -154,10 +242,10 @@ def drain(api: Api, url: str, deadline_s: float = DEFAULT_DEADLINE_S, in_flight_
     ids = [w.get("id") for w in reg if norm(w["url"]) == norm(url)]
     for wid in ids:
         if not isinstance(wid, str) or not wid or "/" in wid:
-            raise RouterError(f"GET /workers: worker {url} has no usable id ({str(wid)[:40]!r})")
+            raise RouterError(f"GET /workers: worker {url} has no usable id ({api.shown(wid, 40)!r})")
         status, doc = _call(api, "DELETE", f"/workers/{urllib.parse.quote(wid)}", end)
         if status not in (200, 202, 404):
-            raise RouterError(f"DELETE /workers/{wid} ({url}): HTTP {status} {str(doc)[:200]}")
+            raise RouterError(f"DELETE /workers/{api.shown(wid, 80)} ({url}): HTTP {status} {api.shown(doc)}")
     while True:
         state = state_of(workers(api, end), url)
         if state == "absent":
@@ -180,7 +268,7 @@ def add(api: Api, url: str, deadline_s: float = DEFAULT_DEADLINE_S) -> dict:
     if before in ("absent", "failed"):
         status, doc = _call(api, "POST", "/workers", end, {"url": url})
         if status not in (200, 201, 202):
-            raise RouterError(f"POST /workers {url}: HTTP {status} {str(doc)[:200]}")
+            raise RouterError(f"POST /workers {url}: HTTP {status} {api.shown(doc)}")
     while True:
         state = state_of(workers(api, end), url)
         if state == "ready":
@@ -205,7 +293,7 @@ def wait_ready(health: str, deadline_s: float = DEFAULT_DEADLINE_S) -> dict:
             status, doc = _call(api, "GET", "/readiness", end)
             if status == 200 and isinstance(doc, dict) and doc.get("status") == "ready":
                 return {"ok": True, "readiness": doc, "seconds": round(time.monotonic() - t0, 2)}
-            last = f"HTTP {status} {str(doc)[:200]}"
+            last = f"HTTP {status} {api.shown(doc)}"
         except RouterError as exc:
             last = str(exc)
         if time.monotonic() + POLL_S >= end:
@@ -226,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not 0 < a.deadline <= 3600 or not 0 <= a.in_flight_s <= 3600:
         ap.error("--deadline must be in (0, 3600], --in-flight-s in [0, 3600]")
+    key = None
     try:
         if a.action == "wait-ready":
             if not a.health:
@@ -234,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not a.api or (a.action != "list" and not a.worker):
                 ap.error(f"{a.action} needs --api" + ("" if a.action == "list" else " and --worker"))
-            api = Api(a.api, read_key_file(a.api_key_file) if a.api_key_file else None)
+            key = read_key_file(a.api_key_file) if a.api_key_file else None
+            api = Api(a.api, key)
             if a.action == "list":
                 end = time.monotonic() + a.deadline
                 out = {"ok": True, "workers": [{"url": w["url"], "state": state_of([w], w["url"])}
@@ -244,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 out = add(api, a.worker, a.deadline)
     except RouterError as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}, allow_nan=False))
-        print(f"error: {exc}", file=sys.stderr)
+        msg = str(exc).replace(key, "(redacted)") if key else str(exc)  # server text is cleaned already (Api.shown)
+        print(json.dumps({"ok": False, "error": msg}, allow_nan=False))
+        print(f"error: {msg}", file=sys.stderr)
         return 1
     print(json.dumps(out, allow_nan=False))
     return 0
