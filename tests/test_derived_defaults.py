@@ -117,6 +117,40 @@ def test_mem_fraction_derived_is_an_upper_bound_with_source():
         "mem_fraction_static"]["value"] > dv["value"]
 
 
+def test_the_fraction_rule_and_the_derived_fraction_read_one_reserve():
+    """The mem_fraction_static rule (``config/memory_reserve.py``) and the derived fraction model SGLang's
+    reserve once (``derived.reserve_terms``): the draft model's 4 GiB of 0.5.13.post1 raises what the rule
+    counts as SGLang's own reserve too, and a fraction SGLang's own choice would pick is no error."""
+    from ddtree_ops.config.memory_reserve import reserve
+
+    got = {}
+    for version in ("0.5.13.post1", "0.5.17"):
+        v = validate_hostvars("h1", h200(version, max_running_requests=48))
+        r = reserve(v.deployment, v.plan)
+        assert r is not None and "_handle_gpu_memory_settings" in r.source
+        got[version] = r
+    old, new = got["0.5.13.post1"], got["0.5.17"]
+    assert old.reserve_mib - new.reserve_mib == 4 * 1024 and "draft model 4096 MiB" in old.parts
+    assert old.max_fraction < new.max_fraction
+    # the H200 is read at the most SGLang may see (141 GiB), the figure the derived fraction uses
+    assert new.gpu_mib == 141 * 1024
+    stated = validate_hostvars("h1", h200("0.5.17", max_running_requests=48, mem_fraction_static=new.max_fraction))
+    assert not [f for f in stated.warnings if f.field == "ddtree_server.mem_fraction_static"]
+
+
+def test_post_capture_sizing_reserves_only_the_constant_and_the_slack():
+    """With SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (0.5.17+) SGLang reserves 512 MiB + the parallel slack up
+    front and sizes the KV pool after graph capture: the rule's least estimate follows it."""
+    from ddtree_ops.config.memory_reserve import reserve
+
+    hv = h200("0.5.17", max_running_requests=48)
+    hv["ddtree_service"] = {"env": {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}}
+    v = validate_hostvars("h1", hv)
+    r = reserve(v.deployment, v.plan)
+    assert r is not None and r.least_mib == r.estimate_mib == 512 + 128 and r.floor_mib == 0
+    assert "post-capture" in r.parts
+
+
 def test_unread_release_derives_nothing():
     """A release whose derivation was never read off its wheel gets no derived value (the
     plan keeps SGLang's speculative cap of 48 as before)."""

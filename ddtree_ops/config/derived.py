@@ -247,23 +247,78 @@ def derive(d: Any) -> dict[str, DerivedValue]:
 def _mem_fraction_upper_bound(rd: ReleaseDefaults, d: Any, gpu_mem: int, chunked: int, max_bs: int) -> float | None:
     """The fraction SGLang computes with the reserve terms that always apply (module docstring);
     the real one is this or lower."""
+    reserved = reserve_terms(rd, d, gpu_mem, chunked, max_bs).total_mib
+    if reserved >= gpu_mem:
+        return None
+    return round((gpu_mem - reserved) / gpu_mem, 3)
+
+
+@dataclass(frozen=True)
+class ReserveTerms:
+    """What SGLang reserves outside ``mem_fraction_static`` when it picks the fraction itself (MiB), term
+    by term (the module docstring says where each comes from): the fraction it derives and the rule that
+    a stated fraction leaves room for activations and graph buffers read the same terms.
+
+    Attributes:
+        chunk: the prefill chunk the activations are sized for (tokens).
+        activations_mib: 1.5 MiB per chunk token (0 with post-capture sizing).
+        graphs_mib: 2 MiB per request of the largest decode graph (0 when none is reserved for).
+        parallel_mib: 1 GiB per 8 ranks (``tp_size x pp_size``).
+        draft_mib: the release's extra reserve for a draft model.
+        floor_mib: the least total SGLang reserves on this GPU (10 GiB above 60 GiB), 0 for none.
+        post_capture: the release's post-capture sizing is switched on (only the constant and the
+            parallel term are reserved up front).
+    """
+
+    chunk: int
+    activations_mib: float
+    graphs_mib: float
+    max_bs: int
+    parallel_mib: float
+    draft_mib: float
+    floor_mib: float
+    post_capture: bool
+
+    CONSTANT_MIB = 512
+
+    @property
+    def estimate_mib(self) -> float:
+        """The sum of the terms, before SGLang's floor."""
+        return self.CONSTANT_MIB + self.activations_mib + self.graphs_mib + self.parallel_mib + self.draft_mib
+
+    @property
+    def total_mib(self) -> float:
+        """The reserve: the terms raised to the floor (the floor does not cover the draft's share)."""
+        base = self.CONSTANT_MIB + self.activations_mib + self.graphs_mib + self.parallel_mib
+        return max(base, self.floor_mib) + self.draft_mib
+
+    def describe(self) -> str:
+        """The terms, for a message."""
+        if self.post_capture:
+            text = f"{self.CONSTANT_MIB} MiB + parallel slack {self.parallel_mib:.0f} MiB (post-capture KV sizing)"
+        else:
+            text = (f"{self.CONSTANT_MIB} MiB + activations for {self.chunk}-token prefill chunks "
+                    f"{self.activations_mib:.0f} MiB + parallel slack {self.parallel_mib:.0f} MiB")
+        if self.graphs_mib:
+            text += f" + CUDA graphs up to batch {self.max_bs} {self.graphs_mib:.0f} MiB"
+        if self.draft_mib:
+            text += f" + draft model {self.draft_mib:.0f} MiB"
+        return text
+
+
+def reserve_terms(rd: ReleaseDefaults, d: Any, gpu_mem: float, chunked: int, max_bs: int) -> ReserveTerms:
+    """The reserve of release ``rd`` for deployment ``d`` on a GPU of ``gpu_mem`` MiB, with prefill
+    chunks of ``chunked`` tokens (0 or less: SGLang's 2048 minimum) and decode graphs up to ``max_bs``."""
     srv, s = d.server, d.speculative
     pp = _flag_int(srv.extra_args, "--pp-size") or 1
     parallel = srv.tp_size * pp / 8 * GIB_MIB
     env = d.service.env.get(rd.post_capture_env, "") if rd.post_capture_env else ""
-    if str(env).strip().lower() in ("1", "true", "yes", "on"):
-        reserved = 512 + parallel
-    else:
-        reserved = 512 + max(chunked if chunked > 0 else 2048, 2048) * 1.5 + parallel
-        if srv.cuda_graph or not rd.graph_reserve_needs_graphs:
-            reserved += max_bs * 2
-        if gpu_mem > 60 * GIB_MIB:
-            reserved = max(reserved, 10 * GIB_MIB)
-    if s.enabled and rd.spec_reserve_mib:
-        reserved += rd.spec_reserve_mib.get(s.algorithm, rd.spec_reserve_mib["*"])
-    if reserved >= gpu_mem:
-        return None
-    return round((gpu_mem - reserved) / gpu_mem, 3)
+    post = str(env).strip().lower() in ("1", "true", "yes", "on")
+    chunk = max(chunked if chunked > 0 else 2048, 2048)
+    graphs = (srv.cuda_graph or not rd.graph_reserve_needs_graphs) and not post
+    draft = rd.spec_reserve_mib.get(s.algorithm, rd.spec_reserve_mib["*"]) if s.enabled and rd.spec_reserve_mib else 0
+    return ReserveTerms(chunk, 0 if post else chunk * 1.5, max_bs * 2 if graphs else 0, max_bs, parallel, draft,
+                        10 * GIB_MIB if gpu_mem > 60 * GIB_MIB and not post else 0, post)
 
 
 @dataclass(frozen=True)
