@@ -7,7 +7,11 @@ Runs on the controller only. Options:
   ``no_log: true``); otherwise return every non-secret file.
 * ``component`` (str, default ``service``): which files: ``service`` (SGLang unit, env,
   plan.json, secrets), ``exporter`` (the exporter unit, for the ddtree_exporter role) or
-  ``devices`` (the host's NVIDIA device-node unit, for the cuda_toolkit role).
+  ``devices`` (the host's NVIDIA device-node unit, for the cuda_toolkit role) or ``router_join``
+  (the unit, SGLang drop-in and 0600 config that register the warm instance at the routers in
+  front of it: :func:`ddtree_ops.render.router.render_join`; none without such a router).
+* ``routers`` (list of inventory host names; usually ``groups['routers']``): the router hosts,
+  read for ``component: router_join`` (:func:`ddtree_ops.config.router.routers_for`).
 * ``checkpoint_files`` (dict, optional): the host's checkpoint config files as read by
   ``ddtree_checkpoint``; the plan then uses the values derived from them (block size, vision
   ``min_pixels``). Default: ``_ddtree_checkpoint.checkpoint_files`` when an earlier task of the
@@ -22,6 +26,7 @@ the host reaches SGLang: ``Server.local_url``), ``rendezvous_port`` (SGLang's ``
 secrets file, removed by the role when none is rendered; ``sglang_build``: the SGLang build the
 release runs, :func:`ddtree_ops.render.argv.sglang_build_path`, None without one; the ``sglang``
 role installs into it), ``deployment`` (no secrets),
+``router_join`` (the join files' paths: ``unit_name``, ``unit``, ``dropin``, ``config``, ``hold``),
 ``plan_warnings``, ``probe_request`` (for the capability probe), ``service_env`` (the unit's
 non-secret environment), ``devices_unit`` and ``nvidia_modprobe`` (the device-node unit's
 name and the binary it runs), ``release`` (the service's release:
@@ -58,6 +63,7 @@ class ActionModule(ActionBase):
         from ddtree_ops.render.argv import sglang_build_path
         from ddtree_ops.render.files import DEVICES_UNIT, MANAGED_BY, NVIDIA_MODPROBE, plan_document, service_env
         from ddtree_ops.render.release import release_result
+        from ddtree_ops.render.router import join_paths
         from ddtree_ops.sglang.expect import probe_request
 
         result = super().run(tmp, task_vars)
@@ -78,7 +84,26 @@ class ActionModule(ActionBase):
                           findings=[f.as_dict() for f in exc.findings])
             return result
         component = self._task.args.get("component", "service")
-        files = [f for f in render_host(validated) if f.secret == want_secrets and f.component == component]
+        if component == "router_join":
+            from ddtree_ops.config.router import routers_for
+            from ddtree_ops.render.router import render_join
+
+            try:
+                router_vars = {h: deployment_vars(task_vars["hostvars"][h], self._templar.template, h)
+                               for h in sorted(dict.fromkeys(map(str, self._task.args.get("routers") or [])))}
+            except ConfigError as exc:
+                result.update(failed=True, msg="invalid router config:\n" + str(exc),
+                              findings=[f.as_dict() for f in exc.findings])
+                return result
+            routers, found = routers_for(router_vars, validated)
+            if found:
+                result.update(failed=True, msg="invalid router config:\n" + "\n".join(f.message() for f in found),
+                              findings=[f.as_dict() for f in found])
+                return result
+            rendered = render_join(validated, routers)
+        else:
+            rendered = render_host(validated)
+        files = [f for f in rendered if f.secret == want_secrets and f.component == component]
         doc = plan_document(validated)
         result.update(
             changed=False,
@@ -97,6 +122,7 @@ class ActionModule(ActionBase):
             devices_unit=DEVICES_UNIT,
             nvidia_modprobe=NVIDIA_MODPROBE,
             release=release_result(validated),
+            router_join=join_paths(validated),
             installs_sglang=validated.deployment.sglang.installs_sglang,
             python_tag_code=PYTHON_TAG_CODE,
             driver_query=QUERY_COMMAND[1:],

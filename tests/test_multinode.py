@@ -259,6 +259,18 @@ def test_router_fronts_rank_0_only():
     assert any("list b300-01 (rank 0)" in f.fix for f in found), [f.message() for f in found]
 
 
+def test_only_rank_0_registers_itself_at_its_routers():
+    from ddtree_ops.config.router import routers_for
+    from ddtree_ops.render.router import render_join
+
+    v0, v1 = _both()
+    routers = {"gw": {"ansible_host": "10.0.0.50", "ddtree_router": {}}}
+    (r0,), found0 = routers_for(routers, v0)
+    none, found1 = routers_for(routers, v1)
+    assert found0 == found1 == [] and none == [] and render_join(v1, [r0]) == []
+    assert len(render_join(v0, [r0])) == 3 and r0.workers == (validate_routers(routers, [v0, v1])[0][0].workers)
+
+
 @pytest.mark.parametrize("name", ["port", "health_port", "metrics_port"])
 def test_router_on_rank_0s_machine_clashes_with_the_store_port(name):
     v0, v1 = _both()  # the store: rank 0's port + 200 = 30200 on 10.0.0.1

@@ -267,13 +267,19 @@ def render(out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory t
 
     routers: list = []
     if not limit:  # the routers' files (config/router.py); an inventory without group routers has none
-        from ..config.router import load_router_vars, validate_routers
+        from ..config.router import load_router_vars, validate_routers, worker_url
         from ..render.router import render_router
 
         routers = validate_routers(load_router_vars(inventory, vault or ()), validated)[0]
         for r in routers:
             writes += [(f"{r.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
                        for f in render_router(r)]
+        from ..render.router import render_join
+
+        for v in validated:  # each warm instance registers itself at the routers in front of it
+            mine = [r for r in routers if any(w == worker_url(v) for w in r.workers)]
+            writes += [(f"{v.deployment.host}/{f.path.lstrip('/')}", f.content, int(f.mode, 8), f.secret)
+                       for f in render_join(v, mine)]
     rules_path = monitoring_paths(PROMETHEUS_CONFIG_DIR)["rules_path"]
     writes.append(("prometheus/prometheus.yml", render_prometheus(validated, rule_files=[rules_path], routers=routers),
                    0o644, False))

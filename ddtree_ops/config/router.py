@@ -105,6 +105,9 @@ class RouterSettings(_Model):
         max_concurrent_requests, queue_size, queue_timeout_secs: admission (``-1``: smg derives it).
         retry_max_retries, cb_failure_threshold, cb_timeout_secs: retries and circuit breaker.
         health: :class:`HealthCheck`.
+        join_deadline_s: total seconds a warm worker's host keeps trying to register itself here
+            (``ddtree-<name>-router-join.service``, :func:`ddtree_ops.render.router.render_join`)
+            before it gives up and logs why; long enough to ride out a router restart.
         api_key_secret: name of the ``ddtree_secret_env`` entry holding the workers' API key
             (never the key itself; it reaches smg through a 0600 credential, never argv).
         instances: inventory names of the instances to front; empty: every instance.
@@ -125,6 +128,7 @@ class RouterSettings(_Model):
     retry_max_retries: _bounded(1, 20) = 5
     cb_failure_threshold: _bounded(1, 10_000) = 10
     cb_timeout_secs: _bounded(1, 3600) = 60
+    join_deadline_s: _bounded(10, 3600) = 300
     health: HealthCheck = Field(default_factory=HealthCheck)
     api_key_secret: str | None = None
     instances: Annotated[list[HostText], Field(max_length=256)] = Field(default_factory=list)
@@ -349,6 +353,50 @@ def _chosen(host: str, s: RouterSettings, instances: dict[str, Validated], found
         found.append(_finding(host, f"{ROUTER_VAR}.instances", s.instances, "lists an instance twice",
                               "list each instance once", ""))
     return out
+
+
+def routers_for(router_vars: dict[str, dict[str, Any]], v: Validated) -> tuple[list[Router], list[Finding]]:
+    """The routers in front of instance ``v`` alone (what its host needs to register itself there
+    once warm): each router of ``router_vars`` whose ``instances`` is empty or names ``v``, with
+    ``workers`` just ``v``'s URL. A node of rank >= 1 of a multi-node server has none: only rank 0
+    serves the API (:mod:`.multinode`). The fleet-wide checks (ports of a machine, instances
+    that do not exist, one model per router) are :func:`validate_routers`' (deploy.yml's fleet
+    check runs them first); this only refuses what it cannot render: bad settings, a bad
+    ``ansible_host``, a missing key."""
+    if not v.deployment.serves_http:
+        return [], []
+    out: list[Router] = []
+    found: list[Finding] = []
+    for host in sorted(router_vars):
+        hv = router_vars[host]
+        raw = hv.get(ROUTER_VAR)
+        if not isinstance(raw, dict):  # never the defaults (every instance) for a router without settings
+            found.append(_finding(host, ROUTER_VAR, None if raw is None else type(raw).__name__,
+                                  f"every host of group {ROUTER_GROUP} needs {ROUTER_VAR} as a mapping",
+                                  f"set {ROUTER_VAR}: {{policy: cache_aware}} in its group_vars/host_vars"))
+            continue
+        try:
+            settings = RouterSettings.model_validate(raw)
+        except ValidationError as exc:
+            found.extend(_prefixed(f) for f in findings_from_validation_error(exc, host, {}))
+            continue
+        if settings.instances and v.deployment.host not in settings.instances:
+            continue
+        address = hv.get("ansible_host")
+        if address is not None:
+            from .errors import RULE_FIX_SEP
+            from .fields import _ip_or_host
+
+            try:
+                address = _ip_or_host(str(address))
+            except ValueError as exc:
+                rule, _, fix = str(exc).partition(RULE_FIX_SEP)
+                found.append(_finding(host, "ansible_host", address, rule, fix or "give an IP address or name", ""))
+                continue
+        key = _api_key(host, settings, hv, found)
+        if settings.api_key_secret is None or key is not None:
+            out.append(Router(host, address, settings, (worker_url(v),), _dp_attention(v), key))
+    return out, found
 
 
 def load_router_vars(inventory: str, vault_password_files: Iterable[str] = ()) -> dict[str, dict[str, Any]]:

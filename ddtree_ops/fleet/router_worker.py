@@ -30,6 +30,12 @@ CLI (one JSON object on stdout; exit 0 ok, 1 failed, 2 usage)::
         [--in-flight-s S]
     python -m ddtree_ops.fleet.router_worker add   --api URL --worker URL [--api-key-file F] [--deadline S]
     python -m ddtree_ops.fleet.router_worker wait-ready --health URL [--deadline S]
+    python -m ddtree_ops.fleet.router_worker join (--config FILE | --credential NAME)
+
+``join`` is what an instance host runs once its SGLang unit is warm (the unit
+``ddtree-<name>-router-join.service``, :func:`ddtree_ops.render.router.render_join`): :func:`add`
+at every router of its config, each retried until that router's ``deadline_s``; it exits 0 even
+when a router never answered (the failure is logged; the SGLang server must not fail for it).
 """
 
 from __future__ import annotations
@@ -301,10 +307,115 @@ def wait_ready(health: str, deadline_s: float = DEFAULT_DEADLINE_S) -> dict:
         time.sleep(POLL_S)
 
 
+JOIN_ATTEMPT_S = 30.0
+"""Longest single :func:`add` of a join: a worker smg still lists (``draining`` after a crash,
+removed by ``--remove-unhealthy-workers`` a moment later) is not re-posted by :func:`add`, so an
+attempt must end and the next one post it again."""
+JOIN_RETRY_S = 2.0
+MAX_CONFIG = 1 << 20
+
+
+def read_join_config(path: str) -> dict:
+    """The join config in ``path`` (:func:`ddtree_ops.render.router.join_config`): a regular file
+    readable by its owner only (it holds the routers' keys), JSON ``{worker, hold, routers:
+    [{name, api, key, deadline_s}]}``; each router's ``api`` and ``key`` are checked by :class:`Api`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RouterError(f"join config {path!r}: {exc.strerror}. Fix: deploy the instance again (the ddtree_service "
+                          "role writes it)") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise RouterError(f"join config {path!r}: mode {stat.S_IMODE(st.st_mode):04o}, must be a regular file "
+                              "readable by its owner only (it holds the routers' keys). Fix: chmod 0600 it")
+        data = f.read(MAX_CONFIG + 1)
+    try:
+        doc = json.loads(data) if len(data) <= MAX_CONFIG else None
+    except (ValueError, RecursionError):
+        doc = None
+    routers = doc.get("routers") if isinstance(doc, dict) else None
+    ok = isinstance(doc, dict) and isinstance(doc.get("worker"), str) and isinstance(doc.get("hold"), str) \
+        and isinstance(routers, list) and all(
+            isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("api"), str)
+            and (r.get("key") is None or isinstance(r.get("key"), str))
+            and isinstance(r.get("deadline_s"), (int, float)) and not isinstance(r.get("deadline_s"), bool)
+            and 0 < r["deadline_s"] <= 3600 for r in routers)
+    if not ok:
+        raise RouterError(f"join config {path!r}: not a join config ({{worker, hold, routers: [{{name, api, key, "
+                          "deadline_s in (0, 3600]}]}}). Fix: deploy the instance again")
+    return doc
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def join_one(api: Api, url: str, deadline_s: float, name: str) -> dict:
+    """Register ``url`` at one router, retrying every :data:`JOIN_RETRY_S` until ``deadline_s`` in
+    total (the router down, restarting, answering 5xx or a redirect: each attempt logged); never raises."""
+    t0 = time.monotonic()
+    end = t0 + deadline_s
+    attempts, last = 0, ""
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        attempts += 1
+        try:
+            out = add(api, url, min(left, JOIN_ATTEMPT_S))
+            _log(f"router {name}: {url} registered and ready ({out['was']} before, attempt {attempts}, "
+                 f"{time.monotonic() - t0:.1f} s)")
+            return {"router": name, "ok": True, "was": out["was"], "attempts": attempts,
+                    "seconds": round(time.monotonic() - t0, 2)}
+        except RouterError as exc:
+            last = api.shown(exc, 300)
+            _log(f"router {name}: attempt {attempts} failed: {last}")
+        time.sleep(max(0.0, min(JOIN_RETRY_S, end - time.monotonic())))
+    _log(f"router {name}: {url} NOT registered after {deadline_s:g} s ({attempts} attempts): {last}. Fix: check "
+         f"the router, then `systemctl restart` this join unit (or re-add it with router_worker add)")
+    return {"router": name, "ok": False, "attempts": attempts, "error": last,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def join(config: dict) -> dict:
+    """Register the worker of ``config`` at each of its routers, all at once (one thread each), unless
+    the hold marker exists: a rollout has drained it and re-adds it only after its gate passed
+    (``playbooks/rolling.yml``). Each router within its own ``deadline_s``."""
+    url, hold = config["worker"], config["hold"]
+    if os.path.lexists(hold):
+        _log(f"{url}: held out of its routers by a rollout ({hold} exists); not registering. The rollout re-adds "
+             "it after its gate and removes the hold")
+        return {"ok": True, "worker": url, "held": True, "routers": []}
+    apis, results = [], []
+    for r in config["routers"]:
+        try:
+            apis.append((Api(r["api"], r["key"]), r))
+        except RouterError as exc:
+            _log(f"router {r['name']}: {exc}")
+            results.append({"router": r["name"], "ok": False, "attempts": 0, "error": str(exc)})
+    lock = threading.Lock()
+
+    def run(api: Api, r: dict) -> None:
+        res = join_one(api, url, float(r["deadline_s"]), r["name"])
+        with lock:
+            results.append(res)
+
+    threads = [threading.Thread(target=run, args=pair, daemon=True) for pair in apis]
+    for t in threads:
+        t.start()
+    for t in threads:  # each join_one ends by its deadline; the margin covers one last call's watchdog
+        t.join(float(max((r["deadline_s"] for r in config["routers"]), default=0)) + 10)
+    results.sort(key=lambda x: x["router"])
+    return {"ok": all(x["ok"] for x in results), "worker": url, "held": False, "routers": results}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_ops.fleet.router_worker",
                                  description="A worker's registration at the smg router.")
-    ap.add_argument("action", choices=("list", "drain", "add", "wait-ready"))
+    ap.add_argument("action", choices=("list", "drain", "add", "wait-ready", "join"))
+    ap.add_argument("--config", help="join: the join config file (0600)")
+    ap.add_argument("--credential", help="join: the config's name under $CREDENTIALS_DIRECTORY (systemd)")
     ap.add_argument("--api", help="the router's API, http://HOST:PORT (its --port)")
     ap.add_argument("--health", help="the router's health listener, http://HOST:PORT (wait-ready)")
     ap.add_argument("--worker", help="the worker's URL as the router lists it")
@@ -316,6 +427,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--deadline must be in (0, 3600], --in-flight-s in [0, 3600]")
     key = None
     try:
+        if a.action == "join":
+            if bool(a.config) == bool(a.credential):
+                ap.error("join needs one of --config FILE and --credential NAME")
+            path = a.config
+            if a.credential:
+                creds = os.environ.get("CREDENTIALS_DIRECTORY")
+                if not creds or "/" in a.credential:
+                    raise RouterError(f"join --credential {a.credential!r}: no $CREDENTIALS_DIRECTORY (run by "
+                                      "systemd with LoadCredential=) or a name with '/'. Fix: give --config FILE")
+                path = os.path.join(creds, a.credential)
+            config = read_join_config(path)
+            out = join(config)
+            keys = [r["key"] for r in config["routers"] if r.get("key")]
+            text = json.dumps(out, allow_nan=False)
+            for k in keys:  # the routers' text is cleaned already; the key's own text never printed
+                text = text.replace(k, "(redacted)")
+            print(text)
+            return 0  # a router not joined is logged: the SGLang server must not fail or restart for it
         if a.action == "wait-ready":
             if not a.health:
                 ap.error("wait-ready needs --health")

@@ -41,7 +41,13 @@ def router_argv(r: Router) -> list[str]:
             "--health-success-threshold", str(h.success_threshold),
             "--health-check-timeout-secs", str(h.timeout_secs),
             "--health-check-interval-secs", str(h.interval_secs),
-            "--health-check-endpoint", h.endpoint]
+            "--health-check-endpoint", h.endpoint,
+            # a worker whose health checks fail is dropped from the registry (after smg's
+            # --drain-settle-secs), not kept to be readmitted when SGLang's /health answers again,
+            # which is before its warmup: it comes back only when its host registers it once warm
+            # (render_join). smg 1.13.0 `smg launch --help`: "unhealthy workers are removed so
+            # service discovery re-registers and re-probes them".
+            "--remove-unhealthy-workers"]
     if r.dp_aware:  # a DP-attention instance is one URL with dp_size ranks; smg routes to each rank
         argv.append("--dp-aware")
     return argv
@@ -111,3 +117,84 @@ def router_facts(routers: list[Router], validated: list) -> dict:
                 fronts.setdefault(by_url[url], []).append({"router": r.host, "api": api, "worker": url,
                                                            "key_path": key, "python": f"{r.settings.venv}/bin/python"})
     return {"routers": out, "router_fronts": fronts}
+
+
+JOIN_DIR = "/etc/ddtree-router-join"
+"""On an instance host: each SGLang unit's join config (0600, root: it holds the routers' keys)
+and the rollout's hold marker."""
+JOIN_CREDENTIAL = "join"
+"""Name of the join config credential (``$CREDENTIALS_DIRECTORY/join``, systemd.exec(5))."""
+JOIN_MARGIN_S = 30
+"""``TimeoutStartSec`` of the join unit past its longest router deadline."""
+JOIN_DROPIN = "ddtree-router-join.conf"
+
+
+def join_unit_name(v) -> str:
+    """The unit that registers instance ``v`` at its routers once warm (one per SGLang unit)."""
+    return f"ddtree-{v.deployment.service.name}-router-join.service"
+
+
+def join_paths(v) -> dict[str, str]:
+    """Where the join files of instance ``v`` live on its host: ``unit``, ``dropin`` (the SGLang
+    unit's drop-in that upholds the join unit), ``config`` (0600) and ``hold`` (present: a
+    rollout holds the instance out of its routers; ``playbooks/rolling.yml``)."""
+    unit = v.deployment.service.unit_name
+    base = unit.removesuffix(".service")
+    return {"unit_name": join_unit_name(v), "unit": f"/etc/systemd/system/{join_unit_name(v)}",
+            "dropin": f"/etc/systemd/system/{unit}.d/{JOIN_DROPIN}", "config": f"{JOIN_DIR}/{base}.json",
+            "hold": f"{JOIN_DIR}/{base}.hold"}
+
+
+def remote_api(r: Router) -> str:
+    """``http://ADDRESS:PORT`` of router ``r``'s API as another machine reaches it: its
+    ``ansible_host`` (or name) when smg listens on a wildcard address, else the address it listens on."""
+    import ipaddress
+
+    from ..config.scrape import url_host
+
+    ip = ipaddress.ip_address(r.settings.host)
+    return f"http://{url_host(r.address or r.host) if ip.is_unspecified else url_host(r.settings.host)}:" \
+           f"{r.settings.port}"
+
+
+def join_config(v, routers: list[Router]) -> dict:
+    """The join config of instance ``v`` (its worker URL, each router's API, key and deadline, the
+    hold marker): what ``python -m ddtree_ops.fleet.router_worker join`` reads."""
+    from ..config.router import worker_url
+
+    return {"worker": worker_url(v), "hold": join_paths(v)["hold"],
+            "routers": [{"name": r.host, "api": remote_api(r), "key": r.api_key,
+                         "deadline_s": r.settings.join_deadline_s} for r in routers]}
+
+
+def render_join(v, routers: list[Router]) -> list[RenderedFile]:
+    """The files that register warm instance ``v`` at ``routers`` (component ``router_join``,
+    installed by the ``ddtree_service`` role; none without a router in front of it):
+
+    * ``ddtree-<name>-router-join.service``: a oneshot that runs ``router_worker join`` with the
+      config as a credential; ``BindsTo=``/``After=`` the SGLang unit;
+    * a drop-in of the SGLang unit, ``Upholds=`` the join unit, so every time the SGLang unit
+      turns ``active`` (warm, after its ``ExecStartPost`` warmup), systemd starts the join again,
+      automatic restarts after a crash included;
+    * the config (0600, ``secret``): the routers' keys, never in argv or a world-readable file.
+
+    None of them is the SGLang unit or part of its release: a changed router list rewrites these
+    and restarts only the join, never the GPU server."""
+    if not routers or not v.deployment.serves_http:
+        return []
+    paths = join_paths(v)
+    svc = v.deployment.service
+    argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops.fleet.router_worker", "join", "--credential", JOIN_CREDENTIAL]
+    ctx = {"managed": MANAGED, "host": v.deployment.host, "sglang_unit": svc.unit_name, "join_unit": paths["unit_name"],
+           "user": svc.user, "group": svc.group, "exec_start": systemd_exec(argv),
+           "credential": f"{JOIN_CREDENTIAL}:{paths['config']}", "routers": [r.host for r in routers],
+           "timeout_start_s": max(r.settings.join_deadline_s for r in routers) + JOIN_MARGIN_S}
+    import json
+
+    env = _env()
+    return [
+        RenderedFile(paths["unit"], env.get_template("router-join.service.j2").render(ctx), component="router_join"),
+        RenderedFile(paths["dropin"], env.get_template("router-join.conf.j2").render(ctx), component="router_join"),
+        RenderedFile(paths["config"], json.dumps(join_config(v, routers), indent=1, sort_keys=True) + "\n",
+                     mode="0600", secret=True, component="router_join"),
+    ]

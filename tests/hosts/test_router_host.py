@@ -6,9 +6,10 @@
 2. a rolling upgrade (``playbooks/rolling.yml``, one host per batch) under steady load through the
    router: each host is drained at the router before its restart and re-added after its gate;
    every request is counted and none may be lost;
-3. a SIGKILLed instance is taken out by the router and is back ``ready`` there, while the load
-   keeps being served by the other one (none lost); that it is back only once its unit is active
-   (warm) does not hold yet: a strict xfail records the gap (docs/router.md, Readiness).
+3. a SIGKILLed instance is taken out by the router (smg ``--remove-unhealthy-workers`` drops it from
+   the registry) and is back ``ready`` there only once its unit is active (warm): its host
+   registers it after the warmup (the join unit, docs/router.md, Readiness), while the load keeps
+   being served by the other one (none lost).
 
 The hosts live in separate network namespaces (10.213.I.2, each a veth to the root namespace).
 For the router to reach the instances, the fixture routes 10.213.0.0/16 through each host's
@@ -37,6 +38,8 @@ pytestmark = [pytest.mark.hosts]
 
 ROUTER, WORKERS = "ddt-th1", ("ddt-th2", "ddt-th3")
 UNIT = "ddtree-sglang.service"
+JOIN_UNIT = "ddtree-sglang-router-join.service"
+JOIN_CONFIG = "/etc/ddtree-router-join/ddtree-sglang.json"
 ROUTER_UNIT = "ddtree-router.service"
 PORT, METRICS = 30080, 29000
 CLIENTS = 4
@@ -181,6 +184,16 @@ def test_router_is_installed_and_requests_reach_both_instances(fleet):
     cmdline = ssh(a[ROUTER], f"cat /proc/$(systemctl show -p MainPID --value {ROUTER_UNIT})/cmdline | tr '\\0' ' '; "
                              f"cat /etc/systemd/system/{ROUTER_UNIT}").stdout
     assert "ddtree_ops.router_launch" in cmdline and API_KEY not in cmdline
+    assert "--remove-unhealthy-workers" in cmdline
+    for h in WORKERS:  # each worker's host registers it once warm: its join unit ran, the key only in the 0600 file
+        end = time.monotonic() + 60
+        while True:
+            j = ssh(a[h], f"systemctl is-active {JOIN_UNIT}; stat -c %a:%U {JOIN_CONFIG}; "
+                          f"grep -c {API_KEY} /etc/systemd/system/{JOIN_UNIT} || true").stdout.split()
+            if j[0] != "activating" or time.monotonic() > end:
+                break
+            time.sleep(1)
+        assert j == ["active", "600:root", "0"], (h, j)
     before = _served(a[ROUTER])
     with httpx.Client(timeout=30, headers=AUTH) as c:
         for _ in range(20):
@@ -232,25 +245,29 @@ def test_killed_instance_is_taken_out_and_back(fleet):
         assert k.returncode == 0, k.stderr
         end = t0 + 240
         while time.monotonic() < end:
-            active = ssh(a[victim], f"systemctl is-active {UNIT}").stdout.strip()
-            seen.append((round(time.monotonic() - t0, 1), state(), active))
+            at, st = round(time.monotonic() - t0, 1), state()  # the router first, then the unit: a worker
+            active = ssh(a[victim], f"systemctl is-active {UNIT}").stdout.strip()  # ready before its unit is caught
+            seen.append((at, st, active))
             if len(seen) > 2 and any(s[1] == "out" for s in seen) and seen[-1][1] == "ready":
                 break
             time.sleep(0.5)
-    out_at = next((t for t, s, _ in seen if s == "out"), None)
+    out_at = next((t for t, s, _ in seen if s in ("out", "absent")), None)
+    absent_at = next((t for t, s, _ in seen if s == "absent"), None)
     back = next(((t, act) for t, s, act in seen if out_at is not None and t > out_at and s == "ready"), None)
-    print(f"\nSIGKILL -> out of rotation {out_at} s, back ready {back}; {load.ok} answered, {load.lost} lost")
+    print(f"\nSIGKILL -> out of rotation {out_at} s (dropped from the registry {absent_at} s), back ready {back}; "
+          f"{load.ok} answered, {load.lost} lost")
     print(json.dumps(seen[-12:]))
+    joined = ssh(a[victim], f"journalctl --no-pager -o cat -u {JOIN_UNIT} | tail -n 3").stdout
+    print(joined)
     fleet["kill"] = {"out_at": out_at, "back": back, "seen": seen}
     assert out_at is not None, seen  # smg's health checks took it out of rotation
     assert back is not None, seen  # and back once it answers again
     assert load.lost == 0, load.errors[:5]  # smg retried what met the dead worker on the other one
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/router.md, Readiness): after a crash smg readmits the "
-                   "worker when SGLang's /health answers, before the unit's own warmup has finished; gating it on "
-                   "the warm marker needs the worker to register itself after its warmup")
 def test_killed_instance_rejoins_only_once_warm(fleet):
     kill = fleet.get("kill")
     assert kill and kill["back"] is not None, "needs test_killed_instance_is_taken_out_and_back first"
     assert kill["back"][1] == "active", kill["seen"]  # back at the router only once the unit is active (warm)
+    early = [x for x in kill["seen"] if x[0] > kill["out_at"] and x[1] == "ready" and x[2] != "active"]
+    assert early == [], kill["seen"]  # never ready at the router while the unit was still warming up
