@@ -4,7 +4,8 @@
 # argv the product renders for a router host (render.router.router_argv, defaults except the
 # listen address). Records smg's raw answers (/workers, /readiness, /metrics), the router's added
 # latency beside direct requests (router_measure.py latency) and a worker's SIGKILL -> taken out ->
-# restarted warm -> back in (router_measure.py crash), all into $OUT/router.tgz.
+# restarted and warm -> registered by the join -> back in (router_measure.py crash), all into
+# $OUT/router.tgz.
 # Usage: router.sh SMG_WHEEL_DIR
 set -uo pipefail
 W=${1:?dir with the smg wheel}; H=$(cd "$(dirname "$0")" && pwd); R=$(cd "$H/../.." && pwd)
@@ -38,8 +39,20 @@ curl -s --max-time 5 http://127.0.0.1:30080/workers > $A/workers.json
 curl -s --max-time 5 http://127.0.0.1:29000/metrics > $A/metrics_idle.txt
 step latency 240 python3 $H/router_measure.py latency http://127.0.0.1:30080 http://127.0.0.1:30001,http://127.0.0.1:30003 1,16,64 3 $A/latency.json
 curl -s --max-time 5 http://127.0.0.1:29000/metrics > $A/metrics_after_latency.txt
-step crash 260 python3 $H/router_measure.py crash http://127.0.0.1:30080 http://127.0.0.1:30003 \
-  "kill -KILL -- -\$(cat /tmp/sgl/server-30003.pid); sleep 1; ! curl -sf --max-time 2 -o /dev/null http://127.0.0.1:30003/health" "MEM=0.25 bash $H/launch.sh NONE 30003 && bash $H/wait.sh 30003 200" $A/crash.json
+# The crash as a deployed worker host lives it: the restart ends once the worker is warm (the unit's
+# ExecStartPost warmup), and only then does the join unit register it (router_worker join, with a
+# config of join_config's shape); smg runs with --remove-unhealthy-workers, so it must not list the
+# worker healthy again before that join.
+python3 -c "
+import json, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, json.dumps({'worker': 'http://127.0.0.1:30003', 'hold': '/tmp/acc-router/hold',
+                         'routers': [{'name': 'gpu', 'api': 'http://127.0.0.1:30080', 'key': None, 'deadline_s': 60}]}).encode())
+" $A/join.json
+step crash 300 python3 $H/router_measure.py crash http://127.0.0.1:30080 http://127.0.0.1:30003 \
+  "kill -KILL -- -\$(cat /tmp/sgl/server-30003.pid); sleep 1; ! curl -sf --max-time 2 -o /dev/null http://127.0.0.1:30003/health" \
+  "MEM=0.25 bash $H/launch.sh NONE 30003 && bash $H/wait.sh 30003 200 && python3 -m ddtree_ops warmup http://127.0.0.1:30003 --batch-sizes 1,2,4,8 --deadline 120 --json > $A/crash_warmup.json" \
+  $A/crash.json "python3 -m ddtree_ops.fleet.router_worker join --config $A/join.json"
 curl -s --max-time 5 http://127.0.0.1:30080/workers > $A/workers_after_crash.json
 curl -s --max-time 5 http://127.0.0.1:29000/metrics > $A/metrics_after_crash.txt
 kill -TERM $SMG 2>/dev/null; for p in 30001 30003; do bash $H/stop.sh $p > /dev/null 2>&1; done

@@ -5,11 +5,15 @@
         paths load the same workers) and through the router, side by side: for each concurrency
         level, ROUNDS alternating rounds (direct, router, direct, ...), every request timed on its
         own; p50/p99 per path and level, and the router's added latency.
-    router_measure.py crash ROUTER WORKER KILL_CMD RESTART_CMD OUT.json
+    router_measure.py crash ROUTER WORKER KILL_CMD RESTART_CMD OUT.json [JOIN_CMD]
         traffic through the router while the worker is SIGKILLed: seconds from the kill until the
         router's /workers says it is unhealthy, then the restart command (which returns when the
-        worker answers /health), and seconds from then until the router says it is healthy again;
-        requests sent, failed and their status codes over the whole time.
+        worker answers /health, or once it is warm when it runs the warmup too), and seconds from
+        then until the router says it is healthy again; requests sent, failed and their status codes
+        over the whole time. With JOIN_CMD (what the join unit runs once the SGLang unit is warm),
+        the router is polled from the kill on: when it dropped the worker, whether it listed it again
+        before the join ran (it must not, with --remove-unhealthy-workers), then seconds from the
+        join until it is healthy.
 
 Standard library only; every wait has a deadline (the device call ends at 600 s).
 """
@@ -96,8 +100,19 @@ def wait_for(router: str, worker: str, want: bool, deadline_s: float) -> float |
     return None
 
 
-def crash(router: str, worker: str, kill_cmd: str, restart_cmd: str, out: str) -> None:
+def crash(router: str, worker: str, kill_cmd: str, restart_cmd: str, out: str, join_cmd: str = "") -> None:
     stop = threading.Event()
+    seen: list[tuple[float, bool | None]] = []  # (seconds since the kill, the router's view) on every change
+
+    def watch(t_kill: float) -> None:
+        last: object = object()
+        while not stop.is_set() and time.monotonic() - t_kill < 400:
+            h = healthy(router, worker)
+            if h != last:
+                seen.append((round(time.monotonic() - t_kill, 2), h))
+                last = h
+            time.sleep(0.25)
+
     codes: dict[int, int] = {}
     lock = threading.Lock()
 
@@ -113,16 +128,30 @@ def crash(router: str, worker: str, kill_cmd: str, restart_cmd: str, out: str) -
     time.sleep(3)
     res: dict[str, object] = {"worker": worker, "healthy_before": healthy(router, worker)}
     res["kill_cmd"], res["restart_cmd"] = kill_cmd, restart_cmd
+    t_kill = time.monotonic()
+    watcher = threading.Thread(target=watch, args=(t_kill,), daemon=True)
+    watcher.start()
     subprocess.run(["bash", "-c", kill_cmd], check=False, timeout=30)
     res["s_kill_to_unhealthy"] = wait_for(router, worker, False, 120)
     t = time.monotonic()
     rc = subprocess.run(["bash", "-c", restart_cmd], check=False, timeout=300).returncode
     res["restart_rc"], res["s_restart_to_warm"] = rc, round(time.monotonic() - t, 2)
-    res["s_warm_to_healthy"] = wait_for(router, worker, True, 120)
+    if join_cmd:
+        res["join_cmd"] = join_cmd
+        t_join = time.monotonic() - t_kill
+        res["s_kill_to_join"] = round(t_join, 2)
+        res["listed_healthy_before_join"] = any(h is True and at < t_join for at, h in seen[1:])
+        res["s_kill_to_dropped"] = next((at for at, h in seen if h is None and at > 0), None)
+        j = subprocess.run(["bash", "-c", join_cmd], check=False, timeout=120, capture_output=True, text=True)
+        res["join_rc"], res["join_output"] = j.returncode, (j.stdout + j.stderr)[-2000:]
+        t = time.monotonic()
+    res["s_warm_to_healthy" if not join_cmd else "s_join_to_healthy"] = wait_for(router, worker, True, 120)
     time.sleep(2)
     stop.set()
     for t in threads:
         t.join(40)
+    watcher.join(5)
+    res["router_view"] = seen
     res["requests"] = {str(k): v for k, v in sorted(codes.items())}
     res["failed"] = sum(v for k, v in codes.items() if k != 200)
     print(json.dumps(res), flush=True)
