@@ -95,6 +95,19 @@ def one_line(data: bytes | str, limit: int) -> str:
     return shorten(_scrub.clean_text(text[: limit * 8]).strip(), limit)  # scrub sees a bounded text
 
 
+_PLAIN_TYPES = (bool, int, float, complex, str, bytes, dict, list, tuple, set, frozenset)
+
+
+def type_name(value: Any) -> str:
+    """The name of ``value``'s type as the user wrote it: the plain built-in type a subclass extends
+    (ansible-core 2.19 loads ``ddtree_router: "yes"`` as ``_AnsibleTaggedStr``, a ``str`` carrying its
+    origin; a message says ``str``), else the class's own name."""
+    for plain in _PLAIN_TYPES:  # bool before int: a bool is an int too
+        if isinstance(value, plain):
+            return plain.__name__
+    return type(value).__name__
+
+
 _PLAIN_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}")
 
 
@@ -137,6 +150,16 @@ class Finding:
         value = REDACTED if (is_secret_name(self.field) and self.value is not None) else redact(self.value)
         object.__setattr__(self, "value", value)
 
+    @classmethod
+    def naming(cls, level: Literal["error", "warning", "info"], field: str, name: str, rule: str, fix: str,
+               source: str = "", host: str = "") -> Finding:
+        """A finding whose value is only a NAME: the key of a ``ddtree_secret_env`` entry
+        (``ddtree_router.api_key_secret: ROUTER_API_KEY``). A name is no secret, so it is shown though the
+        field's own name looks secret; it is scrubbed like any text (a token-shaped name is still redacted)."""
+        f = cls(level, field, None, rule, fix, source, host)
+        object.__setattr__(f, "value", redact(name))
+        return f
+
     def _shown_value(self) -> str:
         """The value as messages show it, kept like :meth:`message`'s line (it does not depend on
         the host, so :meth:`for_host` copies keep it)."""
@@ -159,10 +182,12 @@ class Finding:
         # the host is scrubbed apart (a token-shaped name is still redacted): scrubbing
         # "monkey-01: field = ..." whole would read the host as a secret's name and eat the field
         where = f"{scrub(show_host(self.host))}: " if self.host else ""
+        # the value apart too (it is scrubbed already, and redacted where the field is secret): scrubbing
+        # "api_key_secret = 'ROUTER_API_KEY'" whole would redact a value that is only a name (Finding.naming)
         src = f" [{self.source}]" if self.source else ""
-        text = (f"{shorten(self.field, 300)} = {self._shown_value()}: {shorten(self.rule, 2000)}. "
-                f"Fix: {shorten(self.fix, 1000)}{src}")
-        line = where + scrub(text).replace("\n", "\\n").replace("\r", "\\r")
+        rest = f": {shorten(self.rule, 2000)}. Fix: {shorten(self.fix, 1000)}{src}"
+        text = f"{scrub(shorten(self.field, 300))} = {self._shown_value()}{scrub(rest)}"
+        line = where + text.replace("\n", "\\n").replace("\r", "\\r")
         object.__setattr__(self, "_message", (_scrub._known_secrets, len(_scrub._known_secrets), line))
         return line
 
