@@ -349,7 +349,7 @@ _PLAIN_1MB = ("INFO 12-04 loaded model in 3.2 s; draft tokens per request 8, key
 
 
 @pytest.mark.parametrize("unit", ["Bearer ", "token=", "a:", "://", "@", "hf_", "a-a://", "api_key: [",
-                                  "h\u200bf_", "https://u:p@"])
+                                  "h\u200bf_", "https://u:p@", "\uff41", "\uff48\uff46\uff3f\uff21\uff11 "])
 def test_adversarial_1mb_costs_about_what_plain_text_costs(unit):
     hostile = unit * (1_000_000 // len(unit))
     plain = _cpu_seconds(_PLAIN_1MB)

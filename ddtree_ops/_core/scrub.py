@@ -49,17 +49,20 @@ def registered_secret_in(text: str) -> bool:
 def scrub(text: str) -> str:
     """``text`` with every registered secret replaced by ``(redacted)``, and these shapes redacted:
 
-    - URL credentials (the whole user info of any URL, ``scheme://user:pass@`` or a bare token
-      user -> ``scheme://(redacted)@``), HTTP authorization credentials (``Bearer X``),
-      secret-looking query parameters (``?access_token=X``);
-    - well-known token formats wherever they stand (:data:`_TOKEN_SHAPE`: ``hf_...``,
-      ``sk-...``, ``ghp_...``, ``github_pat_...``, ``xoxb-...``, ``glpat-...``);
+    - URL credentials (the whole user info of any URL up to its last ``@``, ``scheme://user:p@ss@`` ->
+      ``scheme://(redacted)@``, when it holds a password or reads as a token; ``ssh://git@host`` stays),
+      HTTP authorization credentials (``Bearer X``), secret-looking query parameters (``?access_token=X``);
+    - well-known token formats wherever they stand (:data:`_TOKEN_SHAPE`: ``hf_...``, ``sk-...``,
+      ``ghp_...``, ``github_pat_...``, ``xoxb-...``, ``glpat-...``, ``npm_...``, ``AIza...``, AWS key ids,
+      JWTs, PEM private keys, Slack webhook paths);
     - the value after a NAME that looks secret (:func:`is_secret_name`) in the shapes of
       :data:`_NAMED_VALUE`: ``NAME=value``, ``NAME = value``, ``export NAME="value"``,
       ``api_key='value'`` (a Python repr), ``"hf_token": "value"`` (JSON), ``NAME: value``,
-      ``--api-key value`` (an argv flag and its value); a plain lower-case word before ``:`` or
-      an identifier before a space (``token: X``, ``HF_TOKEN X``) redacts only a token-like value
-      (:func:`_token_like`), so prose (``a secret: it``) stays readable.
+      ``--api-key value`` (an argv flag and its value), ``"client_secret": ["X", "Y"]`` (every item of a
+      list); a plain lower-case word before ``:`` or an identifier before a space (``token: X``,
+      ``HF_TOKEN X``) redacts only a token-like value (:func:`_token_like`), so prose (``a secret: it``,
+      ``primary key: id``) stays readable, as do a plain word after a flag in a sentence (``--api-key is
+      required``) and a number under a name whose last word is no secret word (``token_budget: 2048``).
 
     A terminal escape sequence (:data:`ESCAPES`: a coloured log line) separates words: the text between
     escapes is scrubbed piece by piece, so ``\x1b[31mBearer X`` is ``Bearer X`` after an escape, not the
@@ -152,29 +155,46 @@ _FOLD_NEEDED = re.compile(f"[{CONTROL_CHARS}\u3000-\u303f\uff00-\uffef]")
 the fullwidth and CJK-symbol blocks, cheap to test)."""
 
 
+class _FoldTable(dict):
+    """``str.translate`` table, filled as characters are met: a format or control character (beyond ASCII)
+    to nothing, any other character to its NFKC form (``ｈ`` -> ``h``); ASCII to itself."""
+
+    def __missing__(self, code: int) -> int | str:
+        ch = chr(code)
+        if code < 0x80:
+            folded: int | str = code
+        elif CONTROL_CHAR.match(ch):
+            folded = ""
+        else:
+            nfkc = unicodedata.normalize("NFKC", ch)
+            folded = code if nfkc == ch else nfkc
+        if len(self) < 65536:  # (bounded: a text of every code point does not grow it without end)
+            self[code] = folded
+        return folded
+
+
+_FOLD = _FoldTable()
+
+
 def _redact_folded_tokens(text: str) -> str:
     """``text`` with every token shape (:data:`_TOKEN_SHAPE`) that appears once its compatibility
     characters are folded (NFKC: fullwidth ``ｈｆ＿`` is ``hf_``) and its format characters dropped
     (``h\u200bf_...`` is ``hf_...``) redacted in its original span. A text that NFKC leaves as it is and
-    that holds no format character is returned as it is, unread."""
+    that holds no format character is returned as it is, unread; the folding is one ``str.translate``, and
+    the character-by-character map back to the original is built only when a token was found."""
     if text.isascii() or (_FOLD_NEEDED.search(text) is None and unicodedata.is_normalized("NFKC", text)):
         return text
-    folded: list[str] = []
+    flat = text.translate(_FOLD)
+    found = [m.span() for m in _TOKEN_SHAPE.finditer(flat) if m.end() > m.start()]
+    if not found:
+        return text
     origin: list[int] = []  # origin[i]: the index in text of folded character i
     for i, ch in enumerate(text):
-        if ch < "\x80":
-            folded.append(ch)
-            origin.append(i)
-        elif CONTROL_CHAR.match(ch) is None:
-            piece = unicodedata.normalize("NFKC", ch)
-            folded.append(piece)
-            origin.extend([i] * len(piece))
-    flat = "".join(folded)
-    spans = [(origin[m.start()], origin[m.end() - 1] + 1) for m in _TOKEN_SHAPE.finditer(flat) if m.end() > m.start()]
-    if not spans:
-        return text
+        folded = _FOLD[ord(ch)]
+        origin.extend([i] * (1 if isinstance(folded, int) else len(folded)))
     out, pos = [], 0
-    for start, end in spans:
+    for fstart, fend in found:
+        start, end = origin[fstart], origin[fend - 1] + 1
         if start >= pos:
             out.append(text[pos:start])
             out.append(REDACTED)
