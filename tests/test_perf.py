@@ -213,20 +213,21 @@ def test_open_dirs_keeps_a_bounded_number_of_descriptors(tmp_path):
 
 
 def _reference_scrub(text: str) -> str:
-    """``errors.scrub`` without its fast paths: every regex on every text (no substring
+    """``scrub`` without its fast paths: every regex on every text (no substring
     pre-checks), ``_NAMED_VALUE`` without its look-ahead for a secret word."""
-    from ddtree_ops.config import errors
+    from ddtree_ops._core import scrub as core
 
-    lookahead = "(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(errors._SECRET_WORDS) + "))"
-    named = re.compile(errors._NAMED_VALUE.pattern.replace(lookahead, "", 1))
-    assert named.pattern != errors._NAMED_VALUE.pattern
-    for s in sorted(errors._known_secrets, key=len, reverse=True):
-        text = text.replace(s, errors.REDACTED)
-    text = errors._URL_TOKEN_USER.sub(lambda m: f"{m['pre']}{errors.REDACTED}@", text)
-    text = errors._AUTH_SCHEME.sub(errors._redact_auth, text)  # its credential-or-prose decision, not a fast path
-    text = errors._SECRET_QUERY.sub(lambda m: f"{m['pre']}{errors.REDACTED}", text)
-    text = errors._TOKEN_SHAPE.sub(errors.REDACTED, text)
-    return errors._redact_named_values(text, named)
+    lookahead = "(?=[A-Za-z0-9_.-]*?(?i:" + "|".join(core._SECRET_WORDS) + "))"
+    named = re.compile(core._NAMED_VALUE.pattern.replace(lookahead, "", 1))
+    assert named.pattern != core._NAMED_VALUE.pattern
+    for s in sorted(core._known_secrets, key=len, reverse=True):
+        text = text.replace(s, core.REDACTED)
+    text = core._redact_folded_tokens(text)  # (its own fast path: a text NFKC leaves alone is returned unread)
+    text = core._URL_USERINFO.sub(core._redact_userinfo, text)
+    text = core._AUTH_SCHEME.sub(core._redact_auth, text)  # its credential-or-prose decision, not a fast path
+    text = core._SECRET_QUERY.sub(lambda m: f"{m['pre']}{core.REDACTED}", text)
+    text = core._TOKEN_SHAPE.sub(core.REDACTED, text)
+    return core._redact_named_values(text, named)
 
 
 SCRUB_CASES = [
@@ -273,9 +274,10 @@ def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
     argv, quoted and JSON values) and 20,000 random strings over the characters the patterns care about."""
     import random
 
+    from ddtree_ops._core import scrub as core
     from ddtree_ops.config import errors
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core, "_known_secrets", set())
     errors.register_secret("CANARY-registered-secret")
     rng = random.Random(15)
     alphabet = list("aZk_9.-=:/@?&; \t'\",{}()…xTOKENbearerbasicdigestsig\u212a\u017f\\") + [
@@ -295,14 +297,15 @@ def test_scrub_fast_paths_redact_what_the_plain_regexes_redact(monkeypatch):
 
 
 def test_a_kept_message_is_built_again_once_a_secret_is_registered(monkeypatch):
+    from ddtree_ops._core import scrub as core_scrub
     from ddtree_ops.config import errors
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
     f = errors.Finding("warning", "ddtree_model.path", "/models/CANARY-late-secret", "a rule", "a fix", host="h1")
     assert "CANARY-late-secret" in f.message() and f.message() is f.message()  # kept
     errors.register_secret("CANARY-late-secret")
     assert "CANARY-late-secret" not in f.message() and errors.REDACTED in f.message()
-    monkeypatch.setattr(errors, "_known_secrets", {"CANARY-late-secret"})  # a new registry (as tests do)
+    monkeypatch.setattr(core_scrub, "_known_secrets", {"CANARY-late-secret"})  # a new registry (as tests do)
     assert "CANARY-late-secret" not in f.message()
 
 
@@ -318,11 +321,11 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
     from ansible.template import Templar
     from test_trust_inventory import _vaulted
 
-    from ddtree_ops.config import errors
+    from ddtree_ops._core import scrub as core_scrub
     from ddtree_ops.config.errors import ConfigError
     from ddtree_ops.config.hostvars import MAX_VAR_NODES, deployment_vars
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
     loader, enc = _vaulted(tmp_path, "CANARY-shared-vault-value")
     shared = {"ddtree_host_class": "b300", "ddtree_model": {"path": "/models/m", "served_model_name": "m"},
               "ddtree_service": {"env": {"FOO": enc, "BAR": "plain"}}}
@@ -335,8 +338,8 @@ def test_load_memo_still_checks_every_host(tmp_path, monkeypatch):
             )
         assert [f.field for f in exc.value.findings] == ["ddtree_service.env.FOO"], i
         assert "CANARY" not in str(exc.value)
-        assert "CANARY-shared-vault-value" in errors._known_secrets  # registered by this host's load
-        errors._known_secrets.clear()
+        assert "CANARY-shared-vault-value" in core_scrub._known_secrets  # registered by this host's load
+        core_scrub._known_secrets.clear()
     big = {"ddtree_host_class": "b300", "ddtree_server": {"a": list(range(MAX_VAR_NODES - 5000))}}
     memo = {}
     outcomes = []

@@ -618,12 +618,12 @@ SECRET_SHAPES = ["hf_AbCdEfGhIjKlMnOpQrStUvWx", "--api-key SEKRIT1", "export OPE
                  "X-Api-Key: SEKRIT9", "--admin-api-key=SEKRIT10"]
 
 
-@pytest.mark.parametrize("with_project_scrub", [False, True], ids=["zipapp-stdlib", "cli-errors-scrub"])
-def test_clean_strips_escapes_and_redacts_secret_shapes(monkeypatch, with_project_scrub):
-    """Both paths: the zipapp's standard-library scrub alone, and with ddtree_ops.config.errors.scrub."""
-    from ddtree_ops.config import errors
+def test_clean_strips_escapes_and_redacts_secret_shapes(monkeypatch):
+    """The zipapp and the CLI clean with the one standard-library scrubber, which also knows the
+    registered (vaulted) secrets."""
+    from ddtree_ops._core import scrub as core_scrub
 
-    monkeypatch.setattr(pf, "_project_scrub", errors.scrub if with_project_scrub else None)
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
     out = pf.clean(HOSTILE_TEXT)
     assert not re.search(r"[\x00-\x1f\x7f-\x9f\u202e]", out) and "SEKRIT" not in out
     assert out.startswith("boom") and "click" in out and "Authorization:" in out and "ok   fake: line" in out
@@ -632,9 +632,8 @@ def test_clean_strips_escapes_and_redacts_secret_shapes(monkeypatch, with_projec
     for keep in ("GPU0 NV18 PIX", "draft_tokens_per_req=4", "--port 30000", "the key to success", "580.159.04, 10.3"):
         assert pf.clean(keep) == keep
     assert pf.clean("A" * 5000).endswith("…") and len(pf.clean("A" * 5000)) == pf.MAX_DETAIL + 1
-    if with_project_scrub:  # the CLI also knows the registered (vaulted) secrets
-        errors.register_secret("vaulted-opaque-XYZ")
-        assert "vaulted-opaque-XYZ" not in pf.clean("value vaulted-opaque-XYZ here")
+    core_scrub.register_secret("vaulted-opaque-XYZ")
+    assert "vaulted-opaque-XYZ" not in pf.clean("value vaulted-opaque-XYZ here")
 
 
 def test_nvidia_smi_escapes_and_secrets_never_reach_the_report(tmp_path):

@@ -298,3 +298,49 @@ def test_an_inventory_router_names_its_key_by_a_secret_env_name(tmp_path, capsys
     rc = cli.main(["validate", "-i", str(inv)])
     text = "".join(capsys.readouterr())
     assert rc != 0 and key not in text, text
+
+
+@pytest.mark.parametrize("name", ["ROUTER_API_KEY", "SMG_WORKER_TOKEN"])
+def test_a_missing_entry_is_named_in_its_finding(fleet, monkeypatch, name):
+    """api_key_secret holds only the NAME of a ddtree_secret_env entry: the load does not register it as a
+    secret, and the finding shows it (value and fix) though the field's name looks secret. A key pasted
+    there by mistake is still registered and never shown."""
+    from ddtree_ops._core import scrub as core_scrub
+    from ddtree_ops.config.hostvars import _register_secrets
+
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
+    _register_secrets("ddtree_router", {"api_key_secret": name})
+    assert not core_scrub.registered_secret_in(name)
+    _, errors = _one(fleet, {"api_key_secret": name})
+    line = errors[0].message()
+    assert f"ddtree_router.api_key_secret = '{name}'" in line and f"add {name} to ddtree_secret_env" in line, line
+    assert errors[0].as_dict()["value"] == name
+    _register_secrets("ddtree_router", {"api_key_secret": "sk-live-abcdef"})
+    assert core_scrub.registered_secret_in("sk-live-abcdef")
+    _, errors = _one(fleet, {"api_key_secret": "sk-live-abcdef"})
+    assert "sk-live" not in errors[0].message() and "(redacted)" in errors[0].message()
+
+
+@pytest.mark.parametrize("text, shown", [('ddtree_router: "yes"', "'str'"), ("ddtree_router: [a]", "'list'"),
+                                         ("ddtree_router: 5", "'int'")])
+def test_a_finding_names_the_type_as_written_not_ansibles_tagged_class(fleet, tmp_path, text, shown):
+    """ansible-core 2.19 loads YAML scalars as tagged subclasses (_AnsibleTaggedStr): a message says str."""
+    from ansible.parsing.dataloader import DataLoader
+
+    loaded = DataLoader().load(text, file_name=str(tmp_path / "host_vars.yml"))["ddtree_router"]
+    _, errors = validate_routers({"gw-1": {"ansible_host": "10.0.0.9", "ddtree_router": loaded}}, fleet)
+    line = errors[0].message()
+    assert f"ddtree_router = {shown}:" in line and "Ansible" not in line, line
+
+
+def test_type_name_is_the_plain_base_type():
+    from ddtree_ops.config.errors import type_name
+
+    class Tagged(dict):
+        pass
+
+    class Other:
+        pass
+
+    assert [type_name(v) for v in (Tagged(), True, 1, 1.5, "s", [], (), Other())] == [
+        "dict", "bool", "int", "float", "str", "list", "tuple", "Other"]

@@ -243,3 +243,119 @@ def test_a_terminal_escape_before_a_credential_does_not_hide_it(text, secret):
     got = scrub(text)
     assert secret not in got and REDACTED in got, repr(got)
     assert scrub("ok \x1b[0m plain \x1b[31mred\x1b[0m") == "ok \x1b[0m plain \x1b[31mred\x1b[0m"
+
+
+# One scrubber: the standard-library core's (the preflight zipapp and the host readers use it too), so each
+# case below runs through config.errors.scrub and _core.scrub.clean_text, and they must agree.
+_STILL_GAPS = [
+    # a list under a secret-looking name: every item goes, the list's shape stays
+    ('{"client_secret": ["X9f2kQ7pLmN4"]}', ["X9f2kQ7pLmN4"], '{"client_secret": ["'),
+    ('{"api_key": ["a", "b"]}', ['"a"', '"b"'], '{"api_key": ['),
+    ("passwords = [hunter, swordfish]", ["hunter", "swordfish"], "passwords = ["),
+    # an unencoded "@" in a URL password: the user info runs to the last "@" before the host
+    ("https://user:p@ss@host/x", ["p@ss", "ss@"], "@host/x"),
+    ("socks5://u:pa@ss:w@rd@proxy:1080 ok", ["pa@ss", "w@rd"], "@proxy:1080 ok"),
+    # format characters or compatibility forms inside a token prefix
+    ("h\u200bf_abcdefghijklmnopqrstuvwx end", ["abcdefghijklmnopqrstuvwx"], " end"),
+    ("gh\u2060p_" + "a1" * 18 + " end", ["a1a1a1a1"], " end"),
+    ("\uff48\uff46\uff3fabcdefghijklmnopqrstuvwx end", ["abcdefghijklmnopqrstuvwx"], " end"),  # fullwidth hf_
+    ("\uff48\uff46\uff3f" + "".join(chr(0xff21 + i) for i in range(24)), ["\uff21\uff22\uff23"], ""),
+    # issuers' shapes: npm (npm_ + 36 base62), Google API keys (AIza + 35), Slack incoming webhooks
+    ("npm_" + "a1B2c3" * 6 + " end", ["a1B2c3a1B2c3"], " end"),
+    ("NPM npm_" + "Z9" * 18, ["Z9Z9Z9Z9"], "NPM "),
+    ("key AIzaSyDdVgKwhZl0sTTTLZ7iTmt1r3N2cJLnaDk set", ["SyDdVgKwhZl0sTTTLZ7i"], " set"),
+    ("maps AIza" + "b-_9" * 8 + "abc end", ["b-_9b-_9"], " end"),
+    ("post https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+     ["B00000000", "XXXXXXXX"], "https://hooks.slack.com/services/"),
+    ("hook=https://hooks.slack.com/services/TABC12345/BDEF67890/aBcDeFgHiJkLmNoPqRsTuVwX ok",
+     ["BDEF67890", "aBcDeFgH"], " ok"),
+]
+
+
+@pytest.mark.parametrize("text, secrets, kept", _STILL_GAPS)
+def test_lists_url_passwords_folded_prefixes_and_issuer_shapes_are_redacted(text, secrets, kept):
+    from ddtree_ops._core.scrub import clean_text
+
+    for out in (scrub(text), clean_text(text)):
+        assert REDACTED in out and kept in out, repr(out)
+        for secret in secrets:
+            assert secret not in out, repr(out)
+
+
+def test_a_list_is_redacted_item_by_item_and_a_count_list_stays():
+    assert scrub('{"api_key": ["a", "b"]}') == '{"api_key": ["(redacted)", "(redacted)"]}'
+    assert scrub('"tokens": ["x1Y2z3", "abc"]') == '"tokens": ["x1Y2z3", "abc"]'  # "tokens" counts (no secret name)
+    assert scrub("draft_tokens = [8, 16]") == "draft_tokens = [8, 16]"
+
+
+def test_the_issuer_shapes_are_refused_as_values_and_stay_exact():
+    """The shapes are the issuers' own lengths: shorter or longer runs after the prefix are not one."""
+    from ddtree_ops.config.errors import looks_like_token
+
+    assert looks_like_token("npm_" + "a1B2c3" * 6) == "an npm access token (npm_...)"
+    assert looks_like_token("AIza" + "x" * 35) == "a Google API key (AIza...)"
+    assert looks_like_token("https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXX") is not None
+    for text in ("npm_install", "npm_" + "a" * 35, "AIza" + "x" * 34, "AIzations", "hooks.slack.com/services/"):
+        assert looks_like_token(text) is None and scrub(text) == text, text
+
+
+_READABLE = [
+    "token_budget: 2048", "key_size=4096", "max_tokens=512", "max_new_tokens: 256",
+    "use the --api-key flag", "--api-key is required", "set --admin-api-key when the port is public",
+    "ssh://git@github.com/org/repo", "ftp://anonymous@mirror.example/pub",
+    "primary key: id", "key: value", "the sort key: name",
+]
+
+
+@pytest.mark.parametrize("text", _READABLE)
+def test_prose_that_was_mangled_stays_readable(text):
+    from ddtree_ops._core.scrub import clean_text
+
+    assert scrub(text) == text
+    assert clean_text(text) == text
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("DB_PASSWORD=2048", "2048"), ("api_key: 123456789", "123456789"),            # the name ends in a secret word
+    ("--api-key sekritlower --port 1", "sekritlower"), ("--hf-token abcdefgh", "abcdefgh"),  # argv, not prose
+    ("ssh://tok3nA1@host/x", "tok3nA1"), ("https://ghp_" + "a1" * 18 + "@github.com/x", "ghp_a1"),
+    ("https://deploy:hunter2@host/x", "hunter2"),
+])
+def test_the_prose_rules_still_redact_secrets(text, secret):
+    from ddtree_ops.config.errors import value_secret_reason
+
+    assert secret not in scrub(text) and REDACTED in scrub(text)
+    assert value_secret_reason(text) is not None
+
+
+def test_a_plain_url_user_is_no_secret_value():
+    from ddtree_ops.config.errors import value_secret_reason
+
+    assert value_secret_reason("ssh://git@github.com/org/repo") is None
+    assert value_secret_reason("https://user:p@ss@host/x") is not None
+
+
+def test_an_escape_sequence_is_scrubbed_too():
+    """An OSC 8 link or OSC 52 clipboard string holds text of its own: a password in it is redacted."""
+    out = scrub("see \x1b]8;;https://u:SEKRITpw1@host/x\x07link\x1b]8;;\x07")
+    assert "SEKRITpw1" not in out and out.startswith("see \x1b]8;;https://(redacted)@host/x")
+
+
+# Hostile inputs of 1 MB, each against 1 MB of plain log text in the same run (CPU time, best of two): each
+# pattern is linear (every match starts at the start of a run, and no match copies the rest of the text;
+# 'Bearer ' * 200_000 cost 3.6 s before).
+_PLAIN_1MB = ("INFO 12-04 loaded model in 3.2 s; draft tokens per request 8, key cache warm for b300-01 ok\n"
+              * 11_000)[:1_000_000]
+
+
+@pytest.mark.parametrize("unit", ["Bearer ", "token=", "a:", "://", "@", "hf_", "a-a://", "api_key: [",
+                                  "h\u200bf_", "https://u:p@", "\uff41", "\uff48\uff46\uff3f\uff21\uff11 "])
+def test_adversarial_1mb_costs_about_what_plain_text_costs(unit):
+    hostile = unit * (1_000_000 // len(unit))
+    plain = _cpu_seconds(_PLAIN_1MB)
+    full = _cpu_seconds(hostile)
+    quarter = _cpu_seconds(unit * (250_000 // len(unit)))
+    ratio = full / max(plain, 0.005)
+    assert ratio < 8, f"{unit!r}: {full:.3f} s CPU for 1 MB, plain text {plain:.3f} s (x{ratio:.1f})"
+    growth = full / max(quarter, 0.005)
+    assert growth < 10, f"{unit!r}: {full:.3f} s CPU for 4x the input of {quarter:.3f} s (x{growth:.1f}): not linear"

@@ -188,9 +188,10 @@ def test_for_host_keeps_the_value_and_builds_the_message_anew():
 
 
 def test_a_kept_shown_value_is_built_again_once_a_secret_is_registered(monkeypatch):
+    from ddtree_ops._core import scrub as core_scrub
     from ddtree_ops.config import errors
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
     f = Finding("warning", "ddtree_model.path", "/models/CANARY-later-secret", "a rule", "a fix", host="h1")
     g = f.for_host("h2")
     assert "CANARY" in f.message() and "CANARY" in g.message()

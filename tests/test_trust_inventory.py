@@ -265,9 +265,9 @@ CORPUS = corpus()
 def _fresh_secret_registry(monkeypatch):
     """Each test starts with no registered secret: a leak cannot hide behind a canary that an
     earlier test registered (register_secret is process-wide)."""
-    import ddtree_ops.config.errors as errors
+    import ddtree_ops._core.scrub as core_scrub
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
 RESULTS: dict[str, list[bool]] = defaultdict(list)
 
 

@@ -23,9 +23,9 @@ SHORT_PLAIN = "qw3n7"  # a short vaulted value (5 characters: checked as a whole
 
 @pytest.fixture(autouse=True)
 def _fresh_secret_registry(monkeypatch):
-    import ddtree_ops.config.errors as errors
+    import ddtree_ops._core.scrub as core_scrub
 
-    monkeypatch.setattr(errors, "_known_secrets", set())
+    monkeypatch.setattr(core_scrub, "_known_secrets", set())
 
 
 def _encrypt(pw: Path, name: str, plain: str) -> str:

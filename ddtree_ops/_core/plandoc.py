@@ -21,12 +21,12 @@ damaged file is one line (exit 2), never a hang, a traceback or unbounded memory
 from __future__ import annotations
 
 import os
-import re
 import stat
 from typing import Any
 
 from .bounded import depth as _depth
 from .bounded import read_at_most
+from .scrub import CONTROL_CHAR
 from .strictjson import StrictJSONError, Words, loads
 
 MAX_BYTES = 4 << 20
@@ -39,9 +39,9 @@ MAX_INT = 1 << 63
 """Integers must satisfy ``-MAX_INT < x < MAX_INT`` (byte counts, ports, sizes fit)."""
 
 _FIX = "Fix: use the host's /etc/ddtree-ops/<name>/plan.json (written by ddtree-ops render / deploy.yml)"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069"
-                      r"\ufeff\ufff9-\ufffb]")
-"""Controls and invisible format characters (bidi overrides such as U+202E reorder what a terminal shows)."""
+_CONTROL = CONTROL_CHAR
+"""Controls and invisible format characters (bidi overrides such as U+202E reorder what a terminal shows):
+the scrubber's one table."""
 
 
 SCHEMA_VERSION = 1

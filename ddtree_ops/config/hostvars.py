@@ -115,6 +115,15 @@ def _secret_key_cached(name: str) -> bool:
     return is_secret_name(name)
 
 
+ENTRY_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+"""The shape of a ``ddtree_secret_env`` entry's name (an environment variable: ``ROUTER_API_KEY``)."""
+NAME_KEYS = frozenset({"api_key_secret"})
+"""Keys whose value is the NAME of a ``ddtree_secret_env`` entry, not a secret
+(``ddtree_router.api_key_secret: ROUTER_API_KEY``): a value of :data:`ENTRY_NAME`'s shape under one is not
+registered as a secret, so a message can say which entry to add; anything else there (a key pasted in by
+mistake) is registered as usual."""
+
+
 def _register_secrets(name: str, value: Any, secret: bool = False, memo: dict | None = None) -> None:
     """Register every string that is secret: under a secret-looking name or key, or vaulted.
     With ``memo`` (one load's, :func:`deployment_vars`), a container seen before under the same
@@ -130,6 +139,9 @@ def _register_secrets(name: str, value: Any, secret: bool = False, memo: dict | 
     stack = [(name, value, secret)]
     while stack:
         key, v, sec = stack.pop()
+        if (key in NAME_KEYS and not sec and isinstance(v, str) and ENTRY_NAME.fullmatch(v)
+                and not _is_vaulted(v)):
+            continue  # the name of an entry, no secret
         sec = sec or _secret_key(key) or _is_vaulted(v)
         if isinstance(v, str):
             if sec:

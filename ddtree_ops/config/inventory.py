@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Finding, scrub, shorten
+from .errors import ConfigError, Finding, scrub, shorten, type_name
 from .hostvars import deployment_vars
 
 TEMPLATE_DEADLINE_S = 10.0
@@ -278,7 +278,7 @@ def _yaml_causes(path: Path, loader: Any) -> list[str]:
             continue
         if data is not None and not isinstance(data, dict):
             out.append(
-                f"{f.name} is a YAML {type(data).__name__}, not a mapping of groups (sglang_servers: children: ...)"
+                f"{f.name} is a YAML {type_name(data)}, not a mapping of groups (sglang_servers: children: ...)"
             )
     return out
 

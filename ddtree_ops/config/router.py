@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .errors import Finding, findings_from_validation_error
+from .errors import Finding, findings_from_validation_error, type_name
 from .fields import HostText, Port, _bounded, _fail, _Model, inventory_name_problem
+from .hostvars import ENTRY_NAME
 from .instance import DP_ATTENTION_FLAG, listen_ports
 from .load import Validated
 from .multinode import ENGINE_SOURCE as MULTINODE_SOURCE
@@ -48,7 +49,7 @@ POLICIES = ("random", "round_robin", "passthrough", "cache_aware", "power_of_two
 
 Policy = Literal["random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
                  "consistent_hashing", "prefix_hash"]
-_SECRET_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+_SECRET_NAME = ENTRY_NAME
 _ENDPOINT = re.compile(r"/[A-Za-z0-9._~/-]{0,127}")
 
 
@@ -229,7 +230,7 @@ def _one_router(host: str, hv: dict[str, Any], instances: dict[str, Validated], 
         return None
     raw = hv.get(ROUTER_VAR)
     if not isinstance(raw, dict):
-        found.append(_finding(host, ROUTER_VAR, None if raw is None else type(raw).__name__,
+        found.append(_finding(host, ROUTER_VAR, None if raw is None else type_name(raw),
                               f"every host of group {ROUTER_GROUP} needs {ROUTER_VAR} as a mapping",
                               f"set {ROUTER_VAR}: {{policy: cache_aware}} in its group_vars/host_vars"))
         return None
@@ -311,10 +312,10 @@ def _api_key(host: str, settings: RouterSettings, hv: dict[str, Any], found: lis
     if hasattr(value, "get_secret_value"):
         value = value.get_secret_value()
     if not isinstance(value, str) or not value:
-        found.append(_finding(host, f"{ROUTER_VAR}.api_key_secret", settings.api_key_secret,
-                              f"names no non-empty entry of the router host's {SECRET_VAR}",
-                              f"add {settings.api_key_secret} to {SECRET_VAR} (ansible-vault it) for "
-                              f"{host}, or remove api_key_secret", ""))
+        found.append(Finding.naming("error", f"{ROUTER_VAR}.api_key_secret", settings.api_key_secret,
+                                    f"names no non-empty entry of the router host's {SECRET_VAR}",
+                                    f"add {settings.api_key_secret} to {SECRET_VAR} (ansible-vault it) for "
+                                    f"{host}, or remove api_key_secret", host=host))
         return None
     return value
 

@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 
 from ddtree_ops._core.write import check_out_dir, make_out_dir, write_file
-from ddtree_ops.config.errors import is_secret_name, looks_like_token, registered_secret_in
+from ddtree_ops.config.errors import is_secret_name, looks_like_token, registered_secret_in, type_name
 from ddtree_ops.runtime.bench import BenchInputError, BenchOptions, Prompt, load_result, run, write_results
 from ddtree_ops.sglang.client import preview
 
@@ -222,7 +222,7 @@ def _points_of(doc: dict[str, Any], where: str) -> tuple[list[Point], dict[Any, 
         raise SweepError(f"{where}: points must be a list of {{name, set, url}}")
     for i, p in enumerate(raw_points):
         if not isinstance(p, dict):
-            raise SweepError(f"{where}: points[{i}] is a {type(p).__name__}; must be a mapping {{name, set, url}}")
+            raise SweepError(f"{where}: points[{i}] is a {type_name(p)}; must be a mapping {{name, set, url}}")
         points.append(Point(p.get("name"), p.get("set") or {}, p.get("url")))
     grid = doc.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
@@ -291,7 +291,7 @@ def apply(hostvars: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                raise SweepError(f"set {path}: {'.'.join(parts[:i + 1])} is a {type(nxt).__name__}, not a mapping")
+                raise SweepError(f"set {path}: {'.'.join(parts[:i + 1])} is a {type_name(nxt)}, not a mapping")
             node = nxt
         node[parts[-1]] = copy.deepcopy(value)
     return hv

@@ -56,11 +56,6 @@ from .ports import check_port
 from .ptxas import PtxasUsageError, assemble
 from .toolkit import QUERY_COMMAND, DriverCheckError, parse_query_gpu
 
-try:  # the CLI (full install): the project's scrub also knows the registered secrets (vault values)
-    from ..config.errors import scrub as _project_scrub
-except ImportError:  # the zipapp (standard library only; config/errors.py needs pydantic and is not in it)
-    _project_scrub = None
-
 CHECK_NAMES = ("nvidia_smi", "host_class", "gpu_count", "gpu_name", "compute_capability", "gpu_memory",
                "persistence_mode", "interconnect", "kernel_module", "driver", "pcie_acs", "iommu", "device_nodes",
                "fabric", "ptxas", "shm", "limits", "disk", "ports", "nccl")
@@ -100,12 +95,9 @@ MAX_DETAIL = 2000
 
 
 def clean(text: str, limit: int = MAX_DETAIL) -> str:
-    """``text`` made safe to print and to keep: :func:`ddtree_ops._core.scrub.clean_text`, and
-    ``ddtree_ops.config.errors.scrub`` too where it can be imported (the CLI), then cut to
-    ``limit`` characters plus ``…``."""
+    """``text`` made safe to print and to keep: :func:`ddtree_ops._core.scrub.clean_text` (the one
+    scrubber: in the CLI it also knows the registered secrets), then cut to ``limit`` characters plus ``…``."""
     text = clean_text(text)
-    if _project_scrub is not None:
-        text = _project_scrub(text)
     return text if len(text) <= limit else text[:limit] + "…"
 
 

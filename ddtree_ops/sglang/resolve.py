@@ -365,7 +365,7 @@ def shown(text: Any, limit: int = SHOWN_MAX) -> str:
     from .._core.scrub import strip_controls
     from ..config.errors import scrub, shorten
 
-    return shorten(scrub(strip_controls(str(text))), limit)
+    return shorten(scrub(strip_controls(scrub(str(text)))), limit)  # scrubbed first: a format character splits no token
 
 
 def run_child(argv: list[str], env: dict[str, str], deadline_s: float,
