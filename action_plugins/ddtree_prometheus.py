@@ -13,7 +13,9 @@ Runs on the controller only. Options:
 * ``fleet_only`` (bool, default false): only validate ``servers`` and check them against each
   other (deploy.yml's first play, run once before anything changes); returns ``targets`` and
   ``waves`` (host -> deploy wave: instances of one machine deploy one after the other,
-  :func:`ddtree_ops.config.fleet.instance_waves`).
+  :func:`ddtree_ops.config.fleet.instance_waves`) and ``multinode`` (host -> every node of its
+  multi-node server, rank 0 first: :func:`ddtree_ops.config.multinode_fleet.server_nodes`;
+  playbooks/rolling.yml restarts them as one unit).
 * ``routers`` (list of inventory host names, optional; usually ``groups['routers']``): router
   hosts (``ddtree_router``, :mod:`ddtree_ops.config.router`) checked against ``servers`` (ports
   of one machine, worker list) and scraped as job ``smg``; none: nothing changes. With
@@ -102,10 +104,12 @@ class ActionModule(ActionBase):
             return result
         if fleet_only:
             from ddtree_ops.config.fleet import instance_waves
+            from ddtree_ops.config.multinode_fleet import server_nodes
             from ddtree_ops.render.router import router_facts
 
             result.update(changed=False, targets=[v.deployment.host for v in validated],
-                          waves=instance_waves(validated), **router_facts(routers, validated),
+                          waves=instance_waves(validated), multinode=server_nodes(validated),
+                          **router_facts(routers, validated),
                           msg=f"{len(validated)} deployment(s) valid, no clash between them")
             return result
         try:
