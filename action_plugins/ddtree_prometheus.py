@@ -13,7 +13,9 @@ Runs on the controller only. Options:
 * ``fleet_only`` (bool, default false): only validate ``servers`` and check them against each
   other (deploy.yml's first play, run once before anything changes); returns ``targets`` and
   ``waves`` (host -> deploy wave: instances of one machine deploy one after the other,
-  :func:`ddtree_ops.config.fleet.instance_waves`).
+  :func:`ddtree_ops.config.fleet.instance_waves`) and ``multinode`` (host -> every node of its
+  multi-node server, rank 0 first: :func:`ddtree_ops.config.multinode_fleet.server_nodes`;
+  playbooks/rolling.yml restarts them as one unit).
 * ``routers`` (list of inventory host names, optional; usually ``groups['routers']``): router
   hosts (``ddtree_router``, :mod:`ddtree_ops.config.router`) checked against ``servers`` (ports
   of one machine, worker list) and scraped as job ``smg``; none: nothing changes. With
@@ -26,7 +28,8 @@ Runs on the controller only. Options:
 
 Returns ``prometheus_yml``, ``rules``, ``dashboard`` (text), ``rules_path`` and ``dashboard_path``
 (where the role installs them) and ``targets`` (host names).
-Fails with every finding when any server's config is invalid, when two servers clash on one
+Fails with every finding when any server's config is invalid (a vault plaintext of any host of the
+inventory in a plain field included, or a host named as one), when two servers clash on one
 machine (:mod:`ddtree_ops.config.fleet`: same address and port, or same unit), or on a bad
 alert setting. A host listed twice in ``servers`` is scraped once.
 """
@@ -45,7 +48,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         from ddtree_ops.config import ConfigError
         from ddtree_ops.config.checkpoint import hub_allowed, reader_from_host_files, validate_with_checkpoints
-        from ddtree_ops.config.hostvars import deployment_vars
+        from ddtree_ops.config.hostvars import deployment_vars, host_vault_texts, vaulted_host_name
         from ddtree_ops.render import render_prometheus
         from ddtree_ops.render.monitoring import (
             AlertSettings,
@@ -65,10 +68,23 @@ class ActionModule(ActionBase):
                                            "are required")
             return result
         validated, findings = [], []
+        # provenance is inventory-wide (ddtree_ops.config.hostvars.host_vault_texts): the vault plaintexts of
+        # every host of the inventory count as secrets on each server, and no host may be named as one
+        memo: dict = {}
+        everyone = [str(h) for h in (task_vars.get("groups") or {}).get("all") or []]
+        secrets: set[str] = set()
+        for host in everyone:
+            if host in task_vars["hostvars"]:
+                secrets |= host_vault_texts(task_vars["hostvars"][host], self._templar.template, memo)
+        named = vaulted_host_name(everyone, secrets)
+        if named is not None:
+            result.update(failed=True, msg="invalid deployment config:\n" + named.message(),
+                          findings=[named.as_dict()])
+            return result
         for host in sorted(dict.fromkeys(map(str, servers))):  # a host listed twice is one target
             try:
                 host_all = task_vars["hostvars"][host]
-                hostvars = deployment_vars(host_all, self._templar.template, host)
+                hostvars = deployment_vars(host_all, self._templar.template, host, memo, inventory_secrets=secrets)
                 # the checkpoint facts deploy.yml's ddtree_checkpoint read on that host, if any (same plan as
                 # ddtree_render's)
                 earlier = host_all.get("_ddtree_checkpoint")
@@ -90,7 +106,8 @@ class ActionModule(ActionBase):
                 result.update(failed=True, msg="ddtree_prometheus: routers must be a list of hosts")
                 return result
             try:
-                router_vars = {h: deployment_vars(task_vars["hostvars"][h], self._templar.template, h)
+                router_vars = {h: deployment_vars(task_vars["hostvars"][h], self._templar.template, h, memo,
+                                                  inventory_secrets=secrets)
                                for h in sorted(dict.fromkeys(map(str, router_hosts)))}
             except ConfigError as exc:
                 findings = list(exc.findings)
@@ -102,10 +119,12 @@ class ActionModule(ActionBase):
             return result
         if fleet_only:
             from ddtree_ops.config.fleet import instance_waves
+            from ddtree_ops.config.multinode_fleet import server_nodes
             from ddtree_ops.render.router import router_facts
 
             result.update(changed=False, targets=[v.deployment.host for v in validated],
-                          waves=instance_waves(validated), **router_facts(routers, validated),
+                          waves=instance_waves(validated), multinode=server_nodes(validated),
+                          **router_facts(routers, validated),
                           msg=f"{len(validated)} deployment(s) valid, no clash between them")
             return result
         try:

@@ -49,6 +49,7 @@ case "$1" in
     fi
     echo "ActiveState=$(cat "$S/active")"; echo "SubState=$(cat "$S/sub")"; echo "InvocationID=$(cat "$S/inv")";;
   restart)
+    echo "$name" >> "@STATE@/restart-order"  # across the hosts: which unit restarted first
     [ -f "$S/restart-fails" ] && { echo "Job for $unit failed."; exit 1; }
     cp "$S/after-active" "$S/active"; echo running > "$S/sub"; echo "inv-$(date +%s%N)" > "$S/inv"
     # a restart runs the unit systemd loaded: one of another release than `current` fails its
@@ -627,3 +628,75 @@ def test_a_rollback_that_switches_then_floods_is_not_restarted_and_says_where_cu
     [r] = fleet_ssh.rolling([t], _limits(sshd, gate_s=4.0), rollback=True)
     assert not r.ok and "current` is now" in r.detail and "NOT restarted" in r.detail, r.detail
     assert "restart" not in (sshd.state / "flood" / "calls").read_text()
+
+
+# --- a multi-node server restarts as one unit --------------------------------------------------
+
+def _node(t: Target, nodes: tuple[str, ...]) -> Target:
+    return Target(**{**t.__dict__, "nodes": nodes})
+
+
+def test_units_keep_the_nodes_of_a_server_together_rank_0_first():
+    base = dict(address="127.0.0.1", port=22, user=None, key_file=None, unit="u", config_dir="/c", venv="/v",
+                warm_marker="/w", exporter_port=19400, gate_s=6.0)
+    mn = ("n0", "n1", "n2")
+    a, n1, n0, b, n2 = (Target(host=h, **base, nodes=mn if h.startswith("n") else ()) for h in
+                        ("a", "n1", "n0", "b", "n2"))
+    assert [[t.host for t in u] for u in fleet_ssh.units([a, n1, n0, b, n2])] == [["a"], ["n0", "n1", "n2"], ["b"]]
+    assert [[t.host for t in u] for u in fleet_ssh.units([n2, n0, n1])] == [["n0", "n1", "n2"]]
+    for picked, missing in (([a, n1, n0], "n2"), ([n2], "n0, n1")):
+        with pytest.raises(fleet_ssh.FleetError, match=f"node\\(s\\) {missing} of the multi-node server"):
+            fleet_ssh.units(picked)
+
+
+def _pair(sshd: Sshd, prefix: str, rank0: dict | None = None, rank1: dict | None = None) -> list[Target]:
+    nodes = (f"{prefix}0", f"{prefix}1")
+    return [_node(sshd.host(nodes[0], **(rank0 or {})), nodes), _node(sshd.host(nodes[1], **(rank1 or {})), nodes)]
+
+
+def _calls(sshd: Sshd, host: str) -> str:
+    return (sshd.state / host / "calls").read_text()
+
+
+def test_a_multinode_server_restarts_rank_1_first_and_is_gated_once_on_rank_0(sshd):
+    (sshd.state / "restart-order").unlink(missing_ok=True)
+    r1, r0 = reversed(_pair(sshd, "mn"))  # the selection's order does not matter
+    res = fleet_ssh.rolling([r1, r0], _limits(sshd, gate_s=4.0))
+    assert [(r.host, r.ok) for r in res] == [("mn0", True), ("mn1", True)], [r.detail for r in res]
+    assert (sshd.state / "restart-order").read_text().split() == ["mn1.service", "mn0.service"]
+    assert "gate -m ddtree_ops release gate" in _calls(sshd, "mn0")
+    assert "release gate" not in _calls(sshd, "mn1") and "gated on rank 0" in res[1].detail
+
+
+@pytest.mark.parametrize("fails", ["rank0", "rank1"])
+def test_a_failing_node_fails_its_whole_server_and_stops_the_run(sshd, fails):
+    """Rank 0's gate under the floor, or the other node's unit failing to start: both nodes are failed
+    (naming the node that failed), the next unit is not started."""
+    bad_gate = {"gate.out": _gate_doc(1.0), "gate.rc": "1"}
+    pair = _pair(sshd, f"f{fails[-1]}", rank0=bad_gate if fails == "rank0" else None,
+                 rank1={"after-active": "failed"} if fails == "rank1" else None)
+    later = sshd.host(f"later{fails[-1]}")
+    res = fleet_ssh.rolling([*pair, later], _limits(sshd, gate_s=4.0))
+    assert [(r.host, r.ok, r.step) for r in res] == [(pair[0].host, False, "restart"), (pair[1].host, False, "restart"),
+                                                     (later.host, False, "skipped")], [r.detail for r in res]
+    culprit = pair[0].host if fails == "rank0" else pair[1].host
+    other = next(r for r in res[:2] if r.host != culprit)
+    assert f"the multi-node server failed on {culprit}:" in other.detail, other.detail
+    assert not (sshd.state / later.host / "calls").exists()
+
+
+def test_cli_restart_takes_a_multinode_server_whole_or_refuses_a_part(sshd, tmp_path):
+    """The inventory's multinode block reaches the targets: both nodes restart, rank 1 first and gated on
+    rank 0; a limit to one node is refused before any host is touched (exit 2, one line)."""
+    a, b = sshd.host("mc0"), sshd.host("mc1")
+    mn = {"tp_size": 16, "multinode": {"nodes": ["mc0", "mc1"], "dist_init_addr": "127.0.0.1"}}
+    inv = _inventory(tmp_path, sshd, {"mc0": _host_entry(a, ddtree_server=mn), "mc1": _host_entry(b, ddtree_server=mn)})
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv), "-l", "mc1", "--known-hosts", str(sshd.known_hosts))
+    assert rc == 2 and "node(s) mc0 of the multi-node server of mc1" in err, out + err
+    assert not (sshd.state / "mc1" / "calls").exists()
+    (sshd.state / "restart-order").unlink(missing_ok=True)
+    rc, out, err = _cli("fleet", "restart", "-i", str(inv), "--known-hosts", str(sshd.known_hosts),
+                        "--gate-timeout", "4", "--gate-deadline", "20")
+    assert rc == 0, out + err
+    assert (sshd.state / "restart-order").read_text().split() == ["mc1.service", "mc0.service"]
+    assert "ok   mc1 restart" in out and "gated on rank 0" in out, out

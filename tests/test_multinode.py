@@ -399,3 +399,50 @@ def test_preflight_checks_rank_0s_store_port_and_health_skips_server_info_on_ran
     path.write_text(plan_json(v1))
     doc = load_plan(str(path))
     assert (doc.node_rank, doc.nnodes, doc.dist_init_port) == (1, 2, None)
+
+
+def _wide(host: str, n: int, tp: int) -> dict:
+    """Node ``host`` of an ``n``-node server b300-01..b300-NN (8 GPUs each) of total ``tp_size`` ``tp``."""
+    nodes = [f"b300-{i:02}" for i in range(1, n + 1)]
+    hv = _hv(host, {"tp_size": tp, "multinode": {"nodes": nodes, "dist_init_addr": "10.0.0.1"}})
+    hv["ansible_host"] = f"10.0.0.{nodes.index(host) + 1}"
+    return hv
+
+
+@pytest.mark.parametrize("n, host", [(16, "b300-01"), (16, "b300-16"), (12, "b300-07")])
+def test_tp_size_over_the_most_nodes_of_full_hosts_is_accepted(n, host, tmp_path):
+    """tp_size is bounded by the node limit times a host's GPUs, not by one machine's GPUs: 16 nodes x 8
+    GPUs = 128 validates on every node, and its plan.json reads back (health and the exporter load it)."""
+    import json
+
+    from ddtree_ops.config.hosts import MAX_GPUS
+    from ddtree_ops.config.plandoc_model import load_plan
+    from ddtree_ops.config.service_models import MAX_NODES, MAX_TP_SIZE
+    from ddtree_ops.render.files import plan_document
+
+    assert MAX_TP_SIZE == MAX_NODES * MAX_GPUS
+    v = validate_hostvars(host, _wide(host, n, 8 * n))
+    assert v.deployment.server.tp_size == 8 * n
+    argv = build_argv(v.deployment, v.plan)
+    assert argv[argv.index("--tp-size") + 1] == str(8 * n)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_document(v)))
+    assert load_plan(tmp_path / "plan.json").deployment.server.tp_size == 8 * n
+
+
+@pytest.mark.parametrize("tp", [128, 16])
+def test_a_one_machine_server_still_fits_its_hosts_gpus(tp):
+    """The bound over the nodes does not loosen one machine: tp_size above its class's GPUs is refused by
+    the host-class rule, naming the GPUs and the multi-node fix."""
+    single = copy.deepcopy(base_hostvars())
+    single["ddtree_server"]["tp_size"] = tp
+    (f,) = _errors("b300-01", single)
+    assert f.field == "ddtree_server.tp_size" and "must fit the 8 GPUs of a b300 host" in f.rule, f.message()
+
+
+@pytest.mark.parametrize("over", [1, 64])
+def test_tp_size_above_the_bound_is_refused(over):
+    from ddtree_ops.config.service_models import MAX_TP_SIZE
+
+    hv = _wide("b300-01", 16, MAX_TP_SIZE + over)
+    found = [f for f in _errors("b300-01", hv) if f.field == "ddtree_server.tp_size"]
+    assert found and str(MAX_TP_SIZE) in found[0].message(), [f.message() for f in found]

@@ -366,7 +366,8 @@ def test_load_memo_gives_what_each_host_alone_gives(inv, monkeypatch):
 
     with_memo = inventory_mod.load_hostvars(str(REPO / inv))
     plain = hostvars.deployment_vars
-    monkeypatch.setattr(inventory_mod, "deployment_vars", lambda a, t, h="", memo=None: plain(a, t, h, None))
+    monkeypatch.setattr(inventory_mod, "deployment_vars",
+                        lambda a, t, h="", memo=None, **kw: plain(a, t, h, None, **kw))
     assert inventory_mod.load_hostvars(str(REPO / inv)) == with_memo
 
 

@@ -156,3 +156,109 @@ def test_a_switch_under_a_secret_looking_env_name_is_no_secret(value, refused):
             validate_hostvars("h1", hv)
     else:
         assert validate_hostvars("h1", hv).deployment.service.env == {"HF_HUB_DISABLE_IMPLICIT_TOKEN": value}
+
+
+ROUTER_KEY = "RkeyCANARY9876xyz"  # an API gateway's vaulted key
+OTHER_HOST_PLAIN = "HvCANARY24680other"  # vaulted in another server's host_vars
+
+
+def _two_hosts(tmp_path: Path, h1_vars: dict, host_names: tuple[str, str] = ("h1", "h2")) -> tuple[Path, Path]:
+    """The inventory of :func:`_inventory` plus a gateway r1 (host_vars/r1.yml: a vaulted API key)
+    and a second server (host_vars: a vaulted variable of its own); ``h1_vars`` for the first server."""
+    inv, pw = _inventory(tmp_path, h1_vars)
+    first, second = host_names
+    (inv / "hosts.yml").write_text(yaml.safe_dump({
+        "sglang_servers": {"children": {"b300": {"hosts": {first: {}, second: {}}}}},
+        "gateways": {"hosts": {"r1": {}}}}))  # an API gateway ddtree-ops does not manage
+    if first != "h1":
+        (inv / "host_vars" / "h1.yml").rename(inv / "host_vars" / f"{first}.yml")
+    (inv / "host_vars" / "r1.yml").write_text(_encrypt(pw, "router_api_key", ROUTER_KEY) + "\n")
+    (inv / "host_vars" / f"{second}.yml").write_text(
+        f"ansible_host: 10.0.0.2\n{_encrypt(pw, 'h2_only_secret', OTHER_HOST_PLAIN)}\n")
+    return inv, pw
+
+
+@pytest.mark.parametrize("h1_vars, field, secret", [
+    ({"ddtree_model": {**base_hostvars()["ddtree_model"], "served_model_name": ROUTER_KEY}},
+     "ddtree_model.served_model_name", ROUTER_KEY),  # the router's key reused on a server
+    ({"ddtree_model": {"path": f"moonshotai/kimi-{OTHER_HOST_PLAIN}"}}, "ddtree_model.path",
+     OTHER_HOST_PLAIN),  # another server's host_vars
+])
+@pytest.mark.parametrize("limit", [None, "h1"])
+def test_a_vaulted_value_of_another_host_is_a_secret_here(tmp_path, capsys, h1_vars, field, secret, limit):
+    inv, pw = _two_hosts(tmp_path, {"ansible_host": "10.0.0.1", **h1_vars})
+    out = tmp_path / "OUT"
+    sel = ["-l", limit] if limit else []
+    for argv in (["validate", "-i", str(inv)], ["render", "-i", str(inv), "--out", str(out)]):
+        assert main([*argv, *sel, "--vault-password-file", str(pw)]) == 2, argv
+        cap = capsys.readouterr()
+        text = cap.out + cap.err
+        assert secret not in text and "Traceback" not in text, text
+        assert field in text and "(redacted)" in text, text
+    assert not out.exists()
+
+
+def test_other_hosts_vaulted_values_do_not_refuse_unrelated_text(tmp_path, capsys):
+    inv, pw = _two_hosts(tmp_path, {"ansible_host": "10.0.0.1"})
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize("where", ["router", "group_vars"])
+def test_a_host_named_as_a_vaulted_value_is_refused_without_naming_it(tmp_path, capsys, where):
+    """A host whose name is a vaulted text of the inventory (the router's key, a group_vars secret):
+    refused in one line, and neither the name nor the text is echoed."""
+    name = "rkeycanary9876xyz" if where == "router" else "vcanaryprov3nance"
+    inv, pw = _two_hosts(tmp_path, {"ansible_host": "10.0.0.1"}, host_names=(name, "h2"))
+    vault = inv / "host_vars" / "r1.yml" if where == "router" else inv / "group_vars" / "all.yml"
+    text = vault.read_text()
+    vault.write_text(text + "\n" + _encrypt(pw, "named_like_a_host", name) + "\n")
+    assert main(["validate", "-i", str(inv), "--vault-password-file", str(pw)]) == 2
+    cap = capsys.readouterr()
+    shown = cap.out + cap.err
+    assert name not in shown and "Traceback" not in shown, shown
+    [line] = [ln for ln in cap.err.splitlines() if ln.startswith("error")]
+    assert "inventory host name" in line and "named as a vaulted value" in line and "rename the host" in line, line
+
+
+@pytest.mark.parametrize("reuse", ["served_model_name", "host_name"])
+def test_the_deploy_fleet_check_knows_every_hosts_vaulted_values(tmp_path, reuse):
+    """ansible-playbook's path: deploy.yml's and rolling.yml's first play run ddtree_prometheus (fleet_only) over the
+    servers before anything changes; a vaulted value of another inventory host (a gateway's key) reused on a
+    server, or naming a host, is refused there without echoing it."""
+    import copy
+    from types import SimpleNamespace
+
+    from ansible.playbook.task import Task
+    from ansible.template import Templar
+    from helpers import REPO
+    from test_trust_inventory import _vaulted
+
+    plain = "GwCANARYkey7531abc" if reuse == "served_model_name" else "gwcanarykey7531abc"
+    loader, _ = _vaulted(tmp_path, plain)
+    cipher = (tmp_path / "v.yml").read_text().split("\n", 1)[1]
+    (tmp_path / "r1.yml").write_text("gateway_api_key: !vault |\n" + cipher)
+    gateway = dict(loader.load_from_file(str(tmp_path / "r1.yml"), trusted_as_template=True))
+    server = copy.deepcopy(base_hostvars())
+    name = "h1"
+    if reuse == "served_model_name":
+        server["ddtree_model"]["served_model_name"] = plain
+    else:
+        name = plain
+    server = {**server, "inventory_hostname": name, "group_names": ["b300", "sglang_servers"]}
+    hostvars = {name: server, "r1": {**gateway, "inventory_hostname": "r1", "group_names": ["gateways"]}}
+    task_vars = {"hostvars": hostvars, "groups": {"all": [name, "r1"], "sglang_servers": [name]}}
+    sys.path.insert(0, str(REPO / "action_plugins"))
+    try:
+        from ddtree_prometheus import ActionModule
+    finally:
+        sys.path.pop(0)
+    task = Task()
+    task.args = {"servers": [name], "fleet_only": True}
+    result = ActionModule(task=task, connection=SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")),
+                          play_context=None, loader=loader, templar=Templar(loader=loader, variables=task_vars),
+                          shared_loader_obj=None).run(task_vars=task_vars)
+    dumped = json.dumps(result, default=str)
+    assert result.get("failed"), result
+    assert ("ddtree_model.served_model_name" if reuse == "served_model_name" else "inventory host name") \
+        in result["msg"], result["msg"]
+    assert plain not in dumped

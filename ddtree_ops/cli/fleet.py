@@ -228,8 +228,9 @@ def logs_cmd(inventory: InventoryOpt = None, limit: LimitOpt = None, vault: Vaul
     _fail_if(not ok)
 
 
-BatchOpt = Annotated[int, typer.Option("--batch", help="Hosts restarted at once (1-100); the next batch starts only "
-                                       "when every host of this one passed its gate.")]
+BatchOpt = Annotated[int, typer.Option("--batch", help="Hosts restarted at once (1-100; the nodes of one multi-node "
+                                       "server count as one and restart together, gated on rank 0); the next batch "
+                                       "starts only when every host of this one passed its gate.")]
 GateOpt = Annotated[float | None, typer.Option("--gate-timeout", help="Seconds a restarted host has to be active, "
                                                "warm and healthy (default: its unit's TimeoutStartSec).")]
 GateDeadlineOpt = Annotated[float | None, typer.Option(
@@ -248,6 +249,10 @@ def _rolling(rollback: bool, inventory: str | None, limit: str | None, vault: li
     if gate is not None:
         _range("--gate-timeout", gate, 1, 86400)
     targets, known = _targets(inventory, limit, vault, known_hosts)
+    try:  # a multi-node server restarts as one unit: all of its nodes selected, or none
+        fleet_ssh.units(targets)
+    except fleet_ssh.FleetError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--limit") from None
     limits = _limits(known, targets, batch, timeout, deadline, gate, batch, gate_deadline)
 
     def show(r: fleet_ssh.HostChange) -> None:

@@ -199,7 +199,8 @@ false, ``min_cuda`` the arch's
 MAX_CLASSES = 64
 """Most entries ``ddtree_host_classes`` may hold."""
 MAX_GPUS = 64
-"""Most GPUs one class may have (``tp_size`` is bounded by the same number)."""
+"""Most GPUs one class may have (one machine's ``dp_size`` and ``base_gpu_id`` are bounded by it, and
+``tp_size`` by it times the most nodes of one server: :data:`~.service_models.MAX_TP_SIZE`)."""
 
 CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """A class name: lower-case letters, digits and ``_`` (it is also an Ansible group name, which

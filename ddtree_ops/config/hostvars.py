@@ -468,8 +468,42 @@ def template_error(name: str, raw: Any, exc: BaseException, host: str = "",
     return Finding("error", name, "…", f"templating failed: {shorten(text, 300)}", fix, host=host)
 
 
+def host_vault_texts(all_vars: dict[str, Any], template: Callable[[Any], Any], memo: dict | None = None) -> set[str]:
+    """The vault plaintexts of one host that count as secrets (:func:`_vault_plaintexts`: every
+    one its deployment variables reach, the others up to :data:`MAX_UNREACHED_DECRYPTS` and only
+    those :func:`_counts_unreached`), registered for the scrub. The loader gathers them over every
+    host of the inventory (:func:`~.inventory.load_hostvars`, the deploy's fleet check) and passes
+    the union to :func:`deployment_vars` as ``inventory_secrets``: a router's vaulted API key
+    reused as a server's ``served_model_name`` is a secret there too. With the load's ``memo``,
+    the hosts' shared group_vars values are decrypted once.
+
+    A host whose deployment variables break the size bounds (:func:`_check_size`: an alias bomb)
+    is not walked: it gives nothing here, and its own check refuses it when it is loaded."""
+    names = [k for k in all_vars if k in INVENTORY_VARS.values() or is_deployment_var(k)]
+    try:
+        _check_size("", {k: all_vars[k] for k in names}, memo)
+    except ConfigError:
+        return set()
+    return _vault_plaintexts(all_vars, template, memo)[0]
+
+
+def vaulted_host_name(names: Any, secrets: set[str]) -> Finding | None:
+    """The refusal of an inventory host whose name is a vault plaintext of the inventory (the
+    host name goes into unit names, Prometheus labels, paths and messages), or None. The finding
+    names neither the host nor the text, only how many hosts the inventory holds and the rule."""
+    names = list(names)
+    texts = {t for t in secrets if t}
+    for i, name in enumerate(names):
+        if isinstance(name, str) and name in texts:
+            return Finding("error", "inventory host name", REDACTED,
+                           f"inventory host {i + 1} of {len(names)} is named as a vaulted value of the inventory: "
+                           "the host name lands in unit names, Prometheus labels, paths and messages",
+                           "rename the host (its ansible_host can stay), or stop vaulting a text that names a host")
+    return None
+
+
 def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], host: str = "",
-                    memo: dict | None = None) -> dict[str, Any]:
+                    memo: dict | None = None, inventory_secrets: set[str] | None = None) -> dict[str, Any]:
     """The variables of one host the config loader reads (:data:`INVENTORY_VARS` and every
     ``ddtree_*`` deployment variable), each passed through ``template`` (Ansible's Templar),
     plus ``group_names`` (:data:`GROUPS_VAR`) when present.
@@ -485,6 +519,10 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     walks over the same container objects (the group_vars values the hosts of a group share) are
     done once and their results kept there (:func:`_memo_get`); every check still runs per host.
 
+    ``inventory_secrets``: the vault plaintexts of every host of the inventory
+    (:func:`host_vault_texts`), refused in this host's plain fields as its own are: provenance is
+    inventory-wide, not per host.
+
     Raises:
         ConfigError: the variables are too large (one finding naming the path where the bound
             ran out); a variable's Jinja fails (:func:`template_error`); a field other than
@@ -494,6 +532,7 @@ def deployment_vars(all_vars: dict[str, Any], template: Callable[[Any], Any], ho
     raw = {k: all_vars[k] for k in names}
     _check_size(host, raw, memo)
     plain, holders = _vault_plaintexts(all_vars, template, memo)
+    plain = plain | (inventory_secrets or set())
     # a plain variable under a secret-looking name (my_api_key, db_password) is a secret by its name: Jinja
     # that names it in a plain field writes it out, as Jinja naming a vaulted variable would
     holders = holders | _secret_named_vars(all_vars)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Finding, scrub, shorten, type_name
-from .hostvars import deployment_vars
+from .hostvars import deployment_vars, host_vault_texts, vaulted_host_name
 
 TEMPLATE_DEADLINE_S = 10.0
 """Longest the Jinja of one host's variables may take to template (a loop, a ``pipe`` lookup),
@@ -429,27 +429,50 @@ def _load(path: Path, limit: str | None, vault_password_files: list[str] | None 
     out: dict[str, dict[str, Any]] = {}
     before = _descendants(os.getpid())  # once (a /proc scan, ~2 ms per 100 processes): not per host
     memo: dict = {}  # walks over the group_vars objects the hosts share, once per load (hostvars._memo_get)
+    # Provenance is inventory-wide: the vault plaintexts of every host (a router's API key, another
+    # server's host_vars), not only the loaded ones, count as secrets on each. Each host's walk is
+    # bounded as for its own check (hostvars.MAX_VAULT_NODES, MAX_UNREACHED_DECRYPTS), its shared
+    # group_vars values decrypted once (memo), all under the same per-host deadline.
+    everyone = inv.get_hosts("all")
+    secrets: set[str] = set()
+    for host in everyone:
+        with _templating(host.name, before):
+            all_vars = vm.get_vars(host=host, include_hostvars=True)
+            templar = Templar(loader=loader, variables=all_vars)
+            secrets |= host_vault_texts(all_vars, _template_if_marked(templar, memo), memo)
+    named = vaulted_host_name([h.name for h in everyone], secrets)
+    if named is not None:
+        raise ConfigError([named])
     for host in hosts:
-        all_vars = vm.get_vars(host=host, include_hostvars=True)
-        templar = Templar(loader=loader, variables=all_vars)
-        try:
-            with _deadline(TEMPLATE_DEADLINE_S):
-                out[host.name] = deployment_vars(all_vars, _template_if_marked(templar, memo), host.name, memo)
-                for name in extra_vars:
-                    if name in all_vars:
-                        out[host.name][name] = _template_one(templar, name, all_vars[name], host.name)
-        except TemplateTimeout as exc:
-            killed = _kill_started(before)
-            what = getattr(exc, "cause", None) or "templating the host's variables"
-            why = "" if getattr(exc, "cause", None) else " (a Jinja loop or a slow lookup)"
-            fix = getattr(exc, "fix", None) or ("simplify the Jinja in its group_vars/host_vars (inventory Jinja is "
-                                                "code Ansible runs, lookups included)")
-            ended = (f"; the {killed} process{'es' if killed != 1 else ''} it started "
-                     f"{'were' if killed != 1 else 'was'} killed" if killed else "")
-            raise ConfigError([Finding("error", getattr(exc, "variable", "inventory"), "…",
-                                       f"{what} took longer than {TEMPLATE_DEADLINE_S:g} s{why}{ended}",
-                                       fix, host=host.name)]) from None
+        with _templating(host.name, before):
+            all_vars = vm.get_vars(host=host, include_hostvars=True)
+            templar = Templar(loader=loader, variables=all_vars)
+            out[host.name] = deployment_vars(all_vars, _template_if_marked(templar, memo), host.name, memo,
+                                             inventory_secrets=secrets)
+            for name in extra_vars:
+                if name in all_vars:
+                    out[host.name][name] = _template_one(templar, name, all_vars[name], host.name)
     return out
+
+
+@contextlib.contextmanager
+def _templating(host: str, before: set[tuple[int, int]]) -> Iterator[None]:
+    """Template one host's variables within :data:`TEMPLATE_DEADLINE_S`; past it, the processes
+    templating started are killed and the host gets one finding naming the cause."""
+    try:
+        with _deadline(TEMPLATE_DEADLINE_S):
+            yield
+    except TemplateTimeout as exc:
+        killed = _kill_started(before)
+        what = getattr(exc, "cause", None) or "templating the host's variables"
+        why = "" if getattr(exc, "cause", None) else " (a Jinja loop or a slow lookup)"
+        fix = getattr(exc, "fix", None) or ("simplify the Jinja in its group_vars/host_vars (inventory Jinja is "
+                                            "code Ansible runs, lookups included)")
+        ended = (f"; the {killed} process{'es' if killed != 1 else ''} it started "
+                 f"{'were' if killed != 1 else 'was'} killed" if killed else "")
+        raise ConfigError([Finding("error", getattr(exc, "variable", "inventory"), "…",
+                                   f"{what} took longer than {TEMPLATE_DEADLINE_S:g} s{why}{ended}",
+                                   fix, host=host)]) from None
 
 
 def _template_one(templar: Any, name: str, value: Any, host: str) -> Any:

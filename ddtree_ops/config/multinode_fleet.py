@@ -126,3 +126,17 @@ def multinode_findings(validated: Iterable[Validated], addresses: dict[str, str]
                    f"{host} and {r0.host} reach one machine ({mine}); each node is its own machine",
                    "give each node its own ansible_host")
     return out
+
+
+def server_nodes(validated: Iterable[Validated]) -> dict[str, list[str]]:
+    """Inventory host -> every node of the multi-node server it is a node of, rank 0 first (its
+    ``ddtree_server.multinode.nodes``); a one-machine server has no entry. What the rolling
+    restarts (``playbooks/rolling.yml``, ``ddtree-ops fleet restart``) treat as one unit: the ranks
+    need each other, so a node restarted alone takes the whole server down (the module docstring
+    of :mod:`~.multinode`: a node that stops breaks the NCCL communicator)."""
+    out: dict[str, list[str]] = {}
+    for v in validated:
+        mn = v.deployment.server.multinode
+        if mn is not None:
+            out[v.deployment.host] = list(mn.nodes)
+    return out

@@ -61,7 +61,7 @@ from .errors import ConfigError, Finding, scrub
 from .fields import MAX_PATH, ArgText, BatchSize, Port, _bounded
 from .hosts import resolve_host_classes
 from .models import SGLangPin
-from .service_models import Ops
+from .service_models import MAX_TP_SIZE, Ops
 
 FIX = "re-render it (ddtree-ops render / deploy.yml) or use the host's /etc/ddtree-ops/<name>/plan.json"
 SOURCE = "plan.json contract: ddtree_ops.config.plandoc_model.PlanDoc"
@@ -163,10 +163,11 @@ class PlanModelSpec(_Doc):
 
 class PlanServer(_Doc):
     """``deployment.server``: ``port`` (:data:`~ddtree_ops.config.fields.Port`) and ``tp_size``
-    (1..64, drift's ``tp_size`` and the exporter's info label)."""
+    (1.. :data:`~ddtree_ops.config.service_models.MAX_TP_SIZE`, the inventory's bound; drift's
+    ``tp_size`` and the exporter's info label)."""
 
     port: Port
-    tp_size: _bounded(0, 64, gt=True)
+    tp_size: _bounded(0, MAX_TP_SIZE, gt=True)
 
 
 class PlanDeployment(_Doc):

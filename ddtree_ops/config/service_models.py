@@ -47,6 +47,7 @@ from .fields import (
     inventory_name_problem,
     loopback_url,
 )
+from .hosts import MAX_GPUS
 
 NCCL_PORT_OFFSET = 100
 """``--nccl-port`` of an instance without ``ddtree_server.nccl_port``: its SGLang port plus this
@@ -56,6 +57,11 @@ ports; a clash with another instance's port on the machine is refused by :mod:`~
 
 MAX_NODES = 16
 """Most nodes one ``ddtree_server.multinode`` lists (:class:`MultiNode`)."""
+
+MAX_TP_SIZE = MAX_NODES * MAX_GPUS
+"""Largest ``ddtree_server.tp_size``: the most nodes of one server, each with the most GPUs one host
+class may have. Only the field's bound: the ranks must still fit the deployment's own class, per
+machine (``rules.rule_tp_fits``: ``tp_size / nnodes`` on each node, all of ``tp_size`` on one machine)."""
 
 
 class MultiNode(_Model):
@@ -141,8 +147,8 @@ class Server(_Model):
 
     host: Annotated[str, Field(max_length=64)] = "0.0.0.0"
     port: Port = 30000
-    tp_size: _bounded(0, 64, gt=True) = 8
-    dp_size: _bounded(0, 64, gt=True) = 1
+    tp_size: _bounded(0, MAX_TP_SIZE, gt=True) = 8
+    dp_size: _bounded(0, MAX_GPUS, gt=True) = 1
     mem_fraction_static: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, lt=1)] | None = None
     max_running_requests: _bounded(0, 4096, gt=True) | None = None
     cuda_graph: bool = True
@@ -154,7 +160,7 @@ class Server(_Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     extra_args: Annotated[dict[str, Any], Field(max_length=MAX_ITEMS)] = Field(default_factory=dict)
     nccl_port: Port | None = None
-    base_gpu_id: _bounded(0, 63) | None = None
+    base_gpu_id: _bounded(0, MAX_GPUS - 1) | None = None
     multinode: MultiNode | None = None
 
     @property

@@ -211,3 +211,52 @@ def roll_summary(hosts: Any, lines: Any) -> str:
         line = lines[i] if i < len(lines) and isinstance(lines[i], str) and lines[i].strip() else None
         out.append(" ".join(line.split()) if line else f"{h}: {NOT_UPGRADED}")
     return "\n".join(out)
+
+
+# --- which hosts restart together ---------------------------------------------------------------
+
+def serial_batches(hosts: Any, batches: Any) -> list[list[str]]:
+    """``hosts`` (the play's, in order) cut as Ansible's ``serial`` cuts them: each batch a count or a
+    percentage of all the play's hosts (at least 1), the last batch size repeating until every host is
+    in one. Source: ansible-core 2.19 ``executor/playbook_executor.py`` ``_get_serialized_batches``
+    and ``utils/helpers.py`` ``pct_to_int``. ``batches`` as :func:`ddtree_ops.host.release.rolling_settings`
+    normalised them (counts >= 1, ``"N%"`` 1..100)."""
+    left = [str(h) for h in (hosts or [])]
+    sizes = list(batches) if isinstance(batches, list | tuple) else [batches]
+    total, out, i = len(left), [], 0
+    while left:
+        size = sizes[min(i, len(sizes) - 1)] if sizes else -1
+        n = (int(int(size[:-1]) / 100.0 * total) or 1) if isinstance(size, str) and size.endswith("%") else int(size)
+        if n <= 0:
+            out.append(left)
+            break
+        out.append(left[:n])
+        left = left[n:]
+        i += 1
+    return out
+
+
+def unit_split(hosts: Any, batches: Any, nodes: Any) -> str:
+    """Why the rolling play cannot restart the multi-node servers of this run as units, in one line,
+    or ``""`` when it can: every node of a server must be in the run (``-l``) and in one ``serial``
+    batch (:func:`serial_batches`), since the play restarts the nodes together, gates rank 0 once
+    and rolls them back together (docs/rolling-upgrades.md). ``nodes``: host -> the nodes of its
+    server (:func:`ddtree_ops.config.multinode_fleet.server_nodes`)."""
+    hosts = [str(h) for h in (hosts or [])]
+    nodes = nodes if isinstance(nodes, dict) else {}
+    batch_of = {h: i for i, batch in enumerate(serial_batches(hosts, batches)) for h in batch}
+    for host in hosts:
+        server = [str(n) for n in nodes.get(host) or []]
+        missing = [n for n in server if n not in batch_of]
+        if missing:
+            return (f"rolling: node(s) {', '.join(missing)} of the multi-node server of {host} (nodes "
+                    f"{', '.join(server)}) are not in this run: its nodes restart together or not at all (one node "
+                    "restarted alone stops the whole server). Fix: limit the run (-l) to all of its nodes or none")
+        if len({batch_of[n] for n in server}) > 1:
+            split = "; ".join(f"{n} in batch {batch_of[n] + 1}" for n in server)
+            return (f"rolling_batches {list(batches) if isinstance(batches, list | tuple) else batches} splits the "
+                    f"multi-node server of {host} over batches ({split}): its nodes restart together, gated once "
+                    "on rank 0. Fix: make the batches hold all of its nodes (e.g. a first batch of "
+                    f"{len(server)} with them listed together in the inventory), or order the inventory so they "
+                    "fall in one batch")
+    return ""

@@ -133,6 +133,9 @@ class Target:
         warm_marker: the unit's warm marker path.
         exporter_port: the exporter's port on the host.
         gate_s: longest a restart may take to be warm, seconds (the unit's ``TimeoutStartSec``).
+        nodes: every node of the multi-node server this host is a node of, rank 0 first
+            (``ddtree_server.multinode.nodes``); empty on one machine. :func:`rolling` restarts them
+            as one unit.
     """
 
     host: str
@@ -146,6 +149,7 @@ class Target:
     warm_marker: str
     exporter_port: int
     gate_s: float
+    nodes: tuple[str, ...] = ()
 
     @property
     def releases_root(self) -> str:
@@ -210,7 +214,8 @@ def target_of(v: Validated, hv: dict[str, Any]) -> Target:
     return Target(host=d.host, address=d.address or d.host, port=int(port), user=user, key_file=key,
                   unit=d.service.unit_name, config_dir=d.service.config_path, venv=d.service.venv,
                   warm_marker=d.service.warm_marker_path, exporter_port=d.ops.exporter_port,
-                  gate_s=float(timeout_start_s(v)))
+                  gate_s=float(timeout_start_s(v)),
+                  nodes=tuple(d.server.multinode.nodes) if d.server.multinode is not None else ())
 
 
 def host_key_checking_off(hv: dict[str, Any]) -> str | None:
@@ -754,14 +759,8 @@ def run_gate(s: HostSession, deadline_s: float, margin_s: float = GATE_MARGIN_S)
     return read_gate(out, rc, cut)
 
 
-def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_deadline_s: float = GATE_DEADLINE_S,
-                      gate_margin_s: float = GATE_MARGIN_S) -> tuple[bool, str, HostStatus]:
-    """``systemctl daemon-reload``, ``systemctl restart --no-block UNIT``, then poll the unit (``systemctl show``, every
-    :data:`POLL_S`) until it is active in a new invocation (its ``ExecStartPost`` warmup done)
-    and then the host's health (warm marker, drift; :func:`probe`) passes; fails when the unit
-    fails, or ``gate_s`` passes first. Then the playbook's gate on the host (:func:`run_gate`:
-    health, a short synthetic load, acceptance length >= the deployment's floor) within
-    ``gate_deadline_s``; its verdict decides."""
+def _restart(s: HostSession, before: HostStatus) -> str | None:
+    """``systemctl daemon-reload``, then ``systemctl restart --no-block UNIT``; why it failed, or None."""
     t = s.target
     # The live unit is a symlink through releases/current: systemd restarts the unit it loaded
     # last, not the file `current` names now. Without a reload first, a rollback (or a deploy
@@ -769,11 +768,24 @@ def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_de
     # left with the plan.json of the other one, and the unit's own readiness check fails it.
     rc, out, _ = s.run("systemctl daemon-reload </dev/null 2>&1", "reloading the units (systemctl daemon-reload)")
     if rc != 0:
-        return False, (f"systemctl daemon-reload exited {rc}: {clean(out) or 'no output'}; the unit was NOT "
-                       "restarted (it runs what it ran before)"), before
+        return (f"systemctl daemon-reload exited {rc}: {clean(out) or 'no output'}; the unit was NOT "
+                "restarted (it runs what it ran before)")
     rc, out, _ = s.run(f"systemctl restart --no-block {_q(t.unit)} </dev/null 2>&1", "restarting the unit")
     if rc != 0:
-        return False, f"systemctl restart {t.unit} exited {rc}: {clean(out) or 'no output'}", before
+        return f"systemctl restart {t.unit} exited {rc}: {clean(out) or 'no output'}"
+    return None
+
+
+def _await_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_deadline_s: float = GATE_DEADLINE_S,
+                    gate_margin_s: float = GATE_MARGIN_S, gate: bool = True) -> tuple[bool, str, HostStatus]:
+    """Poll the restarted unit (``systemctl show``, every :data:`POLL_S`) until it is active in a new
+    invocation (its ``ExecStartPost`` warmup done) and then the host's health (warm marker, drift;
+    :func:`probe`) passes; fails when the unit fails, or ``gate_s`` passes first. Then, with
+    ``gate``, the playbook's gate on the host (:func:`run_gate`: health, a short synthetic load,
+    acceptance length >= the deployment's floor) within ``gate_deadline_s``; its verdict decides.
+    A node of rank >= 1 of a multi-node server has no gate of its own (``gate=False``): it serves
+    no API, rank 0's gate covers the server."""
+    t = s.target
     gate_end = time.monotonic() + gate_s
     last = before
     while True:
@@ -785,6 +797,8 @@ def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_de
         if fresh and active == "active":  # health only once the unit's own warmup let it become active
             last = probe(s)
             if last.ok and last.invocation == invocation:
+                if not gate:
+                    return True, "gate: active, ready (a node of rank >= 1: the server is gated on rank 0)", last
                 v = run_gate(s, gate_deadline_s, gate_margin_s)
                 if v.accept_length is not None:
                     last.accept_length = v.accept_length
@@ -797,6 +811,42 @@ def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_de
                 why = f"the unit did not restart (still invocation {before.invocation or '?'})"
             return False, f"gate: not healthy within {gate_s:g} s: {why}", last
         time.sleep(min(POLL_S, max(0.0, gate_end - time.monotonic())))
+
+
+def _restart_and_gate(s: HostSession, before: HostStatus, gate_s: float, gate_deadline_s: float = GATE_DEADLINE_S,
+                      gate_margin_s: float = GATE_MARGIN_S) -> tuple[bool, str, HostStatus]:
+    """:func:`_restart` then :func:`_await_and_gate` on one host."""
+    why = _restart(s, before)
+    if why is not None:
+        return False, why, before
+    return _await_and_gate(s, before, gate_s, gate_deadline_s, gate_margin_s)
+
+
+def units(targets: Sequence[Target]) -> list[list[Target]]:
+    """``targets`` as the units :func:`rolling` restarts, in the order of each unit's first host: a
+    one-machine host alone; every node of a multi-node server together, rank 0 first (its ranks
+    need each other: one node restarted alone stops the whole server, docs/multi-node.md).
+
+    Raises:
+        FleetError: a node of a targeted server is not among ``targets`` (one line naming it)."""
+    by_host = {t.host: t for t in targets}
+    out: list[list[Target]] = []
+    placed: set[str] = set()
+    for t in targets:
+        if t.host in placed:
+            continue
+        if not t.nodes:
+            out.append([t])
+            placed.add(t.host)
+            continue
+        missing = [n for n in t.nodes if n not in by_host]
+        if missing:
+            raise FleetError(f"node(s) {', '.join(missing)} of the multi-node server of {t.host} (nodes "
+                             f"{', '.join(t.nodes)}) are not selected: its nodes restart together or not at all (one "
+                             "node restarted alone stops the whole server). Fix: select all of its nodes (-l) or none")
+        out.append([by_host[n] for n in t.nodes])
+        placed.update(t.nodes)
+    return out
 
 
 def _num(v: float | None) -> str:
@@ -844,52 +894,93 @@ def _rollback(s: HostSession) -> str:
     return clean(str(to), 64) if to else "?"
 
 
+def _change_unit(unit: list[Target], limits: Limits, run_end: float, rollback: bool, deadline: float,
+                 cancel: threading.Event) -> list[HostChange]:
+    """Restart (after ``release rollback`` for a rollback) one unit of :func:`units` and gate it. A
+    multi-node server, as SGLang needs (docs/multi-node.md; rank 0 alone serves nothing and exits after
+    ``--dist-timeout``, the others retry its store: ``tests/fixtures/gpu/multinode-sglang-0.5.17-h200-2026-12-02``):
+    every node restarts without waiting, rank >= 1 first, then rank 0; then rank 0 must pass the whole gate and
+    every other node be active and healthy. A node that fails fails every node of its server."""
+    from contextlib import ExitStack
+
+    t0 = time.monotonic()
+    step = "rollback" if rollback else "restart"
+    with ExitStack() as stack:
+        sessions = [stack.enter_context(HostSession(t, limits.known_hosts, deadline, cancel)) for t in unit]
+        befores = [probe(s) for s in sessions]
+        tos = [_rollback(s) if rollback else b.release for s, b in zip(sessions, befores, strict=True)]
+        results: list[tuple[bool, str, HostStatus]] = [(False, "", b) for b in befores]
+        restarted = [False] * len(unit)
+        for i in [*range(1, len(unit)), 0]:  # the other nodes first: they wait for rank 0's store
+            why = _restart(sessions[i], befores[i])
+            results[i] = (False, why or "", befores[i])
+            restarted[i] = why is None
+        for i, s in enumerate(sessions):  # rank 0 first: its start is the server's
+            if restarted[i]:
+                gate = limits.gate_s if limits.gate_s is not None else unit[i].gate_s
+                results[i] = _await_and_gate(s, befores[i], min(gate, max(1.0, run_end - time.monotonic())),
+                                             limits.gate_deadline_s, limits.gate_margin_s, gate=i == 0)
+    bad = [(t.host, r[1]) for t, r in zip(unit, results, strict=True) if not r[0]]
+    out = []
+    for i, t in enumerate(unit):
+        ok, detail, after = results[i]
+        to = tos[i]
+        # `after` is `before` itself when the unit failed before a fresh look: the release
+        # it names is the one left, not the one switched to
+        if after is not befores[i] and after.release != "-":
+            to = after.release
+        others = [f"{h}: {clean(why, 160)}" for h, why in bad if h != t.host]
+        if others:
+            ok = False
+            detail = f"{detail}; the multi-node server failed on {'; '.join(others)}"
+        out.append(HostChange(t.host, ok, step, detail, befores[i].release, to, round(time.monotonic() - t0, 1)))
+    return out
+
+
 def rolling(targets: Sequence[Target], limits: Limits, batch: int = 1, rollback: bool = False,
             on_host: Callable[[HostChange], None] | None = None) -> list[HostChange]:
-    """``fleet restart`` / ``fleet rollback``: ``batch`` hosts at a time, in order; each host
-    restarts (after ``ddtree-ops release rollback`` for a rollback) and must pass the gate
-    (:func:`_restart_and_gate`: active, healthy, warm, then the host's own ``ddtree-ops release
-    gate`` with its acceptance-length floor) within its bounds; after a batch with a failing host nothing
-    more is started, and the rest are reported as not started."""
+    """``fleet restart`` / ``fleet rollback``: ``batch`` units (:func:`units`: a host, or every node of
+    a multi-node server) at a time, in order; each restarts (after ``ddtree-ops release rollback``
+    for a rollback) and must pass the gate (:func:`_change_unit`: active, healthy, warm, then the
+    host's own ``ddtree-ops release gate`` with its acceptance-length floor, on rank 0 only for a
+    multi-node server) within its bounds; after a batch with a failing host nothing more is
+    started, and the rest are reported as not started.
+
+    Raises:
+        FleetError: a node of a selected multi-node server is not selected (:func:`units`), before
+            any host is touched."""
     out: list[HostChange] = []
     run_end = time.monotonic() + limits.deadline_s
-    for i in range(0, len(targets), batch):
-        group = list(targets[i:i + batch])
+    all_units = units(targets)
+    step = "rollback" if rollback else "restart"
+    for i in range(0, len(all_units), batch):
+        group = all_units[i:i + batch]
+        of = {u[0].host: u for u in group}
         left = run_end - time.monotonic()
         if left <= 0:
-            out += [HostChange(t.host, False, "skipped", "not started: the run's deadline passed") for t in group]
+            out += [HostChange(t.host, False, "skipped", "not started: the run's deadline passed")
+                    for u in group for t in u]
             continue
 
-        def work(t: Target, deadline: float, cancel: threading.Event) -> HostChange:
-            t0 = time.monotonic()
-            with HostSession(t, limits.known_hosts, deadline, cancel) as s:
-                before = probe(s)
-                to = before.release
-                if rollback:
-                    to = _rollback(s)
-                gate = limits.gate_s if limits.gate_s is not None else t.gate_s
-                ok, detail, after = _restart_and_gate(s, before, min(gate, max(1.0, run_end - time.monotonic())),
-                                                      limits.gate_deadline_s, limits.gate_margin_s)
-                # `after` is `before` itself when the unit failed before a fresh look: the release
-                # it names is the one left, not the one switched to
-                if after is not before and after.release != "-":
-                    to = after.release
-            return HostChange(t.host, ok, "rollback" if rollback else "restart", detail, before.release, to,
-                              round(time.monotonic() - t0, 1))
+        def work(t: Target, deadline: float, cancel: threading.Event, of=of) -> list[HostChange]:
+            return _change_unit(of[t.host], limits, run_end, rollback, deadline, cancel)
 
-        step = "rollback" if rollback else "restart"
-        sub = Limits(limits.known_hosts, limits.timeout_s + max((limits.gate_s or t.gate_s) for t in group)
+        def failed(t: Target, why: str, of=of) -> list[HostChange]:
+            return [HostChange(n.host, False, step, why) for n in of[t.host]]
+
+        hosts = [t for u in group for t in u]
+        sub = Limits(limits.known_hosts, limits.timeout_s + max((limits.gate_s or t.gate_s) for t in hosts)
                      + limits.gate_deadline_s + limits.gate_margin_s + 30, batch, left, limits.gate_s,
                      limits.gate_deadline_s, limits.gate_margin_s)
-        results = run_pool(group, work, lambda t, why, step=step: HostChange(t.host, False, step, why), sub)
+        results = [r for rs in run_pool([u[0] for u in group], work, failed, sub) for r in rs]
         for r in results:
             if on_host:
                 on_host(r)
         out += results
         if not all(r.ok for r in results):
-            rest = targets[i + batch:]
-            failed = ", ".join(r.host for r in results if not r.ok)
-            out += [HostChange(t.host, False, "skipped", f"not started: stopped after {failed} failed")
-                for t in rest]
+            rest = [t for u in all_units[i + batch:] for t in u]
+            bad = ", ".join(r.host for r in results if not r.ok)
+            out += [HostChange(t.host, False, "skipped", f"not started: stopped after {bad} failed")
+                    for t in rest]
             break
     return out
