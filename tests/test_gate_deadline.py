@@ -120,3 +120,22 @@ def test_the_gate_at_8_s_waits_for_a_health_probe_of_0_7_s(plan, capsys):
     checks = {c["name"]: c for c in doc["checks"]}
     assert checks["ready"]["ok"], checks["ready"]
     assert took <= 8 + SLACK_S, took
+
+
+def test_the_gate_as_recorded_against_real_sglang_with_the_health_share():
+    """``release gate --plan`` of the rendered h200 deployment against real SGLang 0.5.17 on an H200
+    (``scripts/gpu-acceptance/run-rendered.sh``, 2026-12-04, after the gate's health share changed):
+    every health check answered within the share, the synthetic load was served, and the gate said
+    no for the one reason that is true of random weights (acceptance 1.02 below the 1.5 floor)."""
+    from helpers import FIXTURES
+
+    d = FIXTURES / "gpu" / "acceptance-sglang-0.5.17-h200-2026-12-02" / "rendered-2026-12-04"
+    doc = json.loads((d / "release_gate.txt").read_text())
+    by = {c["name"]: c for c in doc["checks"]}
+    assert not doc["ok"] and [n for n, c in by.items() if not c["ok"]] == ["accept_length_floor"], by
+    assert {"reachable", "ready", "warm", "drift", "progress", "load"} <= set(by)
+    assert by["ready"]["detail"] == "/health answered 200" and by["load"]["detail"].startswith("16/16 requests")
+    assert doc["floor"] == json.loads((d / "plan.json").read_text())["deployment"]["ops"]["accept_length_floor"] == 1.5
+    assert 1.0 <= doc["accept_length"] < 1.1 and doc["elapsed_s"] < GATE_DEADLINE_MIN_S
+    steps = dict(line.split("\t")[:2] for line in (d / "steps.tsv").read_text().splitlines())
+    assert steps["release_gate"] == "1" and steps["health_plan"] == "0" and steps["unit_post_2"] == "0"

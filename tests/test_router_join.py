@@ -65,6 +65,10 @@ def test_render_writes_join_files_only_for_fronted_instances(tmp_path):
     unit = mine["etc/systemd/system/ddtree-qwen8b-router-join.service"].read_text()
     assert "BindsTo=ddtree-qwen8b.service" in unit and "After=ddtree-qwen8b.service" in unit
     assert "LoadCredential=join:/etc/ddtree-router-join/ddtree-qwen8b.json" in unit and KEY not in unit
+    # stopped with the SGLang unit (a crash included): the worker leaves its routers at once, bounded
+    assert re.search(r"^ExecStop=\S+/bin/python -m ddtree_ops\.fleet\.router_worker leave --credential join "
+                     r"--deadline 15$", unit, re.M), unit
+    assert re.search(r"^TimeoutStopSec=45$", unit, re.M)
     dropin = mine["etc/systemd/system/ddtree-qwen8b.service.d/ddtree-router-join.conf"].read_text()
     assert re.search(r"^Upholds=ddtree-qwen8b-router-join\.service$", dropin, re.M)
     cfg_path = mine["etc/ddtree-router-join/ddtree-qwen8b.json"]
@@ -205,6 +209,10 @@ class _Smg(BaseHTTPRequestHandler):
             with f.lock:
                 f.registered.append(json.loads(body)["url"])
             return self._send(202, {"status": "accepted", "worker_id": "w1"})
+        if self.command == "DELETE" and self.path == "/workers/w1":
+            with f.lock:  # smg drains it first (--drain-settle-secs); the fake drops it at once
+                f.registered.clear()
+            return self._send(202, {"status": "accepted", "worker_id": "w1"})
         return self._send(404, {})
 
     do_GET = do_POST = do_DELETE = do_ANY  # noqa: N815
@@ -253,9 +261,9 @@ def _config(tmp_path: Path, routers: list[dict], mode: int = 0o600) -> str:
     return str(p)
 
 
-def _run(capsys, *args) -> tuple[int, dict, str, float]:
+def _run(capsys, *args, action: str = "join") -> tuple[int, dict, str, float]:
     t0 = time.monotonic()
-    rc = router_worker.main(["join", *args])
+    rc = router_worker.main([action, *args])
     took = time.monotonic() - t0
     out = capsys.readouterr()
     return rc, (json.loads(out.out) if out.out.strip() else {}), out.err, took
@@ -334,3 +342,70 @@ def test_the_credential_is_read_from_systemds_directory(fakes, tmp_path, capsys,
     rc, _, err, _ = _run(capsys, "--credential", "join.json")
     assert rc == 1 and "CREDENTIALS_DIRECTORY" in err
     assert os.path.exists(tmp_path / "join.json")
+
+
+# --- the leave: the join unit's stop -------------------------------------------------------------
+
+def test_leave_takes_the_worker_out_at_every_router_and_exits_0(fakes, tmp_path, capsys):
+    """What the join unit runs when the SGLang unit stops or crashes: DELETE at each router, so smg
+    cannot readmit the worker on its /health before the next join (after warmup) adds it."""
+    a, b = fakes("ok"), fakes("ok")
+    a.registered.append(WORKER)
+    b.registered.append(WORKER)
+    cfg = _config(tmp_path, [{"name": "a", "api": a.api, "key": KEY, "deadline_s": 300},
+                             {"name": "b", "api": b.api, "key": None, "deadline_s": 300}])
+    rc, doc, err, _ = _run(capsys, "--config", cfg, "--deadline", "5", action="leave")
+    assert rc == 0 and doc["ok"] and a.registered == b.registered == [], (doc, err)
+    assert ("DELETE", "/workers/w1", f"Bearer {KEY}") in a.requests and KEY not in err + json.dumps(doc)
+    assert [r["was_listed"] for r in doc["routers"]] == [True, True]
+    # not listed (a rollout drained it already): nothing to delete, still ok
+    rc, doc, _, _ = _run(capsys, "--config", cfg, "--deadline", "5", action="leave")
+    assert rc == 0 and doc["ok"] and [r["was_listed"] for r in doc["routers"]] == [False, False]
+
+
+@pytest.mark.parametrize("mode", ["redirect", "drip", "down", "fail"])
+def test_leave_from_a_hostile_or_absent_router_ends_by_its_deadline_and_exits_0(fakes, tmp_path, capsys, mode):
+    """The SGLang unit's restart after a crash waits for this stop: a router that is down, answers 500,
+    redirects or drips costs its --deadline at most, never the join's (longer) deadline_s."""
+    if mode == "down":
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        api = f"http://127.0.0.1:{s.getsockname()[1]}"
+        s.close()
+    else:
+        api = fakes(mode, fails=100).api
+    good = fakes("ok")
+    good.registered.append(WORKER)
+    rc, doc, err, took = _run(capsys, "--config", _config(tmp_path, [
+        {"name": "bad", "api": api, "key": KEY, "deadline_s": 300},
+        {"name": "good", "api": good.api, "key": None, "deadline_s": 300}]), "--deadline", "2", action="leave")
+    assert rc == 0 and took < 2 + 2, took
+    by = {r["router"]: r for r in doc["routers"]}
+    assert by["good"]["ok"] and not by["bad"]["ok"] and good.registered == []
+    assert "not taken out" in err and KEY not in err + json.dumps(doc)
+
+
+def test_the_recorded_crash_needs_the_leave():
+    """What real smg 1.13.0 did with a SIGKILLed SGLang 0.5.17 worker on an H200 (the fixture's README):
+    without the leave it stayed registered ``not_ready`` and smg's own probes made it ``ready`` again,
+    so its readmission depended on nothing but /health; with the leave it was out of the registry from
+    seconds after the kill until the join, and no request failed either way."""
+    from helpers import FIXTURES
+
+    d = FIXTURES / "gpu" / "router-join-smg-1.13.0-sglang-0.5.17-h200-2026-12-04"
+    argv = (d / "no-leave" / "argv.txt").read_text().split()
+    assert "--remove-unhealthy-workers" in argv and argv == (d / "leave" / "argv.txt").read_text().split()
+    plain = json.loads((d / "no-leave" / "crash.json").read_text())
+    assert [h for _, h in plain["router_view"]] == [True, False, True]  # never dropped from the registry
+    assert json.loads(plain["join_output"].splitlines()[0])["routers"][0]["was"] == "not_ready"
+    left = json.loads((d / "leave" / "crash.json").read_text())
+    view = left["router_view"]
+    dropped = next(t for t, h in view if h is None)
+    back = next(t for t, h in view if h is True and t > 0)
+    assert dropped < 10 < left["s_kill_to_join"] < back and not left["listed_healthy_before_join"]
+    assert json.loads(left["join_output"].splitlines()[0])["routers"][0]["was"] == "absent"
+    assert json.loads((d / "leave" / "crash_leave.json").read_text())["routers"][0]["was_listed"] is True
+    assert plain["failed"] == left["failed"] == 0
+    # the product's own state reading of the recorded registry after the crash
+    after = json.loads((d / "leave" / "workers_after_crash.json").read_text())["workers"]
+    assert router_worker.state_of(after, "http://127.0.0.1:30003") == "ready"

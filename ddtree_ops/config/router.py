@@ -43,6 +43,12 @@ SMG_SHA256 = "cfae8171dac68a74b4822263b1864fa79952992ee472a25ba7266ccd200399b4"
 """sha256sum of :data:`SMG_WHEEL` as PyPI serves it (``pip download smg==1.13.0 --no-deps``)."""
 SMG_SOURCE = f"smg {SMG_VERSION} `smg launch --help` (tests/fixtures/smg/launch-help-{SMG_VERSION}.txt)"
 
+LEAVE_DEADLINE_S = 15
+"""Seconds the join unit's stop (``router_worker leave``) may take at each router: ``DELETE``, then
+smg's ``--drain-settle-secs`` (5 s by default) until the router no longer lists the worker. A restart
+of the SGLang unit after a crash waits for it (systemd runs a stop job before a start job of two
+units ordered against each other), so it is short."""
+
 POLICIES = ("random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
             "consistent_hashing", "prefix_hash")
 """``--policy`` choices of smg 1.13.0."""

@@ -31,11 +31,14 @@ CLI (one JSON object on stdout; exit 0 ok, 1 failed, 2 usage)::
     python -m ddtree_ops.fleet.router_worker add   --api URL --worker URL [--api-key-file F] [--deadline S]
     python -m ddtree_ops.fleet.router_worker wait-ready --health URL [--deadline S]
     python -m ddtree_ops.fleet.router_worker join (--config FILE | --credential NAME)
+    python -m ddtree_ops.fleet.router_worker leave (--config FILE | --credential NAME) [--deadline S]
 
 ``join`` is what an instance host runs once its SGLang unit is warm (the unit
 ``ddtree-<name>-router-join.service``, :func:`ddtree_ops.render.router.render_join`): :func:`add`
 at every router of its config, each retried until that router's ``deadline_s``; it exits 0 even
 when a router never answered (the failure is logged; the SGLang server must not fail for it).
+``leave`` is what that unit runs when it stops (the SGLang unit stopped, crashed or restarts):
+:func:`drain` at every router, so a crashed worker is out of the registry until its next join.
 """
 
 from __future__ import annotations
@@ -378,15 +381,10 @@ def join_one(api: Api, url: str, deadline_s: float, name: str) -> dict:
             "seconds": round(time.monotonic() - t0, 2)}
 
 
-def join(config: dict) -> dict:
-    """Register the worker of ``config`` at each of its routers, all at once (one thread each), unless
-    the hold marker exists: a rollout has drained it and re-adds it only after its gate passed
-    (``playbooks/rolling.yml``). Each router within its own ``deadline_s``."""
-    url, hold = config["worker"], config["hold"]
-    if os.path.lexists(hold):
-        _log(f"{url}: held out of its routers by a rollout ({hold} exists); not registering. The rollout re-adds "
-             "it after its gate and removes the hold")
-        return {"ok": True, "worker": url, "held": True, "routers": []}
+def _each_router(config: dict, one) -> list[dict]:
+    """``one(api, router)`` for every router of join ``config``, all at once (one thread each); a
+    router whose address or key is unusable gives its failure without a call. Each ``one`` ends by
+    that router's own deadline; the margin covers one last call's watchdog."""
     apis, results = [], []
     for r in config["routers"]:
         try:
@@ -397,25 +395,69 @@ def join(config: dict) -> dict:
     lock = threading.Lock()
 
     def run(api: Api, r: dict) -> None:
-        res = join_one(api, url, float(r["deadline_s"]), r["name"])
+        res = one(api, r)
         with lock:
             results.append(res)
 
     threads = [threading.Thread(target=run, args=pair, daemon=True) for pair in apis]
     for t in threads:
         t.start()
-    for t in threads:  # each join_one ends by its deadline; the margin covers one last call's watchdog
+    for t in threads:
         t.join(float(max((r["deadline_s"] for r in config["routers"]), default=0)) + 10)
-    results.sort(key=lambda x: x["router"])
+    return sorted(results, key=lambda x: x["router"])
+
+
+def join(config: dict) -> dict:
+    """Register the worker of ``config`` at each of its routers, all at once, unless the hold marker
+    exists: a rollout has drained it and re-adds it only after its gate passed
+    (``playbooks/rolling.yml``). Each router within its own ``deadline_s``."""
+    url, hold = config["worker"], config["hold"]
+    if os.path.lexists(hold):
+        _log(f"{url}: held out of its routers by a rollout ({hold} exists); not registering. The rollout re-adds "
+             "it after its gate and removes the hold")
+        return {"ok": True, "worker": url, "held": True, "routers": []}
+    results = _each_router(config, lambda api, r: join_one(api, url, float(r["deadline_s"]), r["name"]))
     return {"ok": all(x["ok"] for x in results), "worker": url, "held": False, "routers": results}
+
+
+def leave(config: dict, deadline_s: float) -> dict:
+    """Take the worker of ``config`` out at each of its routers, all at once: what the join unit runs
+    when it stops, i.e. whenever the SGLang unit stops, crashes or restarts (its ``BindsTo=``).
+
+    smg's own health checks alone cannot keep a crashed worker out until it is warm again: with
+    ``--remove-unhealthy-workers`` smg removes a worker only once it is ``failed``, which takes
+    ``failure_threshold`` failed probes to ``not_ready`` and three times as many more (smg
+    ``model_gateway/src/worker/manager.rs`` ``compute_next_status``); a worker back on ``/health``
+    before that turns ``ready`` again after ``success_threshold`` probes, warm or not. Recorded on an
+    H200 with smg 1.13.0 and the default health settings (10 s, 3 failures): 98 s after the SIGKILL
+    it was still listed ``not_ready``
+    (``tests/fixtures/gpu/router-join-smg-1.13.0-sglang-0.5.17-h200-2026-12-04/``). Removing it
+    here, at once, leaves only the join to bring it back. Never raises; each router within
+    ``deadline_s`` (the unit passes ``ddtree_ops.config.router.LEAVE_DEADLINE_S``), failures logged."""
+    url = config["worker"]
+
+    def one(api: Api, r: dict) -> dict:
+        t0 = time.monotonic()
+        try:
+            out = drain(api, url, float(r["deadline_s"]), 0)
+        except RouterError as exc:
+            last = api.shown(exc, 300)
+            _log(f"router {r['name']}: {url} not taken out: {last}; smg's health checks take it out of rotation")
+            return {"router": r["name"], "ok": False, "error": last, "seconds": round(time.monotonic() - t0, 2)}
+        _log(f"router {r['name']}: {url} taken out ({'was listed' if out['was_listed'] else 'was not listed'}, "
+             f"{out['seconds']} s)")
+        return {"router": r["name"], "ok": True, "was_listed": out["was_listed"], "seconds": out["seconds"]}
+
+    results = _each_router({**config, "routers": [{**r, "deadline_s": deadline_s} for r in config["routers"]]}, one)
+    return {"ok": all(x["ok"] for x in results), "worker": url, "routers": results}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_ops.fleet.router_worker",
                                  description="A worker's registration at the smg router.")
-    ap.add_argument("action", choices=("list", "drain", "add", "wait-ready", "join"))
-    ap.add_argument("--config", help="join: the join config file (0600)")
-    ap.add_argument("--credential", help="join: the config's name under $CREDENTIALS_DIRECTORY (systemd)")
+    ap.add_argument("action", choices=("list", "drain", "add", "wait-ready", "join", "leave"))
+    ap.add_argument("--config", help="join, leave: the join config file (0600)")
+    ap.add_argument("--credential", help="join, leave: the config's name under $CREDENTIALS_DIRECTORY (systemd)")
     ap.add_argument("--api", help="the router's API, http://HOST:PORT (its --port)")
     ap.add_argument("--health", help="the router's health listener, http://HOST:PORT (wait-ready)")
     ap.add_argument("--worker", help="the worker's URL as the router lists it")
@@ -427,24 +469,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--deadline must be in (0, 3600], --in-flight-s in [0, 3600]")
     key = None
     try:
-        if a.action == "join":
+        if a.action in ("join", "leave"):
             if bool(a.config) == bool(a.credential):
-                ap.error("join needs one of --config FILE and --credential NAME")
+                ap.error(f"{a.action} needs one of --config FILE and --credential NAME")
             path = a.config
             if a.credential:
                 creds = os.environ.get("CREDENTIALS_DIRECTORY")
                 if not creds or "/" in a.credential:
-                    raise RouterError(f"join --credential {a.credential!r}: no $CREDENTIALS_DIRECTORY (run by "
+                    raise RouterError(f"{a.action} --credential {a.credential!r}: no $CREDENTIALS_DIRECTORY (run by "
                                       "systemd with LoadCredential=) or a name with '/'. Fix: give --config FILE")
                 path = os.path.join(creds, a.credential)
             config = read_join_config(path)
-            out = join(config)
+            out = join(config) if a.action == "join" else leave(config, a.deadline)
             keys = [r["key"] for r in config["routers"] if r.get("key")]
             text = json.dumps(out, allow_nan=False)
             for k in keys:  # the routers' text is cleaned already; the key's own text never printed
                 text = text.replace(k, "(redacted)")
             print(text)
-            return 0  # a router not joined is logged: the SGLang server must not fail or restart for it
+            return 0  # a router not joined or left is logged: the SGLang server must not fail or restart for it
         if a.action == "wait-ready":
             if not a.health:
                 ap.error("wait-ready needs --health")

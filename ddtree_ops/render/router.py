@@ -8,7 +8,7 @@ Every flag of :func:`router_argv` is an option of the pinned ``smg launch --help
 
 from __future__ import annotations
 
-from ..config.router import Router
+from ..config.router import LEAVE_DEADLINE_S, Router
 from .files import MANAGED, RenderedFile, _env, systemd_exec
 
 UNIT_NAME = "ddtree-router.service"
@@ -185,8 +185,10 @@ def render_join(v, routers: list[Router]) -> list[RenderedFile]:
     paths = join_paths(v)
     svc = v.deployment.service
     argv = [f"{svc.venv}/bin/python", "-m", "ddtree_ops.fleet.router_worker", "join", "--credential", JOIN_CREDENTIAL]
+    leave = [*argv[:3], "leave", "--credential", JOIN_CREDENTIAL, "--deadline", f"{LEAVE_DEADLINE_S:g}"]
     ctx = {"managed": MANAGED, "host": v.deployment.host, "sglang_unit": svc.unit_name, "join_unit": paths["unit_name"],
-           "user": svc.user, "group": svc.group, "exec_start": systemd_exec(argv),
+           "user": svc.user, "group": svc.group, "exec_start": systemd_exec(argv), "exec_stop": systemd_exec(leave),
+           "timeout_stop_s": int(LEAVE_DEADLINE_S) + JOIN_MARGIN_S,
            "credential": f"{JOIN_CREDENTIAL}:{paths['config']}", "routers": [r.host for r in routers],
            "timeout_start_s": max(r.settings.join_deadline_s for r in routers) + JOIN_MARGIN_S}
     import json

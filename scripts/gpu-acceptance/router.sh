@@ -39,10 +39,11 @@ curl -s --max-time 5 http://127.0.0.1:30080/workers > $A/workers.json
 curl -s --max-time 5 http://127.0.0.1:29000/metrics > $A/metrics_idle.txt
 step latency 240 python3 $H/router_measure.py latency http://127.0.0.1:30080 http://127.0.0.1:30001,http://127.0.0.1:30003 1,16,64 3 $A/latency.json
 curl -s --max-time 5 http://127.0.0.1:29000/metrics > $A/metrics_after_latency.txt
-# The crash as a deployed worker host lives it: the restart ends once the worker is warm (the unit's
-# ExecStartPost warmup), and only then does the join unit register it (router_worker join, with a
-# config of join_config's shape); smg runs with --remove-unhealthy-workers, so it must not list the
-# worker healthy again before that join.
+# The crash as a deployed worker host lives it: the join unit's stop (BindsTo= the SGLang unit)
+# runs `router_worker leave` right after the kill (LEAVE=0 leaves that out, to record what smg's own
+# health checks do); the restart ends once the worker is warm (the unit's ExecStartPost warmup), and
+# only then does the join unit register it (router_worker join, with a config of join_config's
+# shape). The router must not list the worker healthy again before that join.
 python3 -c "
 import json, os, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -50,7 +51,7 @@ os.write(fd, json.dumps({'worker': 'http://127.0.0.1:30003', 'hold': '/tmp/acc-r
                          'routers': [{'name': 'gpu', 'api': 'http://127.0.0.1:30080', 'key': None, 'deadline_s': 60}]}).encode())
 " $A/join.json
 step crash 300 python3 $H/router_measure.py crash http://127.0.0.1:30080 http://127.0.0.1:30003 \
-  "kill -KILL -- -\$(cat /tmp/sgl/server-30003.pid); sleep 1; ! curl -sf --max-time 2 -o /dev/null http://127.0.0.1:30003/health" \
+  "kill -KILL -- -\$(cat /tmp/sgl/server-30003.pid); sleep 1; ! curl -sf --max-time 2 -o /dev/null http://127.0.0.1:30003/health$([ "${LEAVE:-1}" = 1 ] && echo "; python3 -m ddtree_ops.fleet.router_worker leave --config $A/join.json --deadline 15 > $A/crash_leave.json")" \
   "MEM=0.25 bash $H/launch.sh NONE 30003 && bash $H/wait.sh 30003 200 && python3 -m ddtree_ops warmup http://127.0.0.1:30003 --batch-sizes 1,2,4,8 --deadline 120 --json > $A/crash_warmup.json" \
   $A/crash.json "python3 -m ddtree_ops.fleet.router_worker join --config $A/join.json"
 curl -s --max-time 5 http://127.0.0.1:30080/workers > $A/workers_after_crash.json

@@ -92,9 +92,12 @@ def healthy(router: str, worker: str) -> bool | None:
 
 
 def wait_for(router: str, worker: str, want: bool, deadline_s: float) -> float | None:
+    """Seconds until the router sees the worker healthy (``want``) or out of rotation (not ``want``:
+    unhealthy, or no longer listed at all once it left)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
-        if healthy(router, worker) is want:
+        h = healthy(router, worker)
+        if h is True if want else h is not True:
             return time.monotonic() - t0
         time.sleep(0.2)
     return None
