@@ -37,8 +37,9 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_strateg
 
 _WARM = (
     "ddtree_ops.config", "ddtree_ops.config.checkpoint", "ddtree_ops.config.errors", "ddtree_ops.config.fleet",
-    "ddtree_ops.config.hostvars", "ddtree_ops.config.load", "ddtree_ops.config.models", "ddtree_ops.config.router",
-    "ddtree_ops.config.toolchain", "ddtree_ops.host.release", "ddtree_ops.fleet.rollout", "ddtree_ops.host.toolkit",
+    "ddtree_ops.config.hostvars", "ddtree_ops.config.load", "ddtree_ops.config.models",
+    "ddtree_ops.config.multinode_fleet", "ddtree_ops.config.router", "ddtree_ops.config.toolchain",
+    "ddtree_ops.host.release", "ddtree_ops.fleet.rollout", "ddtree_ops.host.toolkit",
     "ddtree_ops.python_tag", "ddtree_ops.render", "ddtree_ops.render.argv", "ddtree_ops.render.files",
     "ddtree_ops.render.monitoring", "ddtree_ops.render.release", "ddtree_ops.render.router",
     "ddtree_ops.sglang.expect", "ddtree_ops.sglang.probe",

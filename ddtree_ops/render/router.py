@@ -8,6 +8,8 @@ Every flag of :func:`router_argv` is an option of the pinned ``smg launch --help
 
 from __future__ import annotations
 
+import json
+
 from ..config.router import LEAVE_DEADLINE_S, Router
 from .files import MANAGED, RenderedFile, _env, systemd_exec
 
@@ -191,12 +193,11 @@ def render_join(v, routers: list[Router]) -> list[RenderedFile]:
            "timeout_stop_s": int(LEAVE_DEADLINE_S) + JOIN_MARGIN_S,
            "credential": f"{JOIN_CREDENTIAL}:{paths['config']}", "routers": [r.host for r in routers],
            "timeout_start_s": max(r.settings.join_deadline_s for r in routers) + JOIN_MARGIN_S}
-    import json
-
     env = _env()
     return [
         RenderedFile(paths["unit"], env.get_template("router-join.service.j2").render(ctx), component="router_join"),
         RenderedFile(paths["dropin"], env.get_template("router-join.conf.j2").render(ctx), component="router_join"),
-        RenderedFile(paths["config"], json.dumps(join_config(v, routers), indent=1, sort_keys=True) + "\n",
+        RenderedFile(paths["config"],
+                     json.dumps(join_config(v, routers), indent=1, sort_keys=True, allow_nan=False) + "\n",
                      mode="0600", secret=True, component="router_join"),
     ]
