@@ -25,7 +25,7 @@ from ddtree_ops.config.fleet import fleet_findings
 from ddtree_ops.config.router import validate_routers
 from ddtree_ops.render.argv import build_argv
 from ddtree_ops.render.files import prometheus_document, ready_commands, render_host
-from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB
+from ddtree_ops.render.monitoring import EXPORTER_JOB, SGLANG_JOB, absent_rules
 
 NODES = {"b300-01": "10.0.0.1", "b300-02": "10.0.0.2"}
 
@@ -68,6 +68,20 @@ def test_two_nodes_render_their_rank_and_rank_0s_store():
     # every node's SGLang /metrics (rank 1: the health-only server's) stays a target: up == 0 names a dead node
     assert [t["labels"]["host"] for t in jobs[SGLANG_JOB]["static_configs"]] == ["b300-01", "b300-02"]
     assert fleet_findings([v0, v1]) == []
+
+
+def test_the_exporter_absent_rule_covers_the_exporters_prometheus_scrapes():
+    """The kind: a per-host rule on a series no target of that host produces fires for as long as the
+    server runs. Rank 1 runs no exporter, so ``absent(ddtree_up{host=rank 1})`` was always true; the
+    rule's hosts are now the exporter job's hosts, for a fleet of one multi-node server and one
+    ordinary server."""
+    single = validate_hostvars("b300-09", base_hostvars())
+    fleet = [*_both(), single]
+    jobs = {j["job_name"]: j for j in prometheus_document(fleet)["scrape_configs"]}
+    scraped = {t["labels"]["host"] for t in jobs[EXPORTER_JOB]["static_configs"]}
+    [rule] = absent_rules(fleet)
+    in_rule = set(re.findall(r'host="([^"]+)"', rule["expr"]))
+    assert in_rule == scraped == {"b300-01", "b300-09"}
 
 
 def test_ipv6_store_address_is_bracketed():

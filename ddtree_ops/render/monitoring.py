@@ -157,9 +157,14 @@ def absent_rules(validated: Sequence[Validated], settings: AlertSettings = Alert
     and ``service`` target labels, see ``render_prometheus``), joined with ``or`` into one rule
     (``absent()`` keeps the equality labels, so each deployment alerts on its own). When a
     node dies, both of its targets are down and every exporter-only series vanishes, so no
-    rule on them can fire; this one does (critical). No deployments: no rule."""
+    rule on them can fire; this one does (critical). No deployments: no rule. A node of rank >= 1
+    of a multi-node server runs no exporter (``render_host``: only the node serving the API
+    does), so it gets no term: its ``absent()`` would fire for as long as the server runs; its
+    SGLang target's ``up`` (``DDTreeSGLangDown``) names it when it dies."""
     terms = []
     for v in sorted(validated, key=lambda v: (v.deployment.host, v.deployment.service.name)):
+        if not v.deployment.serves_http:
+            continue
         sel = (f"job={_promql_str(EXPORTER_JOB)}, host={_promql_str(v.deployment.host)}, "
                f"service={_promql_str(v.deployment.service.name)}")
         terms.append(f"absent(ddtree_up{{{sel}}})")
