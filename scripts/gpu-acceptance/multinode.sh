@@ -3,7 +3,9 @@
 # the one GPU of the lent machine, recorded for the simulator's multi-node behaviour.
 #   A: rank 0 of --nnodes 2 alone (its rendezvous port open, nobody joins)
 #   B: rank 1 of --nnodes 2 alone (it dials a rendezvous address nobody serves)
-#   C: both ranks of one --nnodes 2 --tp 2 deployment on the same GPU, then rank 1 killed
+#   C: both ranks of one --nnodes 2 --tp 2 deployment, then rank 1 killed: on the same GPU, or with
+#      PAIR_GPU=1 on a machine of two GPUs (nvidia-h200-x2) rank 0 on GPU 0 and rank 1 on GPU 1, a
+#      serving pair (one GPU cannot hold one: NCCL "invalid usage", recorded 2026-12-02)
 # Each is bounded by --dist-timeout and a poll deadline. Every POLL_S seconds the poller writes
 # one line per process: elapsed seconds, alive, HTTP code of /health (000: nothing listens), and
 # whether the rendezvous port accepts a TCP connection. Everything goes into $OUT/multinode.tgz.
@@ -15,9 +17,10 @@ A=/tmp/acc-multinode; rm -rf $A; mkdir -p $A
 { date -u +%FT%TZ; nvidia-smi -L; python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"; } > $A/versions.txt 2>&1
 DT=${DIST_TIMEOUT:-60}
 start() {  # NAME HTTP_PORT NODE_RANK RDV_PORT [extra...]
-  local n=$1 port=$2 rank=$3 rdv=$4; shift 4
+  local n=$1 port=$2 rank=$3 rdv=$4 gpu=0; shift 4
+  [ -n "${PAIR_GPU:-}" ] && [ "$rank" = 1 ] && gpu=$PAIR_GPU
   echo "python3 -m sglang.launch_server --model-path $M/tiny-llama --load-format dummy --attention-backend triton --sampling-backend pytorch --enable-metrics --served-model-name tiny-llama --dtype bfloat16 --context-length 2048 --max-running-requests 8 --max-total-tokens 65536 --mem-fraction-static 0.2 --cuda-graph-max-bs-decode 4 --mm-feature-transport cpu --host 127.0.0.1 --port $port --tp-size 2 --nnodes 2 --node-rank $rank --dist-init-addr 127.0.0.1:$rdv --dist-timeout $DT $*" > $A/$n.argv
-  ( exec setsid bash -c "$(cat $A/$n.argv)" ) > $A/$n.log 2>&1 < /dev/null &
+  ( CUDA_VISIBLE_DEVICES=$gpu exec setsid bash -c "$(cat $A/$n.argv)" ) > $A/$n.log 2>&1 < /dev/null &
   echo $! > $A/$n.pid
 }
 poll() {  # SECONDS NAME:HTTP_PORT:RDV_PORT ...  (stops early when every process has exited)
@@ -51,6 +54,9 @@ until curl -sf -o /dev/null --max-time 2 http://127.0.0.1:30021/health; do
 echo "C: rank 0 /health 200 after $(( $(date +%s) - t0 )) s (or gave up)" > $A/C_events.txt
 curl -s --max-time 20 -H 'Content-Type: application/json' -d '{"text":"Hello","sampling_params":{"max_new_tokens":8}}' \
   -w '\nHTTP %{http_code}\n' http://127.0.0.1:30021/generate > $A/C_generate_both.txt 2>&1
+# what rank 1's health-only server answers while the pair serves (the exporter of rank 0 could probe it)
+for path in health ping metrics; do curl -s --max-time 5 -w '\nHTTP %{http_code}\n' http://127.0.0.1:30022/$path \
+  | tail -c 4000 > $A/C_rank1_$path.txt 2>&1; done
 echo "C: killing rank 1 at $(( $(date +%s) - t0 )) s" >> $A/C_events.txt
 kill -9 -- -$(cat $A/C_rank1.pid) 2>/dev/null; kill -9 $(cat $A/C_rank1.pid) 2>/dev/null
 sleep 5
